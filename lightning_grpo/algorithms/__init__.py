@@ -1,0 +1,36 @@
+"""The GRPO algorithm core: pure torch, no Lightning, no transformers.
+
+Every variant is chosen by name from a read-only catalogue of functions sharing one signature; an unknown name raises
+a ``ValueError`` that lists the valid ones.
+"""
+
+from lightning_grpo.algorithms.advantages import (
+    ADVANTAGE_ESTIMATORS,
+    AdvantageEstimator,
+    AdvantageScale,
+    compute_advantages,
+)
+from lightning_grpo.algorithms.aggregation import LOSS_AGG_MODES, LossAggMode, aggregate_loss, count_sequences
+from lightning_grpo.algorithms.kl import KL_ESTIMATORS, KLEstimator, kl_penalty
+from lightning_grpo.algorithms.logprobs import entropy_from_logits, selective_logprobs
+from lightning_grpo.algorithms.policy_losses import POLICY_LOSSES, PolicyLossKind, PolicyLossStats, policy_loss
+
+__all__ = [
+    "ADVANTAGE_ESTIMATORS",
+    "KL_ESTIMATORS",
+    "LOSS_AGG_MODES",
+    "POLICY_LOSSES",
+    "AdvantageEstimator",
+    "AdvantageScale",
+    "KLEstimator",
+    "LossAggMode",
+    "PolicyLossKind",
+    "PolicyLossStats",
+    "aggregate_loss",
+    "compute_advantages",
+    "count_sequences",
+    "entropy_from_logits",
+    "kl_penalty",
+    "policy_loss",
+    "selective_logprobs",
+]

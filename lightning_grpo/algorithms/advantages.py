@@ -1,0 +1,191 @@
+"""Outcome advantages: one scalar per sequence from its group's rewards.
+
+Estimators (choose by name, see :data:`ADVANTAGE_ESTIMATORS`):
+
+* ``grpo`` — DeepSeekMath (Shao et al., 2024, arXiv:2402.03300) §4.1.2: ``(r - mean_g) / (std_g + eps)`` with the
+  unbiased group std. ``scale="none"`` drops the std (Dr. GRPO, Liu et al., 2025, arXiv:2503.20783);
+  ``scale="batch"`` divides by the std of the whole (global) batch (Liu et al., 2025, "Tricks or Traps",
+  arXiv:2508.08221).
+* ``rloo`` — REINFORCE leave-one-out (Ahmadian et al., 2024, arXiv:2402.14740): ``r - mean of the other G-1``.
+* ``reinforce_pp_baseline`` — REINFORCE++ with group baseline (Hu, 2025, arXiv:2501.03262): ``r - mean_g``, then
+  whitened over all valid tokens of the batch.
+
+Rewards that are NaN (every reward function skipped the row) are left out of every statistic and get advantage 0;
+groups whose valid rewards are all equal get 0. Groups are located by ``group_ids`` and need not be contiguous; the
+statistics are vectorised with ``index_add_`` (no Python loop over groups).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from lightning_grpo.algorithms._checks import check_floating, choose
+
+AdvantageEstimator = Literal["grpo", "rloo", "reinforce_pp_baseline"]
+AdvantageScale = Literal["group", "batch", "none"]
+SumAcrossRanks = Callable[[Tensor], Tensor]
+
+__all__ = ["ADVANTAGE_ESTIMATORS", "AdvantageEstimator", "AdvantageScale", "GroupStats", "compute_advantages"]
+
+
+@dataclass(frozen=True)
+class GroupStats:
+    """Per-sample views of its group's statistics over valid (non-NaN) rewards, each ``(N,)`` float64."""
+
+    rewards: Tensor  # (N,) NaN replaced by 0
+    valid: Tensor  # (N,) bool
+    count: Tensor  # (N,) valid members of the sample's group
+    mean: Tensor  # (N,) group mean
+    total: Tensor  # (N,) group sum
+    std: Tensor  # (N,) unbiased group std (0 when fewer than 2 valid members)
+    constant: Tensor  # (N,) bool: every valid reward of the group is equal (no learning signal)
+
+
+def _group_reduce(values: Tensor, inverse: Tensor, num_groups: int, reduce: str, fill: float) -> Tensor:
+    out = torch.full((num_groups,), fill, dtype=values.dtype, device=values.device)
+    return out.scatter_reduce_(0, inverse, values, reduce=reduce, include_self=False)
+
+
+def group_stats(rewards: Tensor, group_ids: Tensor) -> GroupStats:
+    """Mean, sum, count, unbiased std and constancy of each sample's group, ignoring NaN rewards."""
+    valid = ~torch.isnan(rewards)
+    r = torch.where(valid, rewards, torch.zeros_like(rewards)).double()
+    _, inverse = torch.unique(group_ids, return_inverse=True)
+    num_groups = int(inverse.max()) + 1 if inverse.numel() else 0
+    count = torch.zeros(num_groups, dtype=torch.float64, device=r.device).index_add_(0, inverse, valid.double())
+    total = torch.zeros_like(count).index_add_(0, inverse, r)
+    mean = total / count.clamp(min=1)
+    sq_dev = torch.where(valid, (r - mean[inverse]) ** 2, torch.zeros_like(r))
+    var = torch.zeros_like(count).index_add_(0, inverse, sq_dev) / (count - 1).clamp(min=1)
+    std = torch.where(count > 1, var.sqrt(), torch.zeros_like(var))
+    high = _group_reduce(torch.where(valid, r, -torch.inf), inverse, num_groups, "amax", -torch.inf)
+    low = _group_reduce(torch.where(valid, r, torch.inf), inverse, num_groups, "amin", torch.inf)
+    constant = (high <= low)[inverse]
+    return GroupStats(r, valid, count[inverse], mean[inverse], total[inverse], std[inverse], constant)
+
+
+def _sum(x: Tensor, sum_across_ranks: SumAcrossRanks | None) -> Tensor:
+    return x if sum_across_ranks is None else sum_across_ranks(x)
+
+
+def _batch_moments(values: Tensor, weights: Tensor, sum_across_ranks: SumAcrossRanks | None) -> tuple[Tensor, Tensor]:
+    """Weighted mean and unbiased std of ``values`` over the global batch (summed across ranks when asked)."""
+    moments = torch.stack([weights.sum(), (values * weights).sum(), (values**2 * weights).sum()])
+    n, s, s2 = _sum(moments, sum_across_ranks).unbind()
+    mean = s / n.clamp(min=1)
+    var = (s2 - n * mean**2).clamp(min=0) / (n - 1).clamp(min=1)
+    return mean, var.sqrt()
+
+
+# Every estimator shares one signature: (stats, *, scale, eps, completion_mask, sum_across_ranks) -> advantages.
+def _grpo(
+    stats: GroupStats,
+    *,
+    scale: str,
+    eps: float,
+    completion_mask: Tensor | None,
+    sum_across_ranks: SumAcrossRanks | None,
+) -> Tensor:
+    centred = stats.rewards - stats.mean  # (N,)
+    if scale == "group":
+        return centred / (stats.std + eps)
+    if scale == "batch":
+        _, std_batch = _batch_moments(stats.rewards, stats.valid.double(), sum_across_ranks)
+        return centred / (std_batch + eps)
+    return centred
+
+
+def _rloo(
+    stats: GroupStats,
+    *,
+    scale: str,
+    eps: float,
+    completion_mask: Tensor | None,
+    sum_across_ranks: SumAcrossRanks | None,
+) -> Tensor:
+    leave_one_out_mean = (stats.total - stats.rewards) / (stats.count - 1).clamp(min=1)
+    return stats.rewards - leave_one_out_mean  # (N,)
+
+
+def _reinforce_pp_baseline(
+    stats: GroupStats,
+    *,
+    scale: str,
+    eps: float,
+    completion_mask: Tensor | None,
+    sum_across_ranks: SumAcrossRanks | None,
+) -> Tensor:
+    if completion_mask is None or completion_mask.ndim != 2 or completion_mask.shape[0] != stats.rewards.shape[0]:
+        got = None if completion_mask is None else tuple(completion_mask.shape)
+        n = stats.rewards.shape[0]
+        raise ValueError(f"reinforce_pp_baseline needs completion_mask of shape (N, T) with N={n}; got {got}")
+    keep = stats.valid & ~stats.constant
+    tokens = torch.where(keep, stats.rewards - stats.mean, 0.0)[:, None].expand(completion_mask.shape)  # (N, T)
+    weights = completion_mask.double() * stats.valid[:, None]
+    mean, std = _batch_moments(tokens, weights, sum_across_ranks)
+    return (tokens - mean) / (std + eps) * weights * keep[:, None]  # constant groups and skipped rows stay 0
+
+
+#: Read-only catalogue: estimator name -> function of one shared signature.
+ADVANTAGE_ESTIMATORS: Mapping[str, Callable[..., Tensor]] = MappingProxyType(
+    {"grpo": _grpo, "rloo": _rloo, "reinforce_pp_baseline": _reinforce_pp_baseline}
+)
+_SCALES = MappingProxyType({"group": "group", "batch": "batch", "none": "none"})
+
+
+def compute_advantages(
+    rewards: Tensor,
+    group_ids: Tensor,
+    *,
+    estimator: AdvantageEstimator = "grpo",
+    scale: AdvantageScale = "group",
+    eps: float = 1e-6,
+    completion_mask: Tensor | None = None,
+    sum_across_ranks: SumAcrossRanks | None = None,
+) -> Tensor:
+    """Group-relative advantages, one per sequence (per token for ``reinforce_pp_baseline``).
+
+    Args:
+        rewards: ``(N,)`` float scalar reward per sample; NaN marks a row no reward function applied to.
+        group_ids: ``(N,)`` integer group of each sample (samples of one prompt share an id; any order).
+        estimator: ``"grpo"``, ``"rloo"`` or ``"reinforce_pp_baseline"``.
+        scale: For ``grpo``: ``"group"`` (divide by the group std), ``"batch"`` (by the batch std) or ``"none"``.
+        eps: Added to the std before dividing.
+        completion_mask: ``(N, T)`` valid-token mask; required by ``reinforce_pp_baseline``.
+        sum_across_ranks: Sums a tensor over data-parallel ranks (e.g. an all-reduce); makes ``scale="batch"`` and
+            the REINFORCE++ whitening use global statistics. Groups never straddle ranks, so group statistics stay
+            local.
+
+    Returns:
+        ``(N,)`` advantages in ``rewards.dtype`` — ``(N, T)`` for ``reinforce_pp_baseline``, zero on padding.
+
+    Raises:
+        ValueError: Unknown estimator or scale, shape mismatch, or a missing ``completion_mask``.
+
+    Example::
+
+        >>> r = torch.tensor([1.0, 0.0, 1.0, 1.0])
+        >>> compute_advantages(r, torch.tensor([0, 0, 1, 1]))
+        tensor([ 0.7071, -0.7071,  0.0000,  0.0000])
+    """
+    estimate = choose(ADVANTAGE_ESTIMATORS, estimator, "advantage estimator")
+    choose(_SCALES, scale, "advantage scale")
+    check_floating("rewards", rewards)
+    if rewards.ndim != 1 or group_ids.shape != rewards.shape:
+        raise ValueError(
+            f"rewards and group_ids must both be (N,); got rewards {tuple(rewards.shape)}, "
+            f"group_ids {tuple(group_ids.shape)}"
+        )
+    stats = group_stats(rewards, group_ids)
+    advantages = estimate(
+        stats, scale=scale, eps=eps, completion_mask=completion_mask, sum_across_ranks=sum_across_ranks
+    )
+    if advantages.ndim == 1:  # token-level estimators zero their own invalid rows
+        advantages = torch.where(stats.valid & ~stats.constant, advantages, 0.0)
+    return advantages.to(rewards.dtype)

@@ -1,0 +1,222 @@
+"""Per-token policy-gradient losses (to be aggregated with ``aggregate_loss``).
+
+Kinds (choose by name, see :data:`POLICY_LOSSES`):
+
+* ``clip`` — PPO's clipped surrogate (Schulman et al., 2017, arXiv:1707.06347) as used by GRPO, with asymmetric
+  "clip-higher" bounds (DAPO, arXiv:2503.14476), dual clip for negative advantages (Ye et al., 2020,
+  arXiv:1912.09729) and an optional upper bound ``delta`` on the ratio (INTELLECT-2, arXiv:2505.07291).
+* ``gspo`` — Group Sequence Policy Optimization (Zheng et al., 2025, arXiv:2507.18071): the sequence-level ratio
+  ``exp(mean_t(logp - old_logp))`` with a straight-through token gradient.
+* ``cispo`` — CISPO (MiniMax-M1, arXiv:2506.13585): the clipped importance weight, detached, times the log-prob.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from lightning_grpo.algorithms._checks import check_same_shape, choose, masked_mean
+
+PolicyLossKind = Literal["clip", "gspo", "cispo"]
+
+__all__ = ["POLICY_LOSSES", "PolicyLossKind", "PolicyLossStats", "policy_loss"]
+
+_MAX_LOG_RATIO = 20.0
+_MAX_SEQ_LOG_RATIO = 10.0
+
+
+@dataclass(frozen=True)
+class PolicyLossStats:
+    """Diagnostics of one policy-loss evaluation, each a 0-dim tensor (masked mean over valid tokens).
+
+    Attributes:
+        clip_frac: Tokens where the clipped branch of the surrogate is taken.
+        clip_frac_low: Tokens with ``A < 0`` and ``ratio < 1 - clip_low``.
+        clip_frac_high: Tokens with ``A > 0`` and ``ratio > 1 + clip_high``.
+        dual_clip_frac: Tokens where the dual clip bound ``-A * dual_clip`` is taken.
+        approx_kl: ``mean(old_logprobs - logprobs)``, the k1 estimate of ``KL(old || current)``.
+    """
+
+    clip_frac: Tensor
+    clip_frac_low: Tensor
+    clip_frac_high: Tensor
+    dual_clip_frac: Tensor
+    approx_kl: Tensor
+
+
+@dataclass(frozen=True)
+class _Surrogate:
+    loss: Tensor  # (N, T)
+    clipped: Tensor  # (N, T) bool
+    dual_clipped: Tensor  # (N, T) bool
+
+
+def _clipped_surrogate(
+    ratio: Tensor, advantages: Tensor, clip_low: float, clip_high: float, dual_clip: float | None, delta: float | None
+) -> _Surrogate:
+    unclipped_ratio = ratio if delta is None else ratio.clamp(max=delta)
+    loss_unclipped = -advantages * unclipped_ratio  # (N, T)
+    loss_clipped = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)  # (N, T)
+    loss = torch.maximum(loss_unclipped, loss_clipped)
+    clipped = loss_clipped > loss_unclipped
+    dual_clipped = torch.zeros_like(clipped)
+    if dual_clip is not None:
+        bound = -advantages * dual_clip
+        dual_clipped = (advantages < 0) & (loss > bound)
+        loss = torch.where(dual_clipped, bound, loss)
+    return _Surrogate(loss, clipped, dual_clipped)
+
+
+# Every kind shares one signature: (logprobs, old_logprobs, advantages, mask, clip_low, clip_high, dual_clip, delta)
+# -> (per-token loss, ratio, clipped mask, dual-clipped mask).
+def _clip(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_low: float,
+    clip_high: float,
+    dual_clip: float | None,
+    delta: float | None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    ratio = torch.exp((logprobs - old_logprobs).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO))  # (N, T)
+    s = _clipped_surrogate(ratio, advantages, clip_low, clip_high, dual_clip, delta)
+    return s.loss, ratio, s.clipped, s.dual_clipped
+
+
+def _gspo(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_low: float,
+    clip_high: float,
+    dual_clip: float | None,
+    delta: float | None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    log_ratio = logprobs - old_logprobs  # (N, T)
+    m = mask.to(log_ratio.dtype)
+    seq_log_ratio = (log_ratio * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp(min=1)  # (N, 1)
+    token_log_ratio = seq_log_ratio.detach() + logprobs - logprobs.detach()  # value: sequence; gradient: token
+    ratio = torch.exp(token_log_ratio.clamp(max=_MAX_SEQ_LOG_RATIO))  # (N, T)
+    s = _clipped_surrogate(ratio, advantages, clip_low, clip_high, None, delta)
+    return s.loss, ratio, s.clipped, s.dual_clipped
+
+
+def _cispo(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_low: float,
+    clip_high: float,
+    dual_clip: float | None,
+    delta: float | None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    ratio = torch.exp((logprobs - old_logprobs).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO))  # (N, T)
+    weight = ratio.clamp(1.0 - clip_low, 1.0 + clip_high).detach()
+    clipped = weight != ratio.detach()
+    return -advantages * weight * logprobs, ratio, clipped, torch.zeros_like(clipped)
+
+
+#: Read-only catalogue: loss kind -> function of one shared signature.
+POLICY_LOSSES: Mapping[str, Callable[..., tuple[Tensor, Tensor, Tensor, Tensor]]] = MappingProxyType(
+    {"clip": _clip, "gspo": _gspo, "cispo": _cispo}
+)
+
+
+def _check_clip_args(clip_low: float, clip_high: float, dual_clip: float | None, delta: float | None) -> None:
+    if not 0.0 <= clip_low < 1.0 or clip_high < 0.0:
+        raise ValueError(f"need 0 <= clip_low < 1 and clip_high >= 0; got clip_low={clip_low}, clip_high={clip_high}")
+    if dual_clip is not None and dual_clip <= 1.0:
+        raise ValueError(f"dual_clip must be > 1 (or None to disable); got {dual_clip}")
+    if delta is not None and delta <= 1.0 + clip_high:
+        raise ValueError(f"delta must be > 1 + clip_high = {1.0 + clip_high} (or None); got {delta}")
+
+
+def policy_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    completion_mask: Tensor,
+    *,
+    kind: PolicyLossKind = "clip",
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip: float | None = 3.0,
+    delta: float | None = None,
+) -> tuple[Tensor, PolicyLossStats]:
+    """Per-token policy loss and its clipping diagnostics.
+
+    Args:
+        logprobs: ``(N, T)`` log-probs of the sampled tokens under the current policy (carries the gradient).
+        old_logprobs: ``(N, T)`` log-probs under the policy that sampled them (no gradient).
+        advantages: ``(N,)`` per-sequence or ``(N, T)`` per-token advantages.
+        completion_mask: ``(N, T)`` valid-token mask (used by the statistics and by ``gspo``'s sequence mean).
+        kind: ``"clip"``, ``"gspo"`` or ``"cispo"``.
+        clip_low: Lower clip range: the ratio is clipped at ``1 - clip_low``.
+        clip_high: Upper clip range: the ratio is clipped at ``1 + clip_high`` (DAPO's clip-higher when larger).
+        dual_clip: Bound ``c`` of dual clip for ``A < 0`` (``clip`` only); ``None`` disables it.
+        delta: INTELLECT-2 upper bound on the ratio in the unclipped term; ``None`` disables it.
+
+    Returns:
+        ``(per_token_loss, stats)``: the ``(N, T)`` loss (padding not yet masked) and :class:`PolicyLossStats`.
+
+    Raises:
+        ValueError: Unknown ``kind``, invalid clip settings, or mismatched shapes.
+
+    Example::
+
+        >>> lp = torch.tensor([[0.0, -1.0]]); old = torch.tensor([[-0.5, -1.0]]); m = torch.ones(1, 2)
+        >>> loss, stats = policy_loss(lp, old, torch.tensor([1.0]), m)  # ratio e^0.5 = 1.65 clipped to 1.2
+        >>> loss
+        tensor([[-1.2000, -1.0000]])
+    """
+    compute = choose(POLICY_LOSSES, kind, "policy loss kind")
+    check_same_shape(logprobs=logprobs, old_logprobs=old_logprobs, completion_mask=completion_mask)
+    _check_clip_args(clip_low, clip_high, dual_clip, delta)
+    if advantages.ndim == 1 and advantages.shape[0] == logprobs.shape[0]:
+        advantages = advantages[:, None]  # (N, 1) broadcasts over tokens
+    elif advantages.shape != logprobs.shape:
+        raise ValueError(
+            f"advantages must be (N,) or (N, T) matching logprobs {tuple(logprobs.shape)}; "
+            f"got {tuple(advantages.shape)}"
+        )
+    old_logprobs = old_logprobs.detach()
+    loss, ratio, clipped, dual_clipped = compute(
+        logprobs, old_logprobs, advantages, completion_mask, clip_low, clip_high, dual_clip, delta
+    )
+    stats = _stats(
+        logprobs, old_logprobs, advantages, completion_mask, ratio, clipped, dual_clipped, clip_low, clip_high
+    )
+    return loss, stats
+
+
+@torch.no_grad()
+def _stats(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    ratio: Tensor,
+    clipped: Tensor,
+    dual_clipped: Tensor,
+    clip_low: float,
+    clip_high: float,
+) -> PolicyLossStats:
+    """Clipping diagnostics, as in cleanrl's ``ppo.py`` (https://github.com/vwxyzjn/cleanrl)."""
+    a = advantages.expand_as(ratio)
+    low = (a < 0) & (ratio < 1.0 - clip_low)
+    high = (a > 0) & (ratio > 1.0 + clip_high)
+    return PolicyLossStats(
+        clip_frac=masked_mean(clipped.float(), mask),
+        clip_frac_low=masked_mean(low.float(), mask),
+        clip_frac_high=masked_mean(high.float(), mask),
+        dual_clip_frac=masked_mean(dual_clipped.float(), mask),
+        approx_kl=masked_mean((old_logprobs - logprobs).float(), mask),
+    )
