@@ -73,7 +73,7 @@ def build_tiny_model(
         seed: Seed for the random initialisation, so the same call gives the same weights.
 
     Returns:
-        The model in float32, in eval mode.
+        The model in float32.
     """
     config = Qwen2Config(
         vocab_size=len(tokenizer),
@@ -91,4 +91,4 @@ def build_tiny_model(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(config)
-    return model.eval()
+    return model

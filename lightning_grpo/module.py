@@ -1,0 +1,344 @@
+"""``GRPOModule``: one ``training_step`` is one GRPO iteration. Orchestration only; the math lives in ``algorithms``.
+
+Each numbered step of DESIGN.md §2 is one overridable method: :meth:`GRPOModule.generate`, :meth:`~GRPOModule.score`,
+:meth:`~GRPOModule.compute_advantages`, :meth:`~GRPOModule.compute_logprobs`, :meth:`~GRPOModule.compute_loss`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+from typing import Any, TypedDict
+
+import torch
+from lightning.pytorch import LightningModule
+from lightning.pytorch.strategies import ModelParallelStrategy
+from peft import PeftModel
+from torch import Tensor
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from lightning_grpo.algorithms import aggregate_loss, compute_advantages, kl_penalty, policy_loss
+from lightning_grpo.config import GRPOConfig
+from lightning_grpo.policy import PolicyConfig, export_adapter, load_policy, load_tokenizer, reference_mode
+from lightning_grpo.rewards import RewardFunctions, RewardScores
+from lightning_grpo.rollout import Rollout, SamplingSettings, TokenLogProbs, completion_logprobs, generate_rollout
+from lightning_grpo.update import LossCounts, MetricSums, UpdateBatch, minibatch_indices
+
+__all__ = ["GRPOModule", "StepOutput"]
+
+OptimizerCallable = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
+LRSchedulerCallable = Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler]
+
+
+class StepOutput(TypedDict):
+    """What ``training_step`` returns, for callbacks' ``on_train_batch_end``."""
+
+    loss: Tensor  # mean mini-batch loss, detached
+    rollout: Rollout  # texts, tokens, masks, truncation flags, group ids
+    rewards: RewardScores  # combined and per-function rewards, (N,)
+    advantages: Tensor  # (N,) or (N, T)
+    metrics: dict[str, Tensor]  # loss statistics (clip fractions, KL, entropy, ...), 0-dim tensors
+
+
+class GRPOModule(LightningModule):
+    """GRPO fine-tuning of a causal LM with a LoRA adapter; the reference policy is the adapter disabled.
+
+    Args:
+        model: A Hugging Face id or local path, a ``PreTrainedModel`` or a ``PeftModel``.
+        reward_funcs: Reward functions ``fn(prompts, completions, **columns) -> list[float | None]`` (a sequence, a
+            name-to-function mapping, or a :class:`~lightning_grpo.rewards.RewardFunctions`).
+        reward_weights: One weight per reward function; ``None`` weighs each 1.0.
+        tokenizer: Tokenizer or its id/path; defaults to the model's. One without a pad token gets EOS as pad.
+        policy: Loading and LoRA settings (:class:`~lightning_grpo.policy.PolicyConfig`).
+        grpo: Algorithm settings (:class:`~lightning_grpo.config.GRPOConfig`).
+        optimizer: Builds the optimizer from the adapter parameters; default ``AdamW(lr=1e-5)``.
+        lr_scheduler: Builds a scheduler from the optimizer; stepped once per ``training_step`` (one GRPO iteration).
+        seed: Seeds sampling and mini-batch shuffling per step, so runs and resumed runs are reproducible.
+
+    Example::
+
+        from lightning import Trainer
+        from lightning_grpo import GRPOModule, GRPOConfig, PromptDataModule
+        from lightning_grpo.rewards import math_answer
+
+        module = GRPOModule("Qwen/Qwen2.5-0.5B-Instruct", [math_answer], grpo=GRPOConfig(num_generations=8))
+        Trainer(max_steps=100).fit(module, PromptDataModule("train.jsonl", batch_size=4))
+    """
+
+    def __init__(
+        self,
+        model: str | PreTrainedModel | PeftModel,
+        reward_funcs: Sequence[Callable[..., Any]] | Mapping[str, Callable[..., Any]] | RewardFunctions,
+        *,
+        reward_weights: Sequence[float] | None = None,
+        tokenizer: str | PreTrainedTokenizerBase | None = None,
+        policy: PolicyConfig | None = None,
+        grpo: GRPOConfig | None = None,
+        optimizer: OptimizerCallable | None = None,
+        lr_scheduler: LRSchedulerCallable | None = None,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        self.strict_loading = False  # checkpoints hold the adapter only, not the base weights
+        self.config = grpo or GRPOConfig()
+        self.policy_config = policy or PolicyConfig()
+        self.rewards = (
+            reward_funcs if isinstance(reward_funcs, RewardFunctions) else RewardFunctions(reward_funcs, reward_weights)
+        )
+        name = model if isinstance(model, str | Path) else None
+        self.tokenizer = load_tokenizer(tokenizer, name, trust_remote_code=self.policy_config.trust_remote_code)
+        self.policy = load_policy(model, self.policy_config).train()
+        self.optimizer_factory, self.scheduler_factory, self.seed = optimizer, lr_scheduler, seed
+        self.save_hyperparameters(ignore=["model", "reward_funcs", "tokenizer", "optimizer", "lr_scheduler"])
+
+    @property
+    def max_prompt_length(self) -> int:
+        """Longest prompt in tokens (read by :class:`~lightning_grpo.data.PromptDataModule`)."""
+        return self.config.max_prompt_length
+
+    # ---------------------------------------------------------------- the GRPO iteration
+
+    def training_step(self, batch: Mapping[str, Sequence[Any]], batch_idx: int) -> StepOutput:
+        """One GRPO iteration: sample, score, advantages, fixed log-probs, then ``ppo_epochs`` of updates."""
+        with self._step_rng():
+            rollout = self.generate(batch)  # 1
+            scores = self.score(rollout)  # 2
+            advantages = self.compute_advantages(scores.rewards, rollout)  # 3
+            update = self.prepare_update(rollout, advantages)  # 4
+            loss, metrics = self.update_policy(update)  # 5
+        self._log_train(rollout, scores, loss, metrics)
+        return StepOutput(loss=loss, rollout=rollout, rewards=scores, advantages=advantages, metrics=metrics)
+
+    def generate(
+        self,
+        batch: Mapping[str, Sequence[Any]],
+        *,
+        num_generations: int | None = None,
+        temperature: float | None = None,
+    ) -> Rollout:
+        """Step 1: sample G completions per prompt of ``batch["prompt"]``; other batch keys become row columns."""
+        if "prompt" not in batch:
+            raise KeyError(f"a batch must have a 'prompt' key (list of strings); got keys {sorted(batch)}")
+        settings = SamplingSettings(
+            num_generations=num_generations or self.config.num_generations,
+            temperature=temperature or self.config.temperature,
+            synced_gpus=self._synced_gpus(),
+            **self.config.sampling_kwargs,
+        )
+        columns = {key: list(values) for key, values in batch.items() if key != "prompt"}
+        return generate_rollout(
+            self.policy, self.tokenizer, list(batch["prompt"]), settings,
+            max_prompt_length=self.config.max_prompt_length, columns=columns,
+        )  # fmt: skip
+
+    def score(self, rollout: Rollout) -> RewardScores:
+        """Step 2: every reward function, weighted; ``NaN`` where every function returned ``None``."""
+        lengths = rollout.completion_lengths.tolist()
+        scores = self.rewards(rollout.prompts, rollout.completions, rollout.columns, completion_lengths=lengths)
+        return RewardScores(
+            scores.rewards.to(self.device), {k: v.to(self.device) for k, v in scores.per_function.items()}
+        )
+
+    def compute_advantages(self, rewards: Tensor, rollout: Rollout) -> Tensor:
+        """Step 3: group-relative advantages ``(N,)`` (``(N, T)`` for token-level estimators)."""
+        return compute_advantages(
+            rewards,
+            rollout.group_ids,
+            estimator=self.config.advantage_estimator,
+            scale=self.config.advantage_scale,
+            eps=self.config.advantage_eps,
+            completion_mask=rollout.completion_mask,
+            sum_across_ranks=self._sum_across_ranks,
+        )
+
+    def prepare_update(self, rollout: Rollout, advantages: Tensor) -> UpdateBatch:
+        """Step 4: the loss mask, old log-probs (only if the rollout serves several updates), reference log-probs."""
+        cfg = self.config
+        self.config.check_rollout_size(len(rollout))
+        loss_mask = rollout.completion_mask
+        if cfg.mask_truncated_completions:
+            loss_mask = loss_mask * (~rollout.truncated)[:, None]
+        updates = cfg.ppo_epochs * len(rollout) // (cfg.mini_batch_size or len(rollout))
+        old = self._fixed_logprobs(rollout, reference=False) if updates > 1 else None
+        ref = self._fixed_logprobs(rollout, reference=True) if cfg.kl_coef > 0 else None
+        return UpdateBatch(rollout, advantages, loss_mask, old, ref)
+
+    def compute_logprobs(
+        self, rollout: Rollout, *, reference: bool = False, with_entropy: bool = False
+    ) -> TokenLogProbs:
+        """Per-token log-probs ``(N, T)`` of the completions, of the reference policy when ``reference``."""
+        context = reference_mode(self.policy) if reference else nullcontext()
+        with context:
+            return completion_logprobs(
+                self.policy,
+                rollout,
+                temperature=self.config.temperature,
+                with_entropy=with_entropy,
+                entropy_grad=self.config.entropy_coef > 0,
+                chunk_size=self.config.logprob_chunk_size,
+            )
+
+    def compute_loss(self, batch: UpdateBatch, counts: LossCounts) -> tuple[Tensor, dict[str, Tensor]]:
+        """Step 5 (per micro-batch): ``policy loss + β·KL − c_ent·entropy``, each aggregated with global counts."""
+        cfg = self.config
+        current = self.compute_logprobs(batch.rollout, with_entropy=True)
+        logprobs, mask = current.logprobs, batch.loss_mask
+        old = batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()
+        per_token, stats = policy_loss(
+            logprobs, old, batch.advantages, mask, kind=cfg.loss_kind,
+            clip_low=cfg.clip_low, clip_high=cfg.clip_high, dual_clip=cfg.dual_clip, delta=cfg.delta,
+        )  # fmt: skip
+        agg = lambda values: aggregate_loss(  # noqa: E731
+            values, mask, cfg.loss_agg_mode, num_tokens=counts.num_tokens, num_sequences=counts.num_sequences,
+            norm=counts.norm,
+        )  # fmt: skip
+        pg_loss = agg(per_token)
+        metrics = {"pg_loss": pg_loss, **vars(stats), "entropy": _masked_mean(current.entropy, mask)}
+        loss = pg_loss
+        if batch.ref_logprobs is not None:
+            kl = kl_penalty(logprobs, batch.ref_logprobs, cfg.kl_estimator)  # (N, T)
+            loss = loss + cfg.kl_coef * agg(kl)
+            metrics["kl"] = _masked_mean(kl, mask)
+        if cfg.entropy_coef > 0:
+            loss = loss - cfg.entropy_coef * agg(current.entropy)
+        return loss, metrics
+
+    def update_policy(self, batch: UpdateBatch) -> tuple[Tensor, dict[str, Tensor]]:
+        """``ppo_epochs`` passes over shuffled mini-batches; one optimizer step per mini-batch."""
+        cfg, optimizer = self.config, self.optimizers()
+        mini = cfg.mini_batch_size or len(batch)
+        micro = cfg.micro_batch_size or mini
+        generator = torch.Generator().manual_seed(self._step_seed())
+        norm = float(cfg.loss_agg_norm or cfg.max_new_tokens)
+        sums, losses = MetricSums(), []
+        for _ in range(cfg.ppo_epochs):
+            for rows in minibatch_indices(len(batch), mini, generator):
+                minibatch = batch.select(rows.to(self.device))
+                counts = LossCounts.of(minibatch.loss_mask, norm, self._sum_across_ranks)
+                losses.append(self._accumulate(minibatch, counts, micro, optimizer, sums))
+                if cfg.max_grad_norm is not None:
+                    self.clip_gradients(optimizer, gradient_clip_val=cfg.max_grad_norm, gradient_clip_algorithm="norm")
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+        scheduler = self.lr_schedulers()
+        if scheduler is not None:
+            scheduler.step()
+        return torch.stack(losses).mean(), sums.means()
+
+    def _accumulate(
+        self, minibatch: UpdateBatch, counts: LossCounts, micro: int, optimizer: Any, sums: MetricSums
+    ) -> Tensor:
+        """Backward over the micro-batches of one mini-batch; gradients sync across ranks on the last one only."""
+        total = torch.zeros((), device=self.device)
+        chunks = torch.arange(len(minibatch), device=self.device).split(micro)
+        for i, rows in enumerate(chunks):
+            part = minibatch.select(rows)
+            with optimizer.toggle_model(sync_grad=i == len(chunks) - 1):
+                loss, metrics = self.compute_loss(part, counts)
+                self.manual_backward(loss)
+            total += loss.detach()
+            sums.add(metrics, part.loss_mask.sum())
+        return total
+
+    # ---------------------------------------------------------------- validation
+
+    def validation_step(self, batch: Mapping[str, Sequence[Any]], batch_idx: int) -> None:
+        """Sample ``val_num_generations`` completions per prompt; log reward mean, accuracy and pass@k."""
+        k, cfg = self.config.val_num_generations, self.config
+        with self._step_rng(offset=batch_idx + 1):
+            rollout = self.generate(batch, num_generations=k, temperature=cfg.val_temperature)
+        rewards = self.score(rollout).rewards
+        success = (rewards >= cfg.val_success_threshold).float()  # NaN compares False
+        size = len(batch["prompt"])
+        self.log("val/reward_mean", rewards.nanmean(), sync_dist=True, batch_size=size)
+        self.log("val/accuracy", success.mean(), sync_dist=True, batch_size=size)
+        if k > 1:
+            solved = success.view(-1, k).amax(-1)  # (B,) any success among the k samples
+            self.log(f"val/pass@{k}", solved.mean(), sync_dist=True, batch_size=size)
+
+    # ---------------------------------------------------------------- optimizers, checkpoints, export
+
+    def configure_optimizers(self) -> Any:
+        """AdamW (or the injected optimizer) over adapter parameters only, with the optional scheduler."""
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        optimizer = self.optimizer_factory(params) if self.optimizer_factory else torch.optim.AdamW(params, lr=1e-5)
+        if self.scheduler_factory is None:
+            return optimizer
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": self.scheduler_factory(optimizer)}}
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Keep only the adapter weights in the checkpoint; the base model is loaded from its source."""
+        trainable = {name for name, param in self.named_parameters() if param.requires_grad}
+        checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}
+
+    def export_adapter(self, path: str | Path) -> Path:
+        """Write the adapter in PEFT format, loadable with ``PeftModel.from_pretrained(base, path)`` (and vLLM)."""
+        return export_adapter(self.policy, path)
+
+    # ---------------------------------------------------------------- helpers
+
+    def _fixed_logprobs(self, rollout: Rollout, *, reference: bool) -> Tensor:
+        """Log-probs without gradient, in eval mode, micro-batch by micro-batch."""
+        micro = self.config.micro_batch_size or len(rollout)
+        with torch.no_grad(), _eval_mode(self.policy):
+            parts = [
+                self.compute_logprobs(rollout.select(rows), reference=reference).logprobs
+                for rows in torch.arange(len(rollout), device=self.device).split(micro)
+            ]
+        return torch.cat(parts)
+
+    def _sum_across_ranks(self, tensor: Tensor) -> Tensor:
+        if self._trainer is None or self.trainer.world_size == 1:
+            return tensor
+        return self.trainer.strategy.reduce(tensor, reduce_op="sum")
+
+    def _synced_gpus(self) -> bool:
+        """FSDP shards parameters: every rank must keep stepping until all ranks finish sampling."""
+        return self._trainer is not None and isinstance(self.trainer.strategy, ModelParallelStrategy)
+
+    def _step_seed(self, offset: int = 0) -> int:
+        step = self.global_step if self._trainer is not None else 0
+        rank = self.global_rank if self._trainer is not None else 0
+        return (self.seed * 1_000_003 + step * 7_919 + rank * 104_729 + offset) % (2**63)
+
+    @contextmanager
+    def _step_rng(self, offset: int = 0) -> Any:
+        """Sampling randomness that depends only on (seed, step, rank), so a resumed run samples the same."""
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(self._step_seed(offset))
+            yield
+
+    def _log_train(self, rollout: Rollout, scores: RewardScores, loss: Tensor, metrics: dict[str, Tensor]) -> None:
+        size = len(rollout) // self.config.num_generations
+        rewards = scores.rewards
+        valid = rewards[~torch.isnan(rewards)]
+        values = {
+            "train/loss": loss,
+            "train/reward_mean": valid.mean() if valid.numel() else torch.zeros((), device=self.device),
+            "train/reward_std": valid.std() if valid.numel() > 1 else torch.zeros((), device=self.device),
+            "train/completion_length": rollout.completion_lengths.float().mean(),
+            **{f"train/{name}": value for name, value in metrics.items()},
+        }
+        for name, value in values.items():
+            shown = name in ("train/reward_mean", "train/kl")
+            self.log(name, value, sync_dist=True, batch_size=size, prog_bar=shown, on_step=True)
+
+
+def _masked_mean(values: Tensor | None, mask: Tensor) -> Tensor:
+    if values is None:
+        return torch.zeros((), device=mask.device)
+    mask = mask.to(values.dtype)
+    return (values.detach() * mask).sum() / mask.sum().clamp(min=1)
+
+
+@contextmanager
+def _eval_mode(model: torch.nn.Module) -> Any:
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)

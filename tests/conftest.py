@@ -1,0 +1,72 @@
+"""Shared fixtures: a tiny offline model and tokenizer, and a factory for small GRPO modules and trainers."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import lightning as L
+import pytest
+import torch
+
+from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig
+from lightning_grpo.tiny import build_tiny_model, build_tiny_tokenizer
+
+warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+warnings.filterwarnings("ignore", message=".*isinstance\\(treespec, LeafSpec\\).*")
+
+
+def count_a(prompts: list[str], completions: list[str], **_: Any) -> list[float]:
+    """Fraction of the completion's characters that are the letter ``a`` (an easy signal for tiny models)."""
+    return [c.count("a") / max(len(c), 1) for c in completions]
+
+
+def prompt_records(n: int = 8) -> list[dict[str, str]]:
+    return [{"prompt": f"{i % 10}+{(i * 3) % 10}=", "answer": str(i % 10 + (i * 3) % 10)} for i in range(n)]
+
+
+@pytest.fixture
+def tokenizer():
+    return build_tiny_tokenizer()
+
+
+@pytest.fixture
+def make_module(tokenizer) -> Callable[..., GRPOModule]:
+    """Build a GRPOModule over a fresh tiny model (seed 0): ``make_module(reward_funcs=..., **grpo_settings)``."""
+
+    def build(
+        reward_funcs: Any = (count_a,),
+        *,
+        lr: float = 1e-2,
+        policy: PolicyConfig | None = None,
+        module_cls: type[GRPOModule] = GRPOModule,
+        lr_scheduler: Any = None,
+        **settings: Any,
+    ) -> GRPOModule:
+        defaults = {"num_generations": 4, "max_new_tokens": 6, "max_prompt_length": 16}
+        return module_cls(
+            build_tiny_model(tokenizer),
+            list(reward_funcs),
+            tokenizer=tokenizer,
+            policy=policy or PolicyConfig(lora_r=4, lora_alpha=8),
+            grpo=GRPOConfig(**{**defaults, **settings}),
+            optimizer=lambda params: torch.optim.AdamW(params, lr=lr),
+            lr_scheduler=lr_scheduler,
+        )
+
+    return build
+
+
+def make_trainer(**kwargs: Any) -> L.Trainer:
+    """A quiet CPU trainer."""
+    options = {
+        "accelerator": "cpu",
+        "devices": 1,
+        "logger": False,
+        "enable_checkpointing": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "num_sanity_val_steps": 0,
+    }
+    return L.Trainer(**{**options, **kwargs})
