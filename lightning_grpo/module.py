@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -89,9 +90,11 @@ class GRPOModule(LightningModule):
         )
         name = model if isinstance(model, str | Path) else None
         self.tokenizer = load_tokenizer(tokenizer, name, trust_remote_code=self.policy_config.trust_remote_code)
-        self.policy = load_policy(model, self.policy_config).train()
+        self.policy = load_policy(model, self.policy_config, seed=seed).train()
         self.optimizer_factory, self.scheduler_factory, self.seed = optimizer, lr_scheduler, seed
-        self.save_hyperparameters(ignore=["model", "reward_funcs", "tokenizer", "optimizer", "lr_scheduler"])
+        # Plain values only, so checkpoints load with ``torch.load(weights_only=True)``.
+        hparams = {"model": str(name), "grpo": asdict(self.config), "policy": asdict(self.policy_config), "seed": seed}
+        self.save_hyperparameters(hparams)
 
     @property
     def max_prompt_length(self) -> int:

@@ -94,13 +94,14 @@ def _load_base(model: str | PreTrainedModel, config: PolicyConfig) -> PreTrained
     return AutoModelForCausalLM.from_pretrained(str(model), **kwargs)
 
 
-def load_policy(model: str | PreTrainedModel | PeftModel, config: PolicyConfig) -> PeftModel:
+def load_policy(model: str | PreTrainedModel | PeftModel, config: PolicyConfig, *, seed: int = 0) -> PeftModel:
     """The policy: the base model with a trainable LoRA adapter and every other weight frozen.
 
     Args:
         model: A Hugging Face id or local path, a ``PreTrainedModel`` (gets a new adapter) or a ``PeftModel`` (its
             active adapter is trained).
         config: Loading and LoRA settings.
+        seed: Seed of the adapter's random initialisation.
 
     Returns:
         The ``PeftModel``; only adapter parameters have ``requires_grad``.
@@ -117,7 +118,10 @@ def load_policy(model: str | PreTrainedModel | PeftModel, config: PolicyConfig) 
             target_modules=config.target_modules,
             task_type="CAUSAL_LM",
         )
-        policy = get_peft_model(_load_base(model, config), lora)
+        base = _load_base(model, config)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)  # the adapter's initialisation is reproducible, whatever the global RNG state
+            policy = get_peft_model(base, lora)
     if config.gradient_checkpointing:
         policy.base_model.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         policy.base_model.model.enable_input_require_grads()

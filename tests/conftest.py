@@ -9,6 +9,7 @@ from typing import Any
 import lightning as L
 import pytest
 import torch
+from torch.utils.data import DataLoader
 
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig
 from lightning_grpo.tiny import build_tiny_model, build_tiny_tokenizer
@@ -56,6 +57,12 @@ def make_module(tokenizer) -> Callable[..., GRPOModule]:
         )
 
     return build
+
+
+def prompt_loader(prompts: list[str], repeat: int = 1) -> DataLoader:
+    """A loader yielding ``{"prompt": prompts}`` ``repeat`` times, as PromptDataModule batches look."""
+    rows = [{"prompt": p} for p in prompts] * repeat
+    return DataLoader(rows, batch_size=len(prompts), collate_fn=lambda batch: {"prompt": [r["prompt"] for r in batch]})
 
 
 def make_trainer(**kwargs: Any) -> L.Trainer:

@@ -44,5 +44,5 @@ def check_floating(name: str, tensor: torch.Tensor) -> None:
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean of ``values`` over positions where ``mask`` is true; 0 when the mask is empty."""
-    mask = mask.to(values.dtype)
-    return (values * mask).sum() / mask.sum().clamp(min=1)
+    valid = mask.bool()
+    return torch.where(valid, values, torch.zeros_like(values)).sum() / valid.sum().clamp(min=1)

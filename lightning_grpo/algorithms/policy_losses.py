@@ -99,9 +99,9 @@ def _gspo(
     dual_clip: float | None,
     delta: float | None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    log_ratio = logprobs - old_logprobs  # (N, T)
-    m = mask.to(log_ratio.dtype)
-    seq_log_ratio = (log_ratio * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp(min=1)  # (N, 1)
+    valid = mask.bool()
+    log_ratio = torch.where(valid, logprobs - old_logprobs, torch.zeros_like(logprobs))  # (N, T), padding ignored
+    seq_log_ratio = log_ratio.sum(-1, keepdim=True) / valid.sum(-1, keepdim=True).clamp(min=1)  # (N, 1)
     token_log_ratio = seq_log_ratio.detach() + logprobs - logprobs.detach()  # value: sequence; gradient: token
     ratio = torch.exp(token_log_ratio.clamp(max=_MAX_SEQ_LOG_RATIO))  # (N, T)
     s = _clipped_surrogate(ratio, advantages, clip_low, clip_high, None, delta)
@@ -120,6 +120,7 @@ def _cispo(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     ratio = torch.exp((logprobs - old_logprobs).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO))  # (N, T)
     weight = ratio.clamp(1.0 - clip_low, 1.0 + clip_high).detach()
+    weight = torch.where(mask.bool(), weight, torch.zeros_like(weight))  # padding carries no gradient
     clipped = weight != ratio.detach()
     return -advantages * weight * logprobs, ratio, clipped, torch.zeros_like(clipped)
 

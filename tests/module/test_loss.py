@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lightning_grpo.algorithms import aggregate_loss, compute_advantages, kl_penalty, policy_loss
-from tests.conftest import make_trainer
+from tests.conftest import make_trainer, prompt_loader
 from tests.module.helpers import FixedRolloutModule, fixed_rollout
 
 PROMPTS = ["1+1="] * 4 + ["2+5="] * 4
@@ -53,7 +53,7 @@ def test_first_step_loss_and_update_match_hand_computation(make_module, tokenize
 
     trainer = make_trainer(max_steps=1)
     outputs = {}
-    trainer.fit(module, train_dataloaders=[{"prompt": PROMPTS[:2]}])
+    trainer.fit(module, train_dataloaders=prompt_loader(PROMPTS[:2]))
     outputs.update(trainer.callback_metrics)
     torch.testing.assert_close(outputs["train/loss"], expected.detach(), atol=1e-5, rtol=1e-4)
     for name, param in module.policy.named_parameters():
@@ -65,7 +65,7 @@ def test_only_adapter_weights_change_and_reference_is_the_base_model(make_module
     module = make_module(module_cls=FixedRolloutModule, kl_coef=0.05, ppo_epochs=2, mini_batch_size=4)
     module.fixed = fixed_rollout(tokenizer, PROMPTS, COMPLETIONS, group_size=4)
     before = {n: p.detach().clone() for n, p in module.policy.named_parameters()}
-    make_trainer(max_steps=4).fit(module, train_dataloaders=[{"prompt": PROMPTS[:2]}] * 2)
+    make_trainer(max_steps=4).fit(module, train_dataloaders=prompt_loader(PROMPTS[:2], repeat=2))
     changed = {n for n, p in module.policy.named_parameters() if not torch.equal(p, before[n])}
     assert changed and all("lora_" in n for n in changed), f"non-adapter weights changed: {sorted(changed)[:3]}"
     assert all(p.grad is None or "lora_" in n for n, p in module.policy.named_parameters())

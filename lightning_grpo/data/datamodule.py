@@ -1,0 +1,263 @@
+"""``PromptDataModule``: batches of prompt texts (and their other columns) for GRPO training."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+from lightning.pytorch import LightningDataModule
+from lightning.pytorch.utilities import rank_zero_warn
+from torch.utils.data import DataLoader
+
+from lightning_grpo.data.prompts import (
+    apply_chat_template,
+    collate_prompts,
+    columns_of,
+    prompt_lengths,
+    render_prompt,
+    split_records,
+    template_fields,
+)
+from lightning_grpo.data.sampler import ResumableSampler
+from lightning_grpo.data.sources import _HF_PREFIX, PromptSource, load_records
+
+__all__ = ["PromptDataModule"]
+
+
+class PromptDataModule(LightningDataModule):
+    """Prompts for GRPO: loads records, formats each prompt, drops over-long ones and batches them as lists.
+
+    A batch is a dict of lists: ``"prompt"`` holds the formatted prompt texts and every other column of the records
+    (answers, metadata for reward functions) comes along under its own name, ``None`` where a row lacks it. When
+    ``prompt_field`` is not ``"prompt"`` the original column stays under its name too.
+
+    The prompt text of a row is ``prompt_template.format(**row)`` (or the row's ``prompt_field``); with
+    ``chat_template=True`` it becomes the user turn of ``tokenizer.apply_chat_template`` after an optional system
+    turn, and without it a ``system_prompt`` is prepended followed by a newline. ``tokenizer`` and
+    ``max_prompt_length`` left as ``None`` are taken in :meth:`setup` from the attached LightningModule's attributes
+    of the same names. Prompts longer than ``max_prompt_length`` tokens are dropped with one warning.
+
+    The training order depends only on ``seed`` and the epoch, the last incomplete batch is dropped, and under
+    DDP/FSDP every rank gets its own prompts and the same number of full batches. A run resumed from a checkpoint
+    taken mid-epoch continues with the prompts it had not seen.
+
+    Args:
+        train_data: Training prompts: any source :func:`~lightning_grpo.data.load_records` accepts — a ``.jsonl`` or
+            ``.json`` path, a list of dicts, a ``datasets.Dataset``, ``"hf:<name>[@<split>]"``, ``"builtin:<task>"``.
+        val_data: Validation prompts, same kinds; a Hugging Face source must name its split (``"hf:<name>@test"``).
+        val_split: Fraction in ``[0, 1)`` of the training records held out (seeded) for validation when
+            ``val_data`` is ``None``.
+        prompt_field: Column holding the prompt.
+        batch_size: Prompts per training batch (per rank); each is sampled G times by the module.
+        val_batch_size: Prompts per validation batch; defaults to ``batch_size``.
+        max_prompt_length: Longest prompt kept, in tokens (without special tokens).
+        tokenizer: A tokenizer or a name/path for ``AutoTokenizer.from_pretrained``; needed by ``chat_template``
+            and ``max_prompt_length``.
+        chat_template: Wrap prompts in the tokenizer's chat template.
+        system_prompt: System message: a system turn with ``chat_template``, otherwise a prefix line.
+        prompt_template: ``str.format`` template over the row's columns, e.g. ``"Question: {question}\\nAnswer:"``.
+        hf_config: Configuration name of Hugging Face dataset sources.
+        num_workers: DataLoader worker processes.
+        shuffle: Shuffle the training prompts.
+        seed: Seed of the validation split and of the shuffling.
+
+    Example::
+
+        from lightning_grpo.data import PromptDataModule
+        from lightning_grpo.tiny import build_tiny_tokenizer
+
+        dm = PromptDataModule("builtin:addition", val_split=0.25, batch_size=4,
+                              tokenizer=build_tiny_tokenizer(), max_prompt_length=16)
+        dm.setup("fit")
+        batch = next(iter(dm.train_dataloader()))
+        assert len(batch["prompt"]) == 4 and batch["prompt"][0].endswith("=")  # e.g. "3+4="
+        assert set(batch) == {"prompt", "answer"}
+    """
+
+    def __init__(
+        self,
+        train_data: PromptSource,
+        val_data: PromptSource | None = None,
+        *,
+        val_split: float = 0.0,
+        prompt_field: str = "prompt",
+        batch_size: int = 8,
+        val_batch_size: int | None = None,
+        max_prompt_length: int | None = None,
+        tokenizer: Any = None,
+        chat_template: bool = False,
+        system_prompt: str | None = None,
+        prompt_template: str | None = None,
+        hf_config: str | None = None,
+        num_workers: int = 0,
+        shuffle: bool = True,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        self.train_data, self.val_data, self.val_split = train_data, val_data, val_split
+        self.prompt_field, self.prompt_template = prompt_field, prompt_template
+        self.batch_size, self.val_batch_size = batch_size, val_batch_size
+        self.max_prompt_length, self.tokenizer = max_prompt_length, tokenizer
+        self.chat_template, self.system_prompt = chat_template, system_prompt
+        self.hf_config, self.num_workers, self.shuffle, self.seed = hf_config, num_workers, shuffle, seed
+        _check_arguments(self)
+        self.train_records: list[dict[str, Any]] | None = None
+        self.val_records: list[dict[str, Any]] = []
+
+    def prepare_data(self) -> None:
+        """Download Hugging Face dataset sources into the local cache (called on one process per node)."""
+        for source, split in ((self.train_data, "train"), (self.val_data, None)):
+            if isinstance(source, str) and source.startswith(_HF_PREFIX):
+                self._load(source, split)
+
+    def setup(self, stage: str | None = None) -> None:
+        """Load, split, format and filter the prompts; runs once, later calls do nothing."""
+        if self.train_records is not None:
+            return
+        self._resolve_from_module()
+        if isinstance(self.tokenizer, str):
+            from transformers import AutoTokenizer
+
+            self.tokenizer = AutoTokenizer.from_pretrained(self.tokenizer)
+        if self.max_prompt_length is not None and self.tokenizer is None:
+            raise ValueError(f"max_prompt_length={self.max_prompt_length} needs a tokenizer; pass tokenizer=...")
+        train, val = self._load(self.train_data, "train"), []
+        if self.val_data is not None:
+            val = self._load(self.val_data, None)
+        elif self.val_split > 0:
+            train, val = split_records(train, self.val_split, self.seed)
+        train = [self._format(row, f"train_data row {i}") for i, row in enumerate(train)]
+        val = [self._format(row, f"val_data row {i}") for i, row in enumerate(val)]
+        self.train_records, self.val_records = self._drop_long(train, val)
+
+    def train_dataloader(self) -> DataLoader:
+        """Batches of ``batch_size`` prompts in an order fixed by ``(seed, epoch)``; incomplete batches are dropped.
+
+        The sampler is a :class:`~lightning_grpo.data.sampler.ResumableSampler`: under DDP each rank takes its own
+        slice, and a run resumed in the middle of an epoch continues with the prompts it had not seen yet.
+        """
+        if self.train_records is None:
+            self.setup("fit")
+        world_size, rank = self._world()
+        if len(self.train_records) < self.batch_size * world_size:
+            raise ValueError(
+                f"{len(self.train_records)} training prompts are fewer than batch_size={self.batch_size} x "
+                f"world_size={world_size}: no full batch; lower batch_size or add prompts"
+            )
+        sampler = ResumableSampler(
+            len(self.train_records), num_replicas=world_size, rank=rank, shuffle=self.shuffle, seed=self.seed
+        )
+        sampler.skip(self._batches_done_in_epoch(len(sampler) // self.batch_size) * self.batch_size)
+        return self._loader(self.train_records, self.batch_size, sampler=sampler, drop_last=True)
+
+    def val_dataloader(self) -> DataLoader | list[DataLoader]:
+        """Validation batches in order, or ``[]`` when there is no validation data."""
+        if self.train_records is None:
+            self.setup("validate")
+        if not self.val_records:
+            return []
+        batch_size = self.val_batch_size or self.batch_size
+        return self._loader(self.val_records, batch_size, sampler=None, drop_last=False)
+
+    def _loader(
+        self, records: list[dict[str, Any]], batch_size: int, *, sampler: ResumableSampler | None, drop_last: bool
+    ) -> DataLoader:
+        return DataLoader(
+            records,
+            batch_size=batch_size,
+            sampler=sampler,
+            drop_last=drop_last,
+            collate_fn=partial(collate_prompts, columns=columns_of(records)),
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+        )
+
+    def _world(self) -> tuple[int, int]:
+        """World size and global rank of the attached trainer (1 and 0 without one)."""
+        if self.trainer is None:
+            return 1, 0
+        return getattr(self.trainer, "world_size", 1), getattr(self.trainer, "global_rank", 0)
+
+    def _batches_done_in_epoch(self, batches_per_epoch: int) -> int:
+        """Batches of the current epoch already trained when the trainer resumed from a mid-epoch checkpoint."""
+        if self.trainer is None:
+            return 0
+        fit_loop = getattr(self.trainer, "fit_loop", None)
+        if fit_loop is None:
+            return 0
+        done = fit_loop.epoch_loop.batch_progress.current.processed  # a checkpoint is saved before "completed"
+        return done if 0 < done < batches_per_epoch else 0
+
+    def _resolve_from_module(self) -> None:
+        """Fill ``tokenizer`` and ``max_prompt_length`` left as ``None`` from the attached LightningModule."""
+        module = getattr(self.trainer, "lightning_module", None)  # no trainer attached: None
+        if module is None:
+            return
+        if self.tokenizer is None:
+            self.tokenizer = getattr(module, "tokenizer", None)
+        if self.max_prompt_length is None:
+            self.max_prompt_length = getattr(module, "max_prompt_length", None)
+
+    def _load(self, source: PromptSource, split: str | None) -> list[dict[str, Any]]:
+        prompt_field = None if self.prompt_template is not None else self.prompt_field
+        return load_records(source, prompt_field=prompt_field, split=split, hf_config=self.hf_config)
+
+    def _format(self, row: dict[str, Any], where: str) -> dict[str, Any]:
+        """The row with its finished prompt text under ``"prompt"``."""
+        text = render_prompt(row, prompt_field=self.prompt_field, prompt_template=self.prompt_template, where=where)
+        if self.chat_template:
+            if self.tokenizer is None:
+                raise ValueError("chat_template=True needs a tokenizer; pass tokenizer=... or attach the module")
+            text = apply_chat_template(self.tokenizer, text, self.system_prompt)
+        elif self.system_prompt:
+            text = f"{self.system_prompt}\n{text}"
+        return {**row, "prompt": text}
+
+    def _drop_long(self, train: list[dict], val: list[dict]) -> tuple[list[dict], list[dict]]:
+        """Drop prompts longer than ``max_prompt_length`` tokens, with one warning that counts them."""
+        if self.max_prompt_length is None:
+            return train, val
+        limit = self.max_prompt_length
+        kept = [self._short_only(rows) for rows in (train, val)]
+        dropped = len(train) + len(val) - len(kept[0]) - len(kept[1])
+        if dropped:
+            rank_zero_warn(
+                f"PromptDataModule dropped {dropped} of {len(train) + len(val)} prompts longer than "
+                f"max_prompt_length={limit} (train: {len(train) - len(kept[0])}, val: {len(val) - len(kept[1])})"
+            )
+        for name, before, after in (("train", train, kept[0]), ("val", val, kept[1])):
+            if before and not after:
+                raise ValueError(
+                    f"All {len(before)} {name} prompts are longer than max_prompt_length={limit} tokens; "
+                    "raise max_prompt_length or shorten the prompts"
+                )
+        return kept[0], kept[1]
+
+    def _short_only(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        lengths = prompt_lengths(self.tokenizer, [row["prompt"] for row in rows])
+        return [row for row, length in zip(rows, lengths, strict=True) if length <= self.max_prompt_length]
+
+
+def _check_arguments(dm: PromptDataModule) -> None:
+    """Check the constructor's arguments; each error names the argument and its allowed values."""
+    val_split = dm.val_split
+    if isinstance(val_split, bool) or not isinstance(val_split, (int, float)) or not 0.0 <= val_split < 1.0:
+        raise ValueError(f"`val_split` must be a float in [0, 1), got {val_split!r}")
+    if val_split > 0 and dm.val_data is not None:
+        raise ValueError(f"Pass either `val_data` or `val_split` (got val_split={val_split}), not both")
+    if not isinstance(dm.prompt_field, str) or not dm.prompt_field:
+        raise ValueError(f"`prompt_field` must be a non-empty column name, got {dm.prompt_field!r}")
+    if dm.prompt_template is not None:
+        if not isinstance(dm.prompt_template, str):
+            raise ValueError(f"`prompt_template` must be a str.format template or None, got {dm.prompt_template!r}")
+        template_fields(dm.prompt_template)  # fails early on a malformed or positional template
+    _check_int("batch_size", dm.batch_size, minimum=1)
+    _check_int("num_workers", dm.num_workers, minimum=0)
+    for name in ("val_batch_size", "max_prompt_length"):
+        if getattr(dm, name) is not None:
+            _check_int(name, getattr(dm, name), minimum=1, optional=True)
+
+
+def _check_int(name: str, value: Any, *, minimum: int, optional: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"`{name}` must be an integer >= {minimum}{' or None' if optional else ''}, got {value!r}")

@@ -1,0 +1,233 @@
+"""The reward-function protocol and :class:`RewardFunctions`, which calls several functions and weights their scores.
+
+A reward function is any callable ``fn(prompts, completions, **columns) -> list[float | None]``. ``columns`` are the
+dataset row fields, one list per field aligned with the samples (``answer=[...]``), plus whatever the caller adds
+(``completion_lengths=[...]`` token counts). ``None`` means "this function does not apply to that row".
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+
+from lightning_grpo.rewards._signature import KeywordSpec, unique_names
+from lightning_grpo.rewards._validation import check_inputs, check_weights, split_functions
+
+__all__ = ["RewardError", "RewardFunction", "RewardFunctions", "RewardScores"]
+
+_EXCERPT_CHARS = 80
+
+
+class RewardFunction(Protocol):
+    """What a reward function looks like to a type checker.
+
+    A plain function whose signature names only the columns it reads (``def f(prompts, completions, answer)``) is
+    accepted as well: :class:`RewardFunctions` passes it only the keywords its signature accepts.
+    """
+
+    def __call__(self, prompts: list[str], completions: list[str], **columns: Any) -> Sequence[float | None]: ...
+
+
+class RewardError(RuntimeError):
+    """A reward function failed, or returned something that cannot be a reward."""
+
+
+@dataclass(frozen=True, eq=False)
+class RewardScores:
+    """The scores of one batch of completions.
+
+    Args:
+        rewards: ``(N,)`` float32, the weighted sum over the functions that applied to each row; NaN where every
+            function returned ``None`` for the row.
+        per_function: Reward name to ``(N,)`` float32 raw (unweighted) values, NaN where that function returned
+            ``None``.
+
+    Example::
+
+        >>> import torch
+        >>> scores = RewardScores(torch.tensor([1.0, float("nan")]), {"f": torch.tensor([1.0, float("nan")])})
+        >>> scores.valid
+        tensor([ True, False])
+    """
+
+    rewards: Tensor
+    per_function: dict[str, Tensor]
+
+    @property
+    def valid(self) -> Tensor:
+        """``(N,)`` bool, ``True`` where at least one function applied to the row."""
+        return ~torch.isnan(self.rewards)
+
+
+class RewardFunctions:
+    """Several reward functions with weights, called together on one batch.
+
+    Args:
+        functions: Reward functions, as a sequence (names are taken from each function, see below) or a mapping
+            from name to function. A name is the callable's ``name`` attribute if it has one, else its ``__name__``,
+            else its class name in snake_case (``FormatReward`` -> ``format_reward``); repeated names get
+            suffixes ``_1``, ``_2``, ...
+        weights: One finite weight per function, as a sequence in the order of ``functions`` or a mapping with one
+            entry per name. ``None`` weighs every function 1.0.
+
+    Each function receives ``prompts`` and ``completions`` positionally and, as keywords, every column plus the
+    extra keywords given to :meth:`__call__`; a function without ``**kwargs`` receives only the keywords its
+    signature names.
+
+    Example::
+
+        >>> def exact(prompts, completions, answer):
+        ...     return [float(c == a) if a is not None else None for c, a in zip(completions, answer, strict=True)]
+        >>> def short(prompts, completions, **kwargs):
+        ...     return [float(len(c) < 3) for c in completions]
+        >>> reward_fns = RewardFunctions([exact, short], weights=[1.0, 0.5])
+        >>> scores = reward_fns(["1+1=", "2+2="], ["2", "five"], {"answer": ["2", None]})
+        >>> scores.rewards  # row 0: 1.0*1 + 0.5*1; row 1: exact skipped, 0.5*0
+        tensor([1.5000, 0.0000])
+        >>> reward_fns.names
+        ('exact', 'short')
+    """
+
+    def __init__(
+        self,
+        functions: Sequence[Callable[..., Any]] | Mapping[str, Callable[..., Any]],
+        weights: Sequence[float] | Mapping[str, float] | None = None,
+    ) -> None:
+        names, fns = split_functions(functions)
+        self._functions = fns
+        self._names = unique_names(names)
+        self._weights = check_weights(weights, self._names)
+        self._specs = tuple(KeywordSpec.of(fn, name) for fn, name in zip(fns, self._names, strict=True))
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The reward names, in order; the keys of :attr:`RewardScores.per_function`."""
+        return self._names
+
+    @property
+    def weights(self) -> tuple[float, ...]:
+        """The weights, in the order of :attr:`names`."""
+        return self._weights
+
+    def __len__(self) -> int:
+        return len(self._functions)
+
+    def __repr__(self) -> str:
+        pairs = ", ".join(f"{name}={weight:g}" for name, weight in zip(self._names, self._weights, strict=True))
+        return f"{type(self).__name__}({pairs})"
+
+    def __call__(
+        self,
+        prompts: Sequence[str],
+        completions: Sequence[str],
+        columns: Mapping[str, Sequence[Any]] | None = None,
+        **extra: Any,
+    ) -> RewardScores:
+        """Score a batch with every function and combine the scores.
+
+        Args:
+            prompts: ``N`` prompts, one per completion.
+            completions: ``N`` completions.
+            columns: Dataset fields, each a sequence of ``N`` values aligned with the completions.
+            **extra: More keywords for the functions, e.g. ``completion_lengths`` (token counts).
+
+        Returns:
+            The weighted rewards and the raw values of each function.
+
+        Raises:
+            ValueError: If the inputs are misaligned or a column name clashes with an argument.
+            RewardError: If a function raises, or returns the wrong length, a non-numeric value, NaN or infinity.
+        """
+        keywords = check_inputs(prompts, completions, dict(columns or {}), extra)
+        prompts, completions = list(prompts), list(completions)
+        per_function = {
+            name: self._score_one(fn, spec, name, prompts, completions, keywords)
+            for fn, spec, name in zip(self._functions, self._specs, self._names, strict=True)
+        }
+        values = torch.stack(list(per_function.values()))  # (F, N)
+        weights = torch.tensor(self._weights, dtype=torch.float32).unsqueeze(1)  # (F, 1)
+        applied = ~torch.isnan(values)
+        total = torch.where(applied, values * weights, torch.zeros_like(values)).sum(0)  # (N,)
+        rewards = torch.where(applied.any(0), total, torch.full_like(total, math.nan))
+        return RewardScores(rewards=rewards, per_function=per_function)
+
+    def _score_one(
+        self,
+        fn: Callable[..., Any],
+        spec: KeywordSpec,
+        name: str,
+        prompts: list[str],
+        completions: list[str],
+        keywords: dict[str, Any],
+    ) -> Tensor:
+        missing = spec.missing(keywords)
+        if missing:
+            raise RewardError(
+                f"reward function {name!r} needs keyword(s) {missing}; the batch offers {sorted(keywords)}"
+            )
+        try:
+            output = fn(prompts, completions, **spec.select(keywords))
+        except Exception as err:
+            raise RewardError(f"reward function {name!r} raised {type(err).__name__}: {err}") from err
+        return _to_tensor(output, name, prompts, completions)
+
+
+def _excerpt(text: object) -> str:
+    text = str(text)
+    return repr(text if len(text) <= _EXCERPT_CHARS else text[:_EXCERPT_CHARS] + "...")
+
+
+def _row_context(index: int, prompts: list[str], completions: list[str]) -> str:
+    return f"row {index} (prompt {_excerpt(prompts[index])}, completion {_excerpt(completions[index])})"
+
+
+def _as_list(output: Any, name: str, n: int) -> list[Any]:
+    """The function's output as a list of length ``n``; tensors and arrays are converted with ``tolist``."""
+    if hasattr(output, "tolist") and not isinstance(output, (list, tuple)):
+        output = output.tolist()
+    if not isinstance(output, (list, tuple)):
+        raise RewardError(
+            f"reward function {name!r} must return a list of {n} values (float or None); got {type(output).__name__}"
+        )
+    if len(output) != n:
+        raise RewardError(
+            f"reward function {name!r} must return one value per completion: expected {n}, got {len(output)}"
+        )
+    return list(output)
+
+
+def _to_float(value: Any) -> float | None:
+    """``value`` as a float (bools count as 0/1), or ``None`` when it is not a number."""
+    if isinstance(value, numbers.Real):  # bool, int, float, Fraction, NumPy scalars
+        return float(value)
+    if isinstance(value, Tensor) and value.numel() == 1 and not value.is_complex():
+        return float(value.item())
+    return None
+
+
+def _to_tensor(output: Any, name: str, prompts: list[str], completions: list[str]) -> Tensor:
+    """``(N,)`` float32 of a function's output, NaN for ``None``; raises on anything that is not a finite number."""
+    values = _as_list(output, name, len(completions))
+    floats: list[float] = []
+    for index, value in enumerate(values):
+        number = math.nan if value is None else _to_float(value)
+        if number is None:
+            raise RewardError(
+                f"reward function {name!r} returned a non-numeric value {value!r:.40} ({type(value).__name__}) at "
+                f"{_row_context(index, prompts, completions)}; expected a float, int, bool or None"
+            )
+        floats.append(number)
+    tensor = torch.tensor(floats, dtype=torch.float32).reshape(len(floats))
+    for index in torch.nonzero(~torch.isfinite(tensor)).flatten().tolist():
+        if values[index] is not None:
+            raise RewardError(
+                f"reward function {name!r} returned {values[index]!r} at {_row_context(index, prompts, completions)}; "
+                "rewards must be finite numbers (return None to skip a row)"
+            )
+    return tensor

@@ -1,0 +1,113 @@
+"""Bad input fails early with a message naming the setting, the function or the row."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig
+from lightning_grpo.rewards import RewardError
+from lightning_grpo.tiny import build_tiny_model, build_tiny_tokenizer
+from tests.conftest import make_trainer, prompt_loader
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"num_generations": 1}, r"num_generations=1: the group estimator 'grpo' needs num_generations >= 2"),
+        ({"num_generations": 1, "advantage_estimator": "rloo"}, r"group estimator 'rloo'"),
+        ({"mini_batch_size": 6, "micro_batch_size": 4}, r"mini_batch_size=6 must be a multiple of micro_batch_size=4"),
+        ({"loss_kind": "ppo"}, r"loss_kind='ppo' is not valid; choose one of 'clip', 'gspo', 'cispo'"),
+        ({"kl_estimator": "k4"}, r"kl_estimator='k4' is not valid; choose one of .*'low_var_kl'"),
+        ({"loss_agg_mode": "mean"}, r"loss_agg_mode='mean' is not valid; choose one of 'token-mean'"),
+        ({"advantage_estimator": "gae"}, r"advantage_estimator='gae' is not valid; choose one of 'grpo', 'rloo'"),
+        ({"advantage_scale": "global"}, r"advantage_scale='global' is not valid; choose one of 'group', 'batch'"),
+        ({"ppo_epochs": 0}, r"ppo_epochs must be >= 1, got 0"),
+        ({"max_new_tokens": 0}, r"max_new_tokens must be >= 1"),
+        ({"temperature": 0.0}, r"temperature and val_temperature must be > 0"),
+        ({"top_p": 1.5}, r"top_p must be in \(0, 1\]"),
+        ({"clip_low": 1.0}, r"need 0 <= clip_low < 1"),
+        ({"dual_clip": 0.5}, r"dual_clip must be > 1 or None"),
+        ({"delta": 1.1}, r"delta must be > 1 \+ clip_high"),
+        ({"kl_coef": -1.0}, r"kl_coef, entropy_coef and advantage_eps must be >= 0"),
+        ({"max_grad_norm": 0.0}, r"max_grad_norm must be > 0 or None"),
+        ({"micro_batch_size": 0}, r"micro_batch_size must be >= 1 or None"),
+    ],
+)
+def test_invalid_settings_fail_at_construction(settings, message):
+    with pytest.raises(ValueError, match=message):
+        GRPOConfig(**settings)
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"lora_r": 0}, r"policy.lora_r must be >= 1"),
+        ({"lora_dropout": 1.0}, r"policy.lora_dropout must be in \[0, 1\)"),
+        ({"dtype": "int8"}, r"policy.dtype must be one of 'auto', 'float32', 'bfloat16', 'float16'; got 'int8'"),
+    ],
+)
+def test_invalid_policy_settings(settings, message):
+    with pytest.raises(ValueError, match=message):
+        PolicyConfig(**settings)
+
+
+def test_model_of_the_wrong_type_and_missing_tokenizer(tokenizer):
+    with pytest.raises(TypeError, match="model must be a Hugging Face id, a local path or a PreTrainedModel"):
+        GRPOModule(torch.nn.Linear(2, 2), [lambda p, c: [0.0] * len(c)], tokenizer=tokenizer)
+    with pytest.raises(ValueError, match="pass tokenizer= when the model is given as an object"):
+        GRPOModule(build_tiny_model(tokenizer), [lambda p, c: [0.0] * len(c)])
+
+
+def test_tokenizer_without_pad_token_gets_eos_without_resizing():
+    tokenizer = build_tiny_tokenizer(with_pad=False)
+    model = build_tiny_model(build_tiny_tokenizer())
+    vocab = model.get_input_embeddings().weight.shape[0]
+    module = GRPOModule(model, [lambda p, c: [0.0] * len(c)], tokenizer=tokenizer)
+    assert module.tokenizer.pad_token == module.tokenizer.eos_token
+    assert module.policy.get_input_embeddings().weight.shape[0] == vocab
+
+
+def test_only_adapter_parameters_are_trainable(make_module):
+    module = make_module()
+    names = [n for n, p in module.named_parameters() if p.requires_grad]
+    assert names and all("lora_" in n for n in names)
+    assert all(p.requires_grad for group in module.configure_optimizers().param_groups for p in group["params"])
+
+
+def test_rollout_that_mini_batches_do_not_divide_fails_at_the_first_step(make_module):
+    module = make_module(num_generations=3, mini_batch_size=4)  # 2 prompts x 3 = 6 completions
+    with pytest.raises(ValueError, match=r"rollout has 6 completions .* multiple of mini_batch_size=4"):
+        make_trainer(max_steps=1).fit(module, train_dataloaders=prompt_loader(["1+1=", "2+2="]))
+
+
+def test_a_failing_reward_function_stops_training_with_its_name(make_module):
+    def flaky(prompts, completions, **_):
+        raise ZeroDivisionError("boom")
+
+    module = make_module(reward_funcs=[flaky])
+    with pytest.raises(RewardError, match=r"reward function 'flaky' raised ZeroDivisionError: boom"):
+        make_trainer(max_steps=1).fit(module, train_dataloaders=prompt_loader(["1+1=", "2+2="]))
+
+
+def test_a_nan_reward_names_the_function_and_row(make_module):
+    def bad(prompts, completions, **_):
+        return [0.0] * (len(completions) - 1) + [float("nan")]
+
+    module = make_module(reward_funcs=[bad])
+    with pytest.raises(RewardError, match=r"'bad'.*row 7"):
+        make_trainer(max_steps=1).fit(module, train_dataloaders=prompt_loader(["1+1=", "2+2="]))
+
+
+def test_a_reward_of_the_wrong_length_names_the_function(make_module):
+    module = make_module(reward_funcs=[lambda prompts, completions: [1.0]])
+    with pytest.raises(RewardError, match=r"'lambda'.*expected 8, got 1"):
+        make_trainer(max_steps=1).fit(module, train_dataloaders=prompt_loader(["1+1=", "2+2="]))
+
+
+def test_a_batch_without_prompts_is_an_error(make_module):
+    module = make_module()
+    with pytest.raises(
+        KeyError, match=r"a batch must have a 'prompt' key \(list of strings\); got keys \['question'\]"
+    ):
+        module.generate({"question": ["1+1="]})
