@@ -5,11 +5,13 @@ TORCH_CPU := torch==2.13.0
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install test lint demo help
+.PHONY: help install lint test docs demo bench bench-smoke
 
 help:
-	@echo "make demo   install, then run the offline CPU demo (configs/debug/tiny.yaml)"
-	@echo "make test   install, then run ruff and the whole test suite"
+	@echo "make demo    install, then train the tiny model on CPU, offline (configs/debug/tiny.yaml)"
+	@echo "make test    install, then run ruff, the docs build and the whole test suite"
+	@echo "make docs    build the documentation site (strict)"
+	@echo "make bench   run the benchmark harness (see docs/benchmarks.md)"
 
 # Keep an installed torch (CUDA or CPU); install the CPU wheel only where none exists.
 install:
@@ -20,8 +22,16 @@ lint: install
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m ruff format --check .
 
-test: lint
+docs: install
+	$(PYTHON) -m mkdocs build --strict --quiet --site-dir build/site
+
+test: lint docs
 	$(PYTHON) -m pytest -q
 
 demo: install
-	@echo "demo not available yet"
+	@$(PIP) install -q -e ".[plot]"
+	$(PYTHON) -m lightning_grpo.demo
+
+bench: install
+	@$(PIP) install -q -e ".[bench]"
+	$(PYTHON) -m benchmarks.run $(BENCH_ARGS)

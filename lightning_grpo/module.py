@@ -24,6 +24,7 @@ from lightning_grpo.config import GRPOConfig
 from lightning_grpo.policy import PolicyConfig, export_adapter, load_policy, load_tokenizer, reference_mode
 from lightning_grpo.rewards import RewardFunctions, RewardScores
 from lightning_grpo.rollout import Rollout, SamplingSettings, TokenLogProbs, completion_logprobs, generate_rollout
+from lightning_grpo.timing import PhaseTimer
 from lightning_grpo.update import LossCounts, MetricSums, UpdateBatch, minibatch_indices
 
 __all__ = ["GRPOModule", "StepOutput"]
@@ -40,6 +41,8 @@ class StepOutput(TypedDict):
     rewards: RewardScores  # combined and per-function rewards, (N,)
     advantages: Tensor  # (N,) or (N, T)
     metrics: dict[str, Tensor]  # loss statistics (clip fractions, KL, entropy, ...), 0-dim tensors
+    loss_mask: Tensor  # (N, T) tokens that entered the loss
+    timings: dict[str, float]  # seconds per phase: generate, score, old_logprobs, reference, update
 
 
 class GRPOModule(LightningModule):
@@ -92,6 +95,7 @@ class GRPOModule(LightningModule):
         self.tokenizer = load_tokenizer(tokenizer, name, trust_remote_code=self.policy_config.trust_remote_code)
         self.policy = load_policy(model, self.policy_config, seed=seed).train()
         self.optimizer_factory, self.scheduler_factory, self.seed = optimizer, lr_scheduler, seed
+        self.timer = PhaseTimer()
         # Plain values only, so checkpoints load with ``torch.load(weights_only=True)``.
         hparams = {"model": str(name), "grpo": asdict(self.config), "policy": asdict(self.policy_config), "seed": seed}
         self.save_hyperparameters(hparams)
@@ -105,14 +109,22 @@ class GRPOModule(LightningModule):
 
     def training_step(self, batch: Mapping[str, Sequence[Any]], batch_idx: int) -> StepOutput:
         """One GRPO iteration: sample, score, advantages, fixed log-probs, then ``ppo_epochs`` of updates."""
+        timer = self.timer
+        timer.reset()
         with self._step_rng():
-            rollout = self.generate(batch)  # 1
-            scores = self.score(rollout)  # 2
-            advantages = self.compute_advantages(scores.rewards, rollout)  # 3
-            update = self.prepare_update(rollout, advantages)  # 4
-            loss, metrics = self.update_policy(update)  # 5
+            with timer("generate"):
+                rollout = self.generate(batch)  # 1
+            with timer("score"):
+                scores = self.score(rollout)  # 2
+                advantages = self.compute_advantages(scores.rewards, rollout)  # 3
+            update = self.prepare_update(rollout, advantages)  # 4 (timed inside: old_logprobs, reference)
+            with timer("update"):
+                loss, metrics = self.update_policy(update)  # 5
         self._log_train(rollout, scores, loss, metrics)
-        return StepOutput(loss=loss, rollout=rollout, rewards=scores, advantages=advantages, metrics=metrics)
+        return StepOutput(
+            loss=loss, rollout=rollout, rewards=scores, advantages=advantages, metrics=metrics,
+            loss_mask=update.loss_mask, timings=dict(timer.seconds),
+        )  # fmt: skip
 
     def generate(
         self,
@@ -164,8 +176,13 @@ class GRPOModule(LightningModule):
         if cfg.mask_truncated_completions:
             loss_mask = loss_mask * (~rollout.truncated)[:, None]
         updates = cfg.ppo_epochs * len(rollout) // (cfg.mini_batch_size or len(rollout))
-        old = self._fixed_logprobs(rollout, reference=False) if updates > 1 else None
-        ref = self._fixed_logprobs(rollout, reference=True) if cfg.kl_coef > 0 else None
+        old = ref = None
+        if updates > 1:
+            with self.timer("old_logprobs"):
+                old = self._fixed_logprobs(rollout, reference=False)
+        if cfg.kl_coef > 0:
+            with self.timer("reference"):
+                ref = self._fixed_logprobs(rollout, reference=True)
         return UpdateBatch(rollout, advantages, loss_mask, old, ref)
 
     def compute_logprobs(
@@ -270,6 +287,10 @@ class GRPOModule(LightningModule):
         if self.scheduler_factory is None:
             return optimizer
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": self.scheduler_factory(optimizer)}}
+
+    def on_fit_start(self) -> None:
+        """Time phases on the device the module runs on."""
+        self.timer.device = self.device
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Keep only the adapter weights in the checkpoint; the base model is loaded from its source."""
