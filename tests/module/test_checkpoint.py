@@ -29,7 +29,9 @@ def test_checkpoint_holds_only_the_adapter_and_resume_matches_an_uninterrupted_r
     make_trainer(max_steps=24).fit(straight, _data())  # 6 iterations x 4 optimizer steps; crosses an epoch
 
     first = make_module(**settings)
-    checkpoint = ModelCheckpoint(dirpath=tmp_path, save_last=True, every_n_train_steps=4)  # after iteration 1 of 4: mid-epoch
+    checkpoint = ModelCheckpoint(
+        dirpath=tmp_path, save_last=True, every_n_train_steps=4
+    )  # after iteration 1 of 4: mid-epoch
     make_trainer(max_steps=4, enable_checkpointing=True, callbacks=[checkpoint]).fit(first, _data())
     saved = torch.load(tmp_path / "last.ckpt", weights_only=False)
     assert saved["state_dict"] and all("lora_" in key for key in saved["state_dict"])
