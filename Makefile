@@ -23,7 +23,7 @@ lint: install
 	$(PYTHON) -m ruff format --check .
 
 docs: install
-	$(PYTHON) -m mkdocs build --strict --quiet --site-dir build/site
+	NO_MKDOCS_2_WARNING=1 $(PYTHON) -m mkdocs build --strict --site-dir build/site
 
 test: lint docs
 	$(PYTHON) -m pytest -q
