@@ -31,7 +31,14 @@ AdvantageEstimator = Literal["grpo", "rloo", "reinforce_pp_baseline"]
 AdvantageScale = Literal["group", "batch", "none"]
 SumAcrossRanks = Callable[[Tensor], Tensor]
 
-__all__ = ["ADVANTAGE_ESTIMATORS", "AdvantageEstimator", "AdvantageScale", "GroupStats", "compute_advantages"]
+__all__ = [
+    "ADVANTAGE_ESTIMATORS",
+    "AdvantageEstimator",
+    "AdvantageScale",
+    "GroupStats",
+    "compute_advantages",
+    "group_stats",
+]
 
 
 @dataclass(frozen=True)

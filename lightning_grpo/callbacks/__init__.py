@@ -1,0 +1,23 @@
+"""Callbacks that log what a GRPO practitioner watches, and export the adapter; one callback per file.
+
+Each reads the :class:`~lightning_grpo.module.StepOutput` that ``GRPOModule.training_step`` returns, in
+``on_train_batch_end``, and logs with ``pl_module.log`` so every attached logger receives the metrics.
+"""
+
+from lightning_grpo.callbacks.adapter_export import AdapterExport
+from lightning_grpo.callbacks.clip_fraction import ClipFractionMonitor
+from lightning_grpo.callbacks.completion_stats import CompletionStats
+from lightning_grpo.callbacks.defaults import default_callbacks
+from lightning_grpo.callbacks.group_rewards import GroupRewardStats
+from lightning_grpo.callbacks.sample_logger import SampleLogger
+from lightning_grpo.callbacks.throughput import ThroughputMonitor
+
+__all__ = [
+    "AdapterExport",
+    "ClipFractionMonitor",
+    "CompletionStats",
+    "GroupRewardStats",
+    "SampleLogger",
+    "ThroughputMonitor",
+    "default_callbacks",
+]

@@ -1,0 +1,53 @@
+"""Shared by the callbacks: reading the :class:`~lightning_grpo.module.StepOutput` and checking arguments."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from lightning.pytorch import Callback, LightningModule
+
+from lightning_grpo.rollout import Rollout
+
+__all__ = ["check_positive_int", "check_prefix", "num_prompts", "step_output"]
+
+
+def step_output(outputs: Any, callback: Callback, keys: tuple[str, ...]) -> Mapping[str, Any]:
+    """``outputs`` of ``on_train_batch_end`` as the step output, with a clear error when keys are missing.
+
+    Raises:
+        TypeError: If ``outputs`` is not a mapping holding ``keys`` (a ``training_step`` that is not
+            ``GRPOModule``'s, or that does not return its ``StepOutput``).
+    """
+    missing = [key for key in keys if key not in outputs] if isinstance(outputs, Mapping) else list(keys)
+    if missing:
+        found = sorted(outputs) if isinstance(outputs, Mapping) else type(outputs).__name__
+        raise TypeError(
+            f"{type(callback).__name__} reads the StepOutput that GRPOModule.training_step returns; the outputs lack "
+            f"{missing} (got {found})"
+        )
+    return outputs
+
+
+def num_prompts(rollout: Rollout, pl_module: LightningModule) -> int:
+    """Prompts in this rank's batch (``N / G``): the ``batch_size`` that ``GRPOModule`` logs with."""
+    config = getattr(pl_module, "config", None)
+    group_size = getattr(config, "num_generations", 1) or 1
+    return max(len(rollout) // group_size, 1)
+
+
+def check_prefix(prefix: Any) -> str:
+    """``prefix`` if it is a string, else a ``TypeError``."""
+    if not isinstance(prefix, str):
+        raise TypeError(f"prefix must be a string such as 'train/', got {prefix!r} ({type(prefix).__name__})")
+    return prefix
+
+
+def check_positive_int(name: str, value: Any, *, allow_none: bool = False) -> int | None:
+    """``value`` if it is an int >= 1 (or ``None`` when allowed), else a ``ValueError`` naming the allowed values."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        allowed = "an int >= 1" + (" or None" if allow_none else "")
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+    return value

@@ -1,0 +1,100 @@
+"""Export the LoRA adapter in PEFT format during and at the end of training."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch import Callback, LightningModule, Trainer
+from typing_extensions import override
+
+from lightning_grpo.callbacks._outputs import check_positive_int
+
+__all__ = ["AdapterExport"]
+
+
+class AdapterExport(Callback):
+    r"""Write the adapter with ``pl_module.export_adapter(path)``, loadable by ``PeftModel.from_pretrained`` and vLLM.
+
+    Exports go to ``<dirpath>/adapter/step-<global_step>`` after every ``every_n_steps`` iterations and to
+    ``<dirpath>/adapter/final`` when training ends. Iterations are ``training_step`` calls; the directory is named by
+    ``trainer.global_step`` (optimizer steps, of which an iteration may take several) so that it matches the step of
+    the logged metrics and of Lightning's checkpoints. The iteration count is saved in checkpoints.
+
+    Rank zero writes; all ranks then meet at ``trainer.strategy.barrier()`` so none runs ahead while it writes. A
+    module whose export is a collective (under FSDP2 the sharded adapter must be gathered, and every rank has to
+    take part) sets ``export_adapter_all_ranks = True``: :meth:`_export` then calls ``export_adapter`` on every
+    rank, and the module itself writes on rank zero only. Override :meth:`_export` to change where or how it writes.
+
+    Args:
+        dirpath: Root directory; ``None`` uses ``trainer.default_root_dir``.
+        every_n_steps: Export after every this many iterations (the n-th, 2n-th, ...); ``None`` exports only the
+            final adapter.
+
+    Raises:
+        ValueError: If ``every_n_steps`` is neither ``None`` nor an int >= 1.
+
+    Example::
+
+        >>> from lightning.pytorch import Trainer
+        >>> from lightning_grpo.callbacks import AdapterExport
+        >>> export = AdapterExport(dirpath="runs/demo", every_n_steps=100)
+        >>> trainer = Trainer(callbacks=[export], logger=False)
+        >>> export.path_for(trainer, "final").as_posix()
+        'runs/demo/adapter/final'
+    """
+
+    def __init__(self, dirpath: str | Path | None = None, every_n_steps: int | None = None) -> None:
+        self.dirpath = dirpath
+        self.every_n_steps = check_positive_int("every_n_steps", every_n_steps, allow_none=True)
+        self.iterations = 0
+
+    def path_for(self, trainer: Trainer, name: str) -> Path:
+        """Where the export ``name`` (``step-<N>`` or ``final``) goes."""
+        return Path(self.dirpath if self.dirpath is not None else trainer.default_root_dir) / "adapter" / name
+
+    @override
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if stage == "fit" and not callable(getattr(pl_module, "export_adapter", None)):
+            raise TypeError(f"AdapterExport needs a module with export_adapter(path), got {type(pl_module).__name__}")
+
+    @override
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self.iterations += 1
+        if self.every_n_steps is not None and self.iterations % self.every_n_steps == 0:
+            self._save(trainer, pl_module, f"step-{trainer.global_step}")
+
+    @override
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._save(trainer, pl_module, "final")
+
+    def _save(self, trainer: Trainer, pl_module: LightningModule, name: str) -> None:
+        self._export(trainer, pl_module, self.path_for(trainer, name))
+        trainer.strategy.barrier(f"AdapterExport.{name}")
+
+    def _export(self, trainer: Trainer, pl_module: LightningModule, path: Path) -> None:
+        """Call ``pl_module.export_adapter(path)`` on rank zero, or on every rank if the module asks for it.
+
+        Args:
+            trainer: The trainer.
+            pl_module: The module; it must have ``export_adapter(path)``. With ``export_adapter_all_ranks = True``
+                every rank calls it (for exports that gather shards), and the module must write on rank zero only.
+            path: The export directory.
+        """
+        if getattr(pl_module, "export_adapter_all_ranks", False) or trainer.is_global_zero:
+            pl_module.export_adapter(path)
+
+    @property
+    @override
+    def state_key(self) -> str:
+        return self._generate_state_key(dirpath=str(self.dirpath), every_n_steps=self.every_n_steps)
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"iterations": self.iterations}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.iterations = state_dict["iterations"]

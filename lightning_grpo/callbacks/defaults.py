@@ -1,0 +1,48 @@
+"""The callbacks a GRPO run usually wants."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lightning.pytorch import Callback
+
+from lightning_grpo.callbacks.adapter_export import AdapterExport
+from lightning_grpo.callbacks.clip_fraction import ClipFractionMonitor
+from lightning_grpo.callbacks.completion_stats import CompletionStats
+from lightning_grpo.callbacks.group_rewards import GroupRewardStats
+from lightning_grpo.callbacks.sample_logger import SampleLogger
+from lightning_grpo.callbacks.throughput import ThroughputMonitor
+
+__all__ = ["default_callbacks"]
+
+
+def default_callbacks(
+    *,
+    sample_every_n_steps: int = 50,
+    export_adapter: bool = False,
+    adapter_dirpath: str | Path | None = None,
+) -> list[Callback]:
+    """One of each monitoring callback with its defaults; an :class:`AdapterExport` only when asked.
+
+    Args:
+        sample_every_n_steps: Iterations between two sample tables of the :class:`SampleLogger`.
+        export_adapter: Add an :class:`AdapterExport` that writes the final adapter.
+        adapter_dirpath: Its ``dirpath`` (``None``: ``trainer.default_root_dir``).
+
+    Example::
+
+        >>> from lightning.pytorch import Trainer
+        >>> [type(cb).__name__ for cb in default_callbacks()]
+        ['GroupRewardStats', 'ClipFractionMonitor', 'CompletionStats', 'ThroughputMonitor', 'SampleLogger']
+        >>> trainer = Trainer(callbacks=default_callbacks(export_adapter=True), logger=False)
+    """
+    callbacks: list[Callback] = [
+        GroupRewardStats(),
+        ClipFractionMonitor(),
+        CompletionStats(),
+        ThroughputMonitor(),
+        SampleLogger(every_n_steps=sample_every_n_steps),
+    ]
+    if export_adapter:
+        callbacks.append(AdapterExport(dirpath=adapter_dirpath))
+    return callbacks
