@@ -14,6 +14,8 @@ size. Everything is float64, so "equal" means 1e-6 with a wide margin.
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from hypothesis import HealthCheck, assume, given, settings
@@ -37,7 +39,7 @@ def mini_batches(draw):
     order = draw(st.permutations(range(n)))
     cuts = sorted(draw(st.sets(st.integers(1, n - 1), max_size=n - 1))) if n > 1 else []
     bounds = [0, *cuts, n]
-    micro = [list(order[lo:hi]) for lo, hi in zip(bounds[:-1], bounds[1:])]
+    micro = [list(order[lo:hi]) for lo, hi in itertools.pairwise(bounds)]
     return {
         "mask": mask,
         "micro": micro,  # row indices of each micro-batch, in shuffled order

@@ -7,7 +7,6 @@ bounded branch is constant in ``logp`` and has gradient 0.
 
 import math
 
-import pytest
 import torch
 from torch.testing import assert_close
 

@@ -56,7 +56,7 @@ def grouped_rewards(draw, *, reward=GRID_REWARDS, min_size=2, max_size=6, max_gr
         sizes = draw(st.lists(st.integers(min_size, max_size), min_size=n_groups, max_size=n_groups))
     labels = draw(st.lists(st.integers(0, 99), min_size=n_groups, max_size=n_groups, unique=True))
     rewards, ids = [], []
-    for label, size in zip(labels, sizes):
+    for label, size in zip(labels, sizes, strict=False):
         rewards += draw(st.lists(reward, min_size=size, max_size=size))
         ids += [label] * size
     order = draw(st.permutations(range(len(ids))))
@@ -75,13 +75,13 @@ def reference_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, estimat
     """Scalar-by-scalar float64 transcription of the DESIGN.md §3 table (grpo and rloo)."""
     r, g = rewards.double().tolist(), group_ids.tolist()
     members = defaultdict(list)
-    for x, gid in zip(r, g):
+    for x, gid in zip(r, g, strict=False):
         if not math.isnan(x):
             members[gid].append(x)
     valid = [x for x in r if not math.isnan(x)]
     std_batch = statistics.stdev(valid) if len(valid) >= 2 else 0.0  # unbiased (n-1)
     out = []
-    for x, gid in zip(r, g):
+    for x, gid in zip(r, g, strict=False):
         m = members[gid]
         if math.isnan(x) or len(m) < 2 or min(m) == max(m):
             out.append(0.0)  # NaN row / singleton group / all-equal group
@@ -553,7 +553,10 @@ MODES = ["token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum",
 
 def reference_aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str) -> float:
     """The DESIGN.md §3 aggregation table with default counts, as plain Python sums."""
-    rows = [[v for v, m in zip(vrow, mrow) if m] for vrow, mrow in zip(values.tolist(), mask.bool().tolist())]
+    rows = [
+        [v for v, m in zip(vrow, mrow, strict=False) if m]
+        for vrow, mrow in zip(values.tolist(), mask.bool().tolist(), strict=False)
+    ]
     rows_with_tokens = [r for r in rows if r]
     if mode == "token-mean":
         return sum(map(sum, rows)) / sum(map(len, rows))
