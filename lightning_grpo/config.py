@@ -56,6 +56,8 @@ class GRPOConfig:
         val_temperature: Validation sampling temperature; ``None`` uses ``temperature``.
         val_success_threshold: A validation sample counts as solved (``val/accuracy``, ``val/pass@k``) when its
             reward is at least this; 1.0 suits 0/1 rewards.
+        fsdp_gather_for_generation: Under FSDP2, all-gather the weights once per sampling call and keep them
+            gathered while sampling (fast; needs memory for one full copy) instead of once per decoding step.
     """
 
     num_generations: int = 8
@@ -86,6 +88,7 @@ class GRPOConfig:
     val_num_generations: int = 1
     val_temperature: float | None = None
     val_success_threshold: float = 1.0
+    fsdp_gather_for_generation: bool = True
 
     def __post_init__(self) -> None:
         self._check_names()

@@ -14,11 +14,11 @@ from typing import Any, TypedDict
 
 import torch
 from lightning.pytorch import LightningModule
-from lightning.pytorch.strategies import ModelParallelStrategy
 from peft import PeftModel
 from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from lightning_grpo import distributed
 from lightning_grpo.algorithms import aggregate_loss, compute_advantages, kl_penalty, policy_loss
 from lightning_grpo.config import GRPOConfig
 from lightning_grpo.policy import PolicyConfig, export_adapter, load_policy, load_tokenizer, reference_mode
@@ -198,6 +198,8 @@ class GRPOModule(LightningModule):
                 with_entropy=with_entropy,
                 entropy_grad=self.config.entropy_coef > 0,
                 chunk_size=self.config.logprob_chunk_size,
+                # FSDP2's hooks would miss a backward through the shared prompt's KV cache
+                share_prompt=not (torch.is_grad_enabled() and distributed.is_sharded(self.policy)),
             )
 
     def compute_loss(self, batch: UpdateBatch, counts: LossCounts) -> tuple[Tensor, dict[str, Tensor]]:
@@ -232,12 +234,12 @@ class GRPOModule(LightningModule):
         micro = cfg.micro_batch_size or mini
         generator = torch.Generator().manual_seed(self._step_seed())
         norm = float(cfg.loss_agg_norm or cfg.max_new_tokens)
-        sums, losses = MetricSums(), []
+        sums, shares = MetricSums(), []
         for _ in range(cfg.ppo_epochs):
             for rows in minibatch_indices(len(batch), mini, generator):
                 minibatch = batch.select(rows.to(self.device))
                 counts = LossCounts.of(minibatch.loss_mask, norm, self._sum_across_ranks)
-                losses.append(self._accumulate(minibatch, counts, micro, optimizer, sums))
+                shares.append(self._accumulate(minibatch, counts, micro, optimizer, sums))
                 if cfg.max_grad_norm is not None:
                     self.clip_gradients(optimizer, gradient_clip_val=cfg.max_grad_norm, gradient_clip_algorithm="norm")
                 optimizer.step()
@@ -245,22 +247,30 @@ class GRPOModule(LightningModule):
         scheduler = self.lr_schedulers()
         if scheduler is not None:
             scheduler.step()
-        return torch.stack(losses).mean(), sums.means()
+        means = {name: torch.stack([s[name] for s in shares]).mean() for name in shares[0]}  # over mini-batches
+        return means.pop("loss"), {**means, **sums.means(self._sum_across_ranks)}
 
     def _accumulate(
         self, minibatch: UpdateBatch, counts: LossCounts, micro: int, optimizer: Any, sums: MetricSums
-    ) -> Tensor:
-        """Backward over the micro-batches of one mini-batch; gradients sync across ranks on the last one only."""
-        total = torch.zeros((), device=self.device)
+    ) -> dict[str, Tensor]:
+        """Backward over the micro-batches of one mini-batch; gradients sync across ranks on the last one only.
+
+        Returns this rank's shares of the mini-batch ``loss`` and ``pg_loss``, scaled so that their mean over ranks
+        is the global value; the other metrics go to ``sums``, weighted by valid tokens.
+        """
+        shares = {"loss": torch.zeros((), device=self.device), "pg_loss": torch.zeros((), device=self.device)}
         chunks = torch.arange(len(minibatch), device=self.device).split(micro)
+        scale = self._grad_scale()  # each rank's loss is its share of the global loss; ranks average gradients
         for i, rows in enumerate(chunks):
             part = minibatch.select(rows)
-            with optimizer.toggle_model(sync_grad=i == len(chunks) - 1):
+            last = i == len(chunks) - 1
+            with optimizer.toggle_model(sync_grad=last), distributed.gradient_sync(self.policy, last):
                 loss, metrics = self.compute_loss(part, counts)
-                self.manual_backward(loss)
-            total += loss.detach()
+                self.manual_backward(loss * scale)
+            shares["loss"] += loss.detach() * scale
+            shares["pg_loss"] += metrics.pop("pg_loss").detach() * scale
             sums.add(metrics, part.loss_mask.sum())
-        return total
+        return shares
 
     # ---------------------------------------------------------------- validation
 
@@ -277,6 +287,26 @@ class GRPOModule(LightningModule):
         if k > 1:
             solved = success.view(-1, k).amax(-1)  # (B,) any success among the k samples
             self.log(f"val/pass@{k}", solved.mean(), sync_dist=True, batch_size=size)
+
+    # ---------------------------------------------------------------- distributed set-up
+
+    def setup(self, stage: str) -> None:
+        """Refuse strategies GRPO cannot run, e.g. FSDP1 (``strategy: fsdp``): see :mod:`lightning_grpo.distributed`."""
+        distributed.check_strategy(self.trainer.strategy)
+
+    def configure_model(self) -> None:
+        """Under FSDP2 (``ModelParallelStrategy``) only: shard each decoder layer, then the HF model under PeftModel."""
+        strategy = self.trainer.strategy if self._trainer is not None else None
+        if not distributed.is_fsdp2(strategy) or distributed.is_sharded(self.policy):
+            return
+        mesh, gather = self.device_mesh["data_parallel"], self.config.fsdp_gather_for_generation
+        distributed.shard_policy(self.policy, mesh, gather_for_generation=gather)
+        distributed.keep_trainable_in_state_dict(self)  # adapter-only checkpoints in torch.distributed.checkpoint too
+
+    @property
+    def export_adapter_all_ranks(self) -> bool:
+        """Whether every rank must call :meth:`export_adapter` (FSDP2: the adapter is gathered from all ranks)."""
+        return distributed.is_sharded(self.policy)
 
     # ---------------------------------------------------------------- optimizers, checkpoints, export
 
@@ -298,7 +328,12 @@ class GRPOModule(LightningModule):
         checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}
 
     def export_adapter(self, path: str | Path) -> Path:
-        """Write the adapter in PEFT format, loadable with ``PeftModel.from_pretrained(base, path)`` (and vLLM)."""
+        """Write the adapter in PEFT format, loadable with ``PeftModel.from_pretrained(base, path)`` (and vLLM).
+
+        Under FSDP2 every rank must call it (:attr:`export_adapter_all_ranks`); rank zero writes the gathered adapter.
+        """
+        if self.export_adapter_all_ranks:
+            return distributed.export_sharded_adapter(self.policy, path, is_global_zero=self.global_rank == 0)
         return export_adapter(self.policy, path)
 
     # ---------------------------------------------------------------- helpers
@@ -320,7 +355,11 @@ class GRPOModule(LightningModule):
 
     def _synced_gpus(self) -> bool:
         """FSDP shards parameters: every rank must keep stepping until all ranks finish sampling."""
-        return self._trainer is not None and isinstance(self.trainer.strategy, ModelParallelStrategy)
+        return self._trainer is not None and distributed.is_fsdp2(self.trainer.strategy)
+
+    def _grad_scale(self) -> float:
+        """Loss factor before backward: the world size under data parallelism, whose gradients are averaged."""
+        return 1.0 if self._trainer is None else distributed.grad_scale(self.trainer.strategy, self.trainer.world_size)
 
     def _step_seed(self, offset: int = 0) -> int:
         step = self.global_step if self._trainer is not None else 0
@@ -336,19 +375,28 @@ class GRPOModule(LightningModule):
             yield
 
     def _log_train(self, rollout: Rollout, scores: RewardScores, loss: Tensor, metrics: dict[str, Tensor]) -> None:
+        """Log the step's metrics, each a global value over all ranks."""
         size = len(rollout) // self.config.num_generations
-        rewards = scores.rewards
-        valid = rewards[~torch.isnan(rewards)]
-        values = {
+        per_rank = {  # a mean over ranks is the global value (equal sample counts; loss shares are pre-scaled)
             "train/loss": loss,
-            "train/reward_mean": valid.mean() if valid.numel() else torch.zeros((), device=self.device),
-            "train/reward_std": valid.std() if valid.numel() > 1 else torch.zeros((), device=self.device),
+            "train/pg_loss": metrics.pop("pg_loss"),
             "train/completion_length": rollout.completion_lengths.float().mean(),
-            **{f"train/{name}": value for name, value in metrics.items()},
         }
-        for name, value in values.items():
+        reward_mean, reward_std = self._global_mean_std(scores.rewards)
+        global_values = {"train/reward_mean": reward_mean, "train/reward_std": reward_std}
+        global_values.update({f"train/{name}": value for name, value in metrics.items()})  # token-weighted globally
+        for name, value in {**per_rank, **global_values}.items():
             shown = name in ("train/reward_mean", "train/kl")
-            self.log(name, value, sync_dist=True, batch_size=size, prog_bar=shown, on_step=True)
+            self.log(name, value, sync_dist=name in per_rank, batch_size=size, prog_bar=shown, on_step=True)
+
+    def _global_mean_std(self, values: Tensor) -> tuple[Tensor, Tensor]:
+        """Mean and unbiased std of the non-NaN ``values`` of all ranks (0 where undefined)."""
+        valid = ~torch.isnan(values)
+        v = torch.where(valid, values, 0.0).double()
+        n, total, squares = self._sum_across_ranks(torch.stack([valid.double().sum(), v.sum(), (v * v).sum()]))
+        mean = total / n.clamp(min=1)
+        var = (squares - n * mean * mean).clamp(min=0) / (n - 1).clamp(min=1)
+        return mean.float(), var.sqrt().float()
 
 
 def _masked_mean(values: Tensor | None, mask: Tensor) -> Tensor:

@@ -17,6 +17,8 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from lightning_grpo.tiny import build_tiny_tokenizer, is_tiny_name, load_tiny_model
+
 __all__ = ["PolicyConfig", "export_adapter", "load_policy", "load_tokenizer", "reference_mode", "trainable_names"]
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
@@ -74,7 +76,11 @@ def load_tokenizer(
     if tokenizer is None and model_name is None:
         raise ValueError("pass tokenizer= when the model is given as an object rather than a name or path")
     if tokenizer is None or isinstance(tokenizer, str):
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer or model_name, trust_remote_code=trust_remote_code)
+        name = tokenizer or model_name
+        if is_tiny_name(name):  # "tiny:<task>": the character-level tokenizer built in code (lightning_grpo.tiny)
+            tokenizer = build_tiny_tokenizer()
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
             raise ValueError("the tokenizer has neither a pad token nor an EOS token; set tokenizer.pad_token")
@@ -84,6 +90,8 @@ def load_tokenizer(
 
 
 def _load_base(model: str | PreTrainedModel, config: PolicyConfig) -> PreTrainedModel:
+    if is_tiny_name(model):  # "tiny:<task>": a small model built in code and warmed up on the task (cached)
+        model = load_tiny_model(model)
     if isinstance(model, PreTrainedModel):
         return model.to(config.torch_dtype()) if config.dtype != "auto" else model
     if not isinstance(model, str | Path):

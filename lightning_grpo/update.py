@@ -85,9 +85,18 @@ class MetricSums:
         """Add each metric (a 0-dim tensor) with ``weight`` (e.g. the micro-batch's valid-token count)."""
         for name, value in metrics.items():
             value = value.detach().float()
-            self._sums[name] = self._sums.get(name, 0) + value * weight
-            self._weights[name] = self._weights.get(name, 0) + weight
+            weight = torch.as_tensor(weight, dtype=value.dtype, device=value.device)
+            self._sums[name] = self._sums.get(name, torch.zeros_like(value)) + value * weight
+            self._weights[name] = self._weights.get(name, torch.zeros_like(value)) + weight
 
-    def means(self) -> dict[str, Tensor]:
-        """The weighted mean of each metric."""
-        return {name: total / torch.clamp(self._weights[name], min=1e-12) for name, total in self._sums.items()}
+    def means(self, sum_across_ranks: Callable[[Tensor], Tensor] | None = None) -> dict[str, Tensor]:
+        """The weighted mean of each metric, over all ranks when ``sum_across_ranks`` is given (one reduce)."""
+        if not self._sums:
+            return {}
+        names = list(self._sums)
+        stacked = torch.stack(
+            [torch.stack([self._sums[n] for n in names]), torch.stack([self._weights[n] for n in names])]
+        )
+        if sum_across_ranks is not None:
+            stacked = sum_across_ranks(stacked)  # (2, M): weighted sums and weights
+        return {name: stacked[0, i] / stacked[1, i].clamp(min=1e-12) for i, name in enumerate(names)}

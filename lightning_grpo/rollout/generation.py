@@ -1,18 +1,33 @@
-"""Sampling G completions per prompt with a Hugging Face model (KV cache on, dropout off)."""
+"""Sampling G completions per prompt with a Hugging Face model (KV cache on, dropout off).
+
+By default each prompt is prefilled once and its KV cache is shared by its G samples: the prompt minus its last token
+runs through the model on the ``B`` distinct prompts, the cache is repeated to ``B * G`` rows, and ``generate``
+continues from it. The sampling distribution and the random draws are those of plain ``generate`` with
+``num_return_sequences=G`` (``share_prompt=False``), which recomputes every prompt G times.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
 from transformers import GenerationConfig, PreTrainedTokenizerBase
+from transformers.generation import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from lightning_grpo.rollout.batch import Rollout, completion_mask_from_ids
+from lightning_grpo.rollout.logprobs import position_ids_from_mask
 
-__all__ = ["SamplingSettings", "eos_token_ids", "generate_rollout", "tokenize_prompts"]
+__all__ = [
+    "SamplingSettings",
+    "decode_loop",
+    "eos_token_ids",
+    "generate_rollout",
+    "sample_sequences",
+    "tokenize_prompts",
+]
 
 
 @dataclass(frozen=True)
@@ -26,6 +41,18 @@ class SamplingSettings:
         top_p: Nucleus sampling threshold; 1.0 disables it.
         top_k: Keep the k most likely tokens; 0 disables it.
         synced_gpus: Keep every rank stepping until all finish (required under FSDP).
+        min_new_tokens: Forbid EOS before this many tokens. This changes the sampling distribution (EOS masked),
+            which the training log-probs do not model: meant for benchmarks that need fixed-length completions.
+        share_prompt: Prefill each prompt once and share its KV cache among its G samples (same distribution and
+            draws as ``False``, which lets ``generate`` prefill every prompt G times).
+        static_cache: Sample with a static KV cache, which lets ``generate`` compile the decode step with
+            ``torch.compile`` on CUDA (Hugging Face's auto-compile). Implies ``share_prompt=False``.
+        sampler: ``"multinomial"`` draws as ``generate`` does (``torch.multinomial``: one exponential variate per
+            vocabulary entry and row, the same draws as ``generate`` for a given seed); ``"inverse_cdf"`` draws one
+            uniform per row and inverts the float64 cumulative distribution (the same distribution, other draws,
+            much cheaper on CPU). Anything but the default uses our own decoding loop.
+        drop_finished: In our own decoding loop, drop rows that have produced EOS from the batch and the KV cache,
+            so finished samples stop costing compute (``generate`` keeps computing them until every row is done).
     """
 
     num_generations: int
@@ -34,6 +61,17 @@ class SamplingSettings:
     top_p: float = 1.0
     top_k: int = 0
     synced_gpus: bool = False
+    min_new_tokens: int = 0
+    share_prompt: bool = True
+    static_cache: bool = False
+    sampler: Literal["multinomial", "inverse_cdf"] = "multinomial"
+    drop_finished: bool = False
+
+    @property
+    def own_loop(self) -> bool:
+        """Decode with :func:`decode_loop` rather than ``generate`` (a non-default sampler or ``drop_finished``)."""
+        custom = self.sampler != "multinomial" or self.drop_finished
+        return custom and not (self.synced_gpus or self.static_cache)
 
     def generation_config(self, tokenizer: PreTrainedTokenizerBase) -> GenerationConfig:
         """A complete generation config: every sampling knob is set, so no model default can change the distribution."""
@@ -45,10 +83,12 @@ class SamplingSettings:
             min_p=0.0,
             repetition_penalty=1.0,
             max_new_tokens=self.max_new_tokens,
+            min_new_tokens=self.min_new_tokens or None,
             num_return_sequences=self.num_generations,
             pad_token_id=tokenizer.pad_token_id,
             eos_token_id=eos_token_ids(tokenizer).tolist(),
             use_cache=True,
+            cache_implementation="static" if self.static_cache else None,
         )
 
 
@@ -89,7 +129,8 @@ def generate_rollout(
     """Sample ``settings.num_generations`` completions for each prompt.
 
     The model is put in eval mode for sampling (dropout off; gradient checkpointing, active only in train mode, off)
-    and restored afterwards; the KV cache is on.
+    and restored afterwards; the KV cache is on, and each prompt is prefilled once for its G samples unless
+    ``settings.share_prompt`` is off.
 
     Args:
         model: A causal LM with ``generate`` (e.g. the ``PeftModel`` policy or the HF model under it).
@@ -107,12 +148,7 @@ def generate_rollout(
     was_training = model.training
     model.eval()
     try:
-        sequences = model.generate(
-            input_ids=prompt_ids,
-            attention_mask=prompt_mask,
-            generation_config=settings.generation_config(tokenizer),
-            synced_gpus=settings.synced_gpus,
-        )
+        sequences = sample_sequences(model, tokenizer, prompt_ids, prompt_mask, settings)
     finally:
         model.train(was_training)
     g = settings.num_generations
@@ -131,3 +167,110 @@ def generate_rollout(
         completions=tokenizer.batch_decode(completion_ids, skip_special_tokens=True),
         columns={name: repeat(values) for name, values in (columns or {}).items()},
     )
+
+
+def sample_sequences(
+    model: nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    settings: SamplingSettings,
+) -> torch.Tensor:
+    """``(B*G, P+T)`` prompt and sampled tokens, G consecutive rows per prompt (call under ``no_grad``, eval mode).
+
+    With ``settings.share_prompt`` (and prompts of at least two positions) the prompt minus its last token is run once
+    per prompt, its KV cache repeated G times, and ``generate`` continues from that cache; it computes the same logits
+    and consumes the random stream in the same order as ``generate`` with ``num_return_sequences=G``.
+    """
+    if settings.own_loop:
+        return decode_loop(model, prompt_ids, prompt_mask, settings, eos_token_ids(tokenizer), tokenizer.pad_token_id)
+    config = settings.generation_config(tokenizer)
+    g = settings.num_generations
+    if not settings.share_prompt or settings.static_cache or g == 1 or prompt_ids.shape[1] < 2:
+        return model.generate(
+            input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=config, synced_gpus=settings.synced_gpus
+        )
+    prefix = model(
+        input_ids=prompt_ids[:, :-1],
+        attention_mask=prompt_mask[:, :-1],
+        position_ids=position_ids_from_mask(prompt_mask[:, :-1]),
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    cache = prefix.past_key_values
+    cache.batch_repeat_interleave(g)  # (B, ...) -> (B*G, ...), samples of one prompt consecutive
+    config.num_return_sequences = 1
+    return model.generate(
+        input_ids=prompt_ids.repeat_interleave(g, dim=0),
+        attention_mask=prompt_mask.repeat_interleave(g, dim=0),
+        past_key_values=cache,
+        generation_config=config,
+        synced_gpus=settings.synced_gpus,
+    )
+
+
+def decode_loop(
+    model: nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    settings: SamplingSettings,
+    eos_ids: torch.Tensor,
+    pad_id: int,
+) -> torch.Tensor:
+    """Our own sampling loop: ``(B*G, P+T)`` tokens, G consecutive rows per prompt (``no_grad``, eval mode).
+
+    Each prompt is prefilled once and its KV cache repeated G times; each step applies the same processors as
+    ``generate`` (EOS forbidden before ``min_new_tokens``, temperature, top-k, top-p), draws with
+    ``settings.sampler``, and with ``settings.drop_finished`` removes rows that have produced EOS from the batch.
+    """
+    g, steps, eos_ids = settings.num_generations, settings.max_new_tokens, eos_ids.to(prompt_ids.device)
+    out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position_ids_from_mask(prompt_mask),
+                use_cache=True, logits_to_keep=1)  # fmt: skip
+    cache, logits = out.past_key_values, out.logits[:, -1].float().repeat_interleave(g, dim=0)  # (N, V)
+    cache.batch_repeat_interleave(g)
+    mask = prompt_mask.repeat_interleave(g, dim=0)
+    tokens = torch.full((len(mask), steps), pad_id, dtype=torch.long, device=mask.device)
+    alive = torch.arange(len(mask), device=mask.device)  # rows still in the batch
+    finished = torch.zeros(len(mask), dtype=torch.bool, device=mask.device)
+    warp = _warpers(settings)
+    for step in range(steps):
+        if step < settings.min_new_tokens:
+            logits[:, eos_ids] = float("-inf")
+        chosen = _draw(warp(None, logits), settings.sampler)
+        chosen = chosen.masked_fill(finished[alive], pad_id)
+        tokens[alive, step] = chosen
+        finished[alive] |= torch.isin(chosen, eos_ids)
+        if step == steps - 1 or bool(finished.all()):
+            break
+        mask = torch.cat([mask, (~finished[alive]).long()[:, None]], dim=1)
+        if settings.drop_finished and bool(finished[alive].any()):
+            keep = (~finished[alive]).nonzero().squeeze(-1)
+            alive, mask, chosen = alive[keep], mask[keep], chosen[keep]
+            cache.batch_select_indices(keep)
+        positions = mask.sum(-1, keepdim=True) - 1
+        out = model(input_ids=chosen[:, None], attention_mask=mask, position_ids=positions, past_key_values=cache,
+                    use_cache=True, logits_to_keep=1)  # fmt: skip
+        logits = out.logits[:, -1].float()
+    return torch.cat([prompt_ids.repeat_interleave(g, dim=0), tokens], dim=1)
+
+
+def _warpers(settings: SamplingSettings) -> LogitsProcessorList:
+    """Temperature, top-k and top-p in ``generate``'s order (each only when it changes the distribution)."""
+    warpers = LogitsProcessorList()
+    if settings.temperature != 1.0:
+        warpers.append(TemperatureLogitsWarper(settings.temperature))
+    if settings.top_k > 0:
+        warpers.append(TopKLogitsWarper(settings.top_k))
+    if settings.top_p < 1.0:
+        warpers.append(TopPLogitsWarper(settings.top_p))
+    return warpers
+
+
+def _draw(scores: torch.Tensor, sampler: str) -> torch.Tensor:
+    """One token per row from ``softmax(scores)``."""
+    probs = torch.softmax(scores, dim=-1)  # (n, V) float32
+    if sampler == "multinomial":
+        return torch.multinomial(probs, 1).squeeze(-1)
+    cdf = probs.double().cumsum(-1)  # (n, V); a zero-probability token never owns an interval
+    u = torch.rand(len(cdf), 1, dtype=torch.float64, device=cdf.device) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp(max=cdf.shape[-1] - 1)

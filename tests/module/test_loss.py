@@ -82,3 +82,16 @@ def test_only_adapter_weights_change_and_reference_is_the_base_model(make_module
         current = module.compute_logprobs(rollout).logprobs
     torch.testing.assert_close(reference, expected, atol=1e-5, rtol=1e-5)
     assert not torch.allclose(current, expected, atol=1e-3), "the trained policy should differ from the reference"
+
+
+def test_logged_metrics_do_not_depend_on_micro_batch_size(make_module, tokenizer):
+    logged = []
+    for micro in (None, 2, 4):  # completions differ in length: micro-batches hold uneven token counts
+        module = make_module(module_cls=FixedRolloutModule, micro_batch_size=micro, mini_batch_size=None, kl_coef=0.1)
+        module.fixed = fixed_rollout(tokenizer, PROMPTS, COMPLETIONS, group_size=4)
+        trainer = make_trainer(max_steps=1)
+        trainer.fit(module, train_dataloaders=prompt_loader(PROMPTS[:2]))
+        logged.append({k: v for k, v in trainer.callback_metrics.items() if k.startswith("train/")})
+    for other in logged[1:]:
+        for key in ("train/loss", "train/pg_loss", "train/kl", "train/entropy", "train/clip_frac"):
+            torch.testing.assert_close(other[key], logged[0][key], atol=1e-6, rtol=1e-5)

@@ -1,0 +1,183 @@
+"""Our side: the real ``GRPOModule`` driven by a Lightning ``Trainer`` on fixed prompts."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+from torch import Tensor
+from torch.utils.data import DataLoader
+
+from benchmarks.models import load_tokenizer
+from benchmarks.workload import Workload, fraction_of_sevens, make_prompts
+from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig, Rollout
+from lightning_grpo.policy import reference_mode
+from lightning_grpo.rewards import RewardScores
+from lightning_grpo.rollout import SamplingSettings, TokenLogProbs, completion_logprobs, generate_rollout
+from lightning_grpo.update import UpdateBatch
+
+__all__ = ["BenchModule", "StepRecorder", "run_ours"]
+
+PHASES = ("generate", "score", "old_logprobs", "reference", "update")
+
+
+class BenchModule(GRPOModule):
+    """``GRPOModule`` with the benchmark's extra settings and per-phase CPU-time accounting.
+
+    :meth:`generate` and :meth:`compute_logprobs` are overridden only to pass settings ``GRPOConfig`` does not expose
+    yet (:class:`SamplingSettings` fields such as ``min_new_tokens``; the keyword switches of
+    :func:`completion_logprobs`); :meth:`score` and :meth:`update_policy` only add CPU-time accounting.
+    """
+
+    def __init__(self, *args: Any, sampling: Mapping[str, Any], logprob_options: Mapping[str, Any], **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.extra_sampling, self.logprob_options = dict(sampling), dict(logprob_options)
+        self.cpu_seconds: dict[str, float] = {}
+
+    @contextmanager
+    def _cpu(self, phase: str) -> Iterator[None]:
+        start = time.process_time()
+        try:
+            yield
+        finally:
+            self.cpu_seconds[phase] = self.cpu_seconds.get(phase, 0.0) + time.process_time() - start
+
+    def compute_logprobs(
+        self, rollout: Rollout, *, reference: bool = False, with_entropy: bool = False
+    ) -> TokenLogProbs:
+        """As :meth:`GRPOModule.compute_logprobs`, with the extra keyword switches."""
+        phase = "reference" if reference else ("old_logprobs" if not torch.is_grad_enabled() else None)
+        clock = self._cpu(phase) if phase else nullcontext()
+        with reference_mode(self.policy) if reference else nullcontext(), clock:
+            return completion_logprobs(
+                self.policy, rollout, temperature=self.config.temperature, with_entropy=with_entropy,
+                entropy_grad=self.config.entropy_coef > 0, chunk_size=self.config.logprob_chunk_size,
+                **self.logprob_options,
+            )  # fmt: skip
+
+    def generate(
+        self,
+        batch: Mapping[str, Sequence[Any]],
+        *,
+        num_generations: int | None = None,
+        temperature: float | None = None,
+    ) -> Rollout:
+        """As :meth:`GRPOModule.generate`, with the extra sampling settings."""
+        settings = SamplingSettings(
+            num_generations=num_generations or self.config.num_generations,
+            temperature=temperature or self.config.temperature,
+            synced_gpus=self._synced_gpus(),
+            **self.config.sampling_kwargs,
+            **self.extra_sampling,
+        )
+        prompts, limit = list(batch["prompt"]), self.config.max_prompt_length
+        with self._cpu("generate"):
+            return generate_rollout(self.policy, self.tokenizer, prompts, settings, max_prompt_length=limit)
+
+    def score(self, rollout: Rollout) -> RewardScores:
+        """As :meth:`GRPOModule.score` (CPU time recorded)."""
+        with self._cpu("score"):
+            return super().score(rollout)
+
+    def update_policy(self, batch: UpdateBatch) -> tuple[Tensor, dict[str, Tensor]]:
+        """As :meth:`GRPOModule.update_policy` (CPU time recorded)."""
+        with self._cpu("update"):
+            return super().update_policy(batch)
+
+
+class StepRecorder(Callback):
+    """Wall and CPU time of every training step, the module's per-phase timings and token counts."""
+
+    def __init__(self, device: str) -> None:
+        self.device, self.steps, self._start, self._cpu_start = device, [], 0.0, 0.0
+
+    def _sync(self) -> None:
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, idx: int) -> None:
+        """Start the step clocks."""
+        self._sync()
+        pl_module.cpu_seconds = {}
+        self._start, self._cpu_start = time.perf_counter(), time.process_time()
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, idx: int
+    ) -> None:
+        """Record the step: seconds (wall and CPU), phases, generated and trained tokens."""
+        self._sync()
+        seconds, cpu_seconds = time.perf_counter() - self._start, time.process_time() - self._cpu_start
+        timings = outputs["timings"]
+        self.steps.append(
+            {
+                "step_seconds": seconds,
+                "step_cpu_seconds": cpu_seconds,
+                "phases": {phase: float(timings.get(phase, 0.0)) for phase in PHASES},
+                "cpu_phases": {phase: pl_module.cpu_seconds.get(phase, 0.0) for phase in PHASES},
+                "generated_tokens": int(outputs["rollout"].completion_mask.sum()),
+                "trained_tokens": int(outputs["loss_mask"].sum()) * pl_module.config.ppo_epochs,
+            }
+        )
+
+
+def _module(work: Workload, model_dir: Path) -> BenchModule:
+    policy = PolicyConfig(
+        lora_r=work.lora_r,
+        lora_alpha=work.alpha,
+        dtype=work.dtype,
+        gradient_checkpointing=work.gradient_checkpointing,
+    )
+    grpo = GRPOConfig(
+        num_generations=work.num_generations,
+        max_prompt_length=work.prompt_length,
+        max_new_tokens=work.max_new_tokens,
+        temperature=work.temperature,
+        ppo_epochs=work.ppo_epochs,
+        micro_batch_size=work.micro,
+        kl_coef=work.kl_coef,
+        dual_clip=None,  # TRL has no dual clip
+        loss_agg_mode="token-mean",  # TRL "dapo"
+        max_grad_norm=1.0,
+    )
+    sampling = {"min_new_tokens": work.max_new_tokens, "share_prompt": work.share_prompt}
+    sampling.update(static_cache=work.static_cache, sampler=work.sampler, drop_finished=work.drop_finished)
+    return BenchModule(
+        str(model_dir),
+        [fraction_of_sevens],
+        tokenizer=load_tokenizer(model_dir),
+        policy=policy,
+        grpo=grpo,
+        optimizer=lambda params: torch.optim.AdamW(params, lr=work.lr, weight_decay=0.0),
+        seed=work.seed,
+        sampling=sampling,
+        logprob_options={"share_prompt": work.share_prompt_logprobs, "fused_head": work.fused_head},
+    )
+
+
+def run_ours(work: Workload, model_dir: Path) -> dict[str, Any]:
+    """Train ``warmup_steps + steps`` GRPO steps; return the per-step records and the loaded-model memory."""
+    module = _module(work, model_dir)
+    prompts = make_prompts(module.tokenizer, work.prompts, work.prompt_length, work.seed)
+    rows = [{"prompt": p} for p in prompts] * (work.warmup_steps + work.steps)
+    loader = DataLoader(rows, batch_size=work.prompts, collate_fn=lambda b: {"prompt": [r["prompt"] for r in b]})
+    device = work.resolved_device()
+    recorder = StepRecorder(device)
+    trainer = L.Trainer(
+        accelerator="gpu" if device == "cuda" else "cpu",
+        devices=1,
+        max_steps=work.warmup_steps + work.steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        callbacks=[recorder],
+    )
+    trainer.fit(module, loader)
+    return {"steps": recorder.steps, "framework": f"lightning_grpo (lightning {L.__version__})"}

@@ -1,0 +1,164 @@
+"""TRL's side: ``trl.GRPOTrainer`` on the identical workload (same files, LoRA, lengths, β, one update per rollout).
+
+Settings chosen to match ours (TRL 1.16 ``GRPOConfig`` names): ``num_generations=G``,
+``per_device_train_batch_size`` = our micro-batch, ``gradient_accumulation_steps = rows / micro`` (and so
+``steps_per_generation``, its default), hence ``generation_batch_size = B*G`` and one optimizer step per rollout per
+``num_iterations`` (= our ``ppo_epochs``); ``max_completion_length=T`` with ``generation_kwargs={"min_new_tokens": T}``;
+``beta`` = our ``kl_coef``; ``loss_type="dapo"`` (= our "token-mean" with a global token count), ``epsilon=0.2``;
+``use_bias_correction_kl=False`` (our KL term is not weighted by the ratio); ``scale_rewards="group"``;
+``gradient_checkpointing`` and ``bf16`` as in the workload (TRL defaults both to on); HF ``generate``, no vLLM.
+
+Per-phase times come from TRL's own profiling hooks (``ProfilingContext``), captured by patching their sink; the step
+time from a ``TrainerCallback`` (``on_step_begin`` to ``on_step_end``, which encloses generation, scoring, every
+micro-batch and the optimizer step).
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from datasets import Dataset
+from peft import LoraConfig
+from transformers import TrainerCallback
+
+from benchmarks.models import load_tokenizer
+from benchmarks.workload import Workload, fraction_of_sevens, make_prompts
+
+__all__ = ["run_trl"]
+
+
+class _Profiles:
+    """Collects TRL's profiling blocks as ``(name, wall seconds, CPU seconds, enclosing names)``."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, float, float, tuple[str, ...]]] = []
+        self.stack: list[tuple[str, float]] = []
+
+    def install(self) -> None:
+        """Patch ``ProfilingContext`` so that every block reports here (TRL only logs to W&B/MLflow/Trackio)."""
+        from trl.extras.profiling import ProfilingContext
+
+        profiles = self
+        enter, exit_ = ProfilingContext.__enter__, ProfilingContext.__exit__
+
+        def patched_enter(context: Any) -> Any:
+            profiles.stack.append((context.name.split(".", 1)[-1], time.process_time()))
+            return enter(context)
+
+        def patched_exit(context: Any, *exc: Any) -> bool:
+            wall = time.perf_counter() - context._start_time
+            name, cpu_start = profiles.stack.pop()
+            outer = tuple(n for n, _ in profiles.stack)
+            profiles.events.append((name, wall, time.process_time() - cpu_start, outer))
+            return exit_(context, *exc)
+
+        ProfilingContext.__enter__, ProfilingContext.__exit__ = patched_enter, patched_exit
+
+    def take(self) -> list[tuple[str, float, float, tuple[str, ...]]]:
+        """The events since the last call."""
+        events, self.events = self.events, []
+        return events
+
+
+def _phases(events: list[tuple[str, float, float, tuple[str, ...]]], work: Workload, step: float, cpu: bool) -> dict:
+    """Map TRL's profiled blocks onto our phases (wall or CPU seconds); ``update`` is the step minus
+    ``_prepare_inputs`` (generation, scoring and the fixed log-probs)."""
+    pick = 2 if cpu else 1
+    total = lambda name: sum(e[pick] for e in events if e[0] == name)  # noqa: E731
+    fixed = [e[pick] for e in events if e[0] == "_get_per_token_logps_and_entropies" and "_prepare_inputs" in e[3]]
+    old = fixed.pop(0) if work.ppo_epochs > 1 and fixed else 0.0
+    return {
+        "generate": total("transformers.generate"),
+        "score": total("_calculate_rewards"),
+        "old_logprobs": old,
+        "reference": sum(fixed),
+        "update": step - total("_prepare_inputs"),
+    }
+
+
+class _StepClock(TrainerCallback):
+    """One record per rollout: wall and CPU time of its ``num_iterations`` optimizer steps, phases and tokens."""
+
+    def __init__(self, work: Workload, profiles: _Profiles, device: str) -> None:
+        self.work, self.profiles, self.device = work, profiles, device
+        self.steps: list[dict[str, Any]] = []
+        self._start, self._seconds, self._cpu_start, self._cpu_seconds = 0.0, 0.0, 0.0, 0.0
+
+    def _sync(self) -> None:
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Start the optimizer-step clocks."""
+        self._sync()
+        self._start, self._cpu_start = time.perf_counter(), time.process_time()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Add the optimizer step; close the rollout's record after ``num_iterations`` of them."""
+        self._sync()
+        self._seconds += time.perf_counter() - self._start
+        self._cpu_seconds += time.process_time() - self._cpu_start
+        if state.global_step % self.work.ppo_epochs:
+            return
+        events, rows, new = self.profiles.take(), self.work.rows, self.work.max_new_tokens
+        self.steps.append(
+            {
+                "step_seconds": self._seconds,
+                "step_cpu_seconds": self._cpu_seconds,
+                "phases": _phases(events, self.work, self._seconds, cpu=False),
+                "cpu_phases": _phases(events, self.work, self._cpu_seconds, cpu=True),
+                "generated_tokens": rows * new,  # min_new_tokens = max_completion_length: every row has T tokens
+                "trained_tokens": rows * new * self.work.ppo_epochs,
+            }
+        )
+        self._seconds = self._cpu_seconds = 0.0
+
+
+def _config(work: Workload, output_dir: str) -> Any:
+    from trl import GRPOConfig
+
+    device = work.resolved_device()
+    return GRPOConfig(
+        output_dir=output_dir, report_to="none", save_strategy="no", logging_steps=1, disable_tqdm=True,
+        use_cpu=device == "cpu", bf16=work.dtype == "bfloat16", fp16=work.dtype == "float16",
+        model_init_kwargs={"dtype": work.torch_dtype}, seed=work.seed, data_seed=work.seed,
+        max_steps=(work.warmup_steps + work.steps) * work.ppo_epochs,
+        per_device_train_batch_size=work.micro, gradient_accumulation_steps=work.rows // work.micro,
+        num_generations=work.num_generations, num_iterations=work.ppo_epochs, shuffle_dataset=False,
+        max_completion_length=work.max_new_tokens, generation_kwargs={"min_new_tokens": work.max_new_tokens},
+        temperature=work.temperature, top_p=1.0, top_k=0, beta=work.kl_coef, epsilon=0.2, loss_type="dapo",
+        scale_rewards="group", use_bias_correction_kl=False, mask_truncated_completions=False,
+        gradient_checkpointing=work.gradient_checkpointing, learning_rate=work.lr, weight_decay=0.0,
+        lr_scheduler_type="constant", max_grad_norm=1.0, optim="adamw_torch", dataloader_num_workers=0,
+    )  # fmt: skip
+
+
+def run_trl(work: Workload, model_dir: Path) -> dict[str, Any]:
+    """Train the same number of rollouts with ``trl.GRPOTrainer``; return per-rollout records."""
+    import trl
+    from trl import GRPOTrainer
+
+    profiles = _Profiles()
+    profiles.install()
+    tokenizer = load_tokenizer(model_dir)
+    prompts = make_prompts(tokenizer, work.prompts, work.prompt_length, work.seed)
+    lora = LoraConfig(
+        r=work.lora_r, lora_alpha=work.alpha, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM"
+    )  # exactly the adapter lightning_grpo.policy.load_policy builds
+    clock = _StepClock(work, profiles, work.resolved_device())
+    with tempfile.TemporaryDirectory() as output_dir:
+        trainer = GRPOTrainer(
+            model=str(model_dir),
+            reward_funcs=[fraction_of_sevens],
+            args=_config(work, output_dir),
+            train_dataset=Dataset.from_list([{"prompt": p} for p in prompts]),
+            processing_class=tokenizer,
+            peft_config=lora,
+            callbacks=[clock],
+        )
+        trainer.train()
+    return {"steps": clock.steps, "framework": f"trl {trl.__version__}"}

@@ -1,0 +1,171 @@
+"""The ``lightning-grpo`` command line (also ``python -m lightning_grpo``): Lightning's ``LightningCLI`` for GRPO.
+
+A run is a YAML config with the usual LightningCLI sections, ``trainer``, ``model`` and ``data``, where ``model`` is
+:class:`~lightning_grpo.GRPOModule` or any subclass of it and ``data`` is any LightningDataModule (usually
+:class:`~lightning_grpo.data.PromptDataModule`), each given as ``class_path`` plus ``init_args``::
+
+    lightning-grpo fit --config configs/debug/tiny.yaml                       # tiny model, CPU, offline
+    lightning-grpo fit --config configs/qwen2.5-0.5b/gsm8k-lora.yaml --trainer.max_steps=50
+    lightning-grpo fit --config my.yaml --print_config > full.yaml            # every setting, reusable as a config
+    lightning-grpo fit --model.help lightning_grpo.GRPOModule                 # the module's arguments
+    lightning-grpo fit --model.help lightning_grpo.GRPOModule --model.grpo.help   # every GRPOConfig field
+
+Reward functions are import paths or ``class_path`` instances, the optimizer and scheduler are the module's own
+``optimizer`` / ``lr_scheduler`` arguments (stepped once per GRPO iteration)::
+
+    model:
+      class_path: lightning_grpo.GRPOModule
+      init_args:
+        model: Qwen/Qwen2.5-0.5B-Instruct
+        reward_funcs:
+          - lightning_grpo.rewards.math_answer
+          - class_path: lightning_grpo.rewards.FormatReward
+            init_args: {pattern: "<answer>.*?</answer>", full_match: false}
+        reward_weights: [1.0, 0.2]
+        optimizer: {class_path: torch.optim.AdamW, init_args: {lr: 2.0e-5}}
+
+Besides LightningCLI's keys, a config may set ``torch_num_threads`` (CPU threads for PyTorch; 1 is fastest for the
+tiny models on a small machine).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from jsonargparse import Namespace
+from lightning.pytorch import LightningDataModule
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+
+from lightning_grpo.module import GRPOModule
+
+__all__ = ["GRPOCLI", "main", "parse_config"]
+
+_DESCRIPTION = (
+    "GRPO fine-tuning with LoRA, as a PyTorch Lightning module. Start from a config: "
+    "'lightning-grpo fit --config configs/debug/tiny.yaml'. The module's settings: "
+    "'lightning-grpo fit --model.help lightning_grpo.GRPOModule' (add --model.grpo.help or --model.policy.help "
+    "for GRPOConfig's or PolicyConfig's fields)."
+)
+_SUBCOMMANDS = ("fit", "validate", "test", "predict")
+_NO_CONFIG = (
+    "lightning-grpo {subcommand}: no model given. Pass a config, e.g.\n"
+    "  lightning-grpo {subcommand} --config configs/debug/tiny.yaml\n"
+    "(see the configs/ folder), or set --model and --data on the command line."
+)
+
+
+class GRPOCLI(LightningCLI):
+    """``LightningCLI`` over :class:`~lightning_grpo.GRPOModule` and any ``LightningDataModule``.
+
+    Both are base classes (``subclass_mode``): a config names the classes with ``class_path``, so a user's
+    GRPOModule subclass and data module work from YAML (the usual data module is
+    :class:`~lightning_grpo.data.PromptDataModule`). Optimizer and scheduler are the module's ``optimizer`` and
+    ``lr_scheduler`` arguments; LightningCLI's top-level ``optimizer`` / ``lr_scheduler`` keys are off (GRPO
+    optimizes manually and steps its scheduler once per iteration). The extra top-level key ``torch_num_threads``
+    sets PyTorch's CPU threads before anything is built.
+
+    Args:
+        args: Arguments to parse instead of ``sys.argv[1:]`` (a list, or a dict as LightningCLI accepts).
+        run: Run the subcommand (``fit``, ``validate``, ...); ``False`` only parses and instantiates.
+        **kwargs: Other ``LightningCLI`` arguments (e.g. ``trainer_defaults``, ``save_config_kwargs``); they
+            override this class's defaults.
+
+    Example::
+
+        from lightning_grpo.cli import GRPOCLI
+
+        cli = GRPOCLI(args=["--config", "configs/debug/tiny.yaml", "--trainer.max_steps=2"], run=False)
+        cli.trainer.fit(cli.model, cli.datamodule)
+    """
+
+    def __init__(self, args: Any = None, run: bool = True, **kwargs: Any) -> None:
+        options: dict[str, Any] = {
+            "model_class": GRPOModule,
+            "datamodule_class": LightningDataModule,  # any data module; PromptDataModule is the usual one
+            "subclass_mode_model": True,
+            "subclass_mode_data": True,
+            "auto_configure_optimizers": False,
+        }
+        parser_kwargs = {"description": _DESCRIPTION, "allow_abbrev": False, **kwargs.pop("parser_kwargs", {})}
+        super().__init__(**{**options, **kwargs}, parser_kwargs=parser_kwargs, args=args, run=run)
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        """Add ``torch_num_threads``."""
+        parser.add_argument(
+            "--torch_num_threads",
+            type=int | None,
+            default=None,
+            help="CPU threads for PyTorch (torch.set_num_threads); null keeps PyTorch's default.",
+        )
+
+    def before_instantiate_classes(self) -> None:
+        """Apply ``torch_num_threads`` before the model is built."""
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        if config.get("torch_num_threads"):
+            torch.set_num_threads(config.torch_num_threads)
+
+
+class _Parsed(Exception):
+    """Carries the parsed config out of :class:`_ParseOnlyCLI` before anything is seeded or built."""
+
+    def __init__(self, config: Namespace) -> None:
+        super().__init__("parsed")
+        self.config = config
+
+
+class _ParseOnlyCLI(GRPOCLI):
+    """Parses and checks, then stops: no seeding, no instantiation, no run."""
+
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        """Parse as LightningCLI does, then leave with the config."""
+        super().parse_arguments(parser, args)
+        raise _Parsed(self.config)
+
+
+def parse_config(args: Sequence[str]) -> Namespace:
+    """Parse and check command-line arguments as ``lightning-grpo`` does, without building or running anything.
+
+    Types are checked and import paths resolved (classes and reward functions are imported, not instantiated), so
+    unknown keys, misspelt classes and wrong types fail here; models and datasets are not downloaded.
+
+    Args:
+        args: As on the command line, subcommand first: ``["fit", "--config", "configs/debug/tiny.yaml"]``.
+
+    Returns:
+        The parsed config; its ``subcommand`` key names the subcommand, whose settings are under that name.
+
+    Raises:
+        SystemExit: The arguments do not parse (jsonargparse prints why), as on the command line.
+    """
+    try:
+        _ParseOnlyCLI(args=list(args))
+    except _Parsed as parsed:
+        return parsed.config
+    raise AssertionError("unreachable: parse_arguments always raises _Parsed")  # pragma: no cover
+
+
+def main(args: Sequence[str] | None = None) -> None:
+    """Entry point of ``lightning-grpo`` and ``python -m lightning_grpo``.
+
+    Args:
+        args: Arguments instead of ``sys.argv[1:]``.
+
+    Raises:
+        SystemExit: A subcommand without any config or model (the message shows how to pass one), or arguments
+            that do not parse.
+    """
+    argv = list(sys.argv[1:] if args is None else args)
+    if argv and argv[0] in _SUBCOMMANDS and not any(_names_a_model(arg) for arg in argv[1:]):
+        print(_NO_CONFIG.format(subcommand=argv[0]), file=sys.stderr)
+        sys.exit(2)  # the exit status of a usage error, as the parser's own
+    prog = "python -m lightning_grpo" if Path(sys.argv[0]).name == "__main__.py" else "lightning-grpo"
+    GRPOCLI(args=None if args is None else argv, parser_kwargs={"prog": prog})
+
+
+def _names_a_model(arg: str) -> bool:
+    """Whether a command-line argument gives a config, a model or asks for help (then the parser takes over)."""
+    return arg in ("-c", "-h") or arg.startswith(("--config", "--model", "--help", "--print_config", "-c="))
