@@ -6,10 +6,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from lightning.pytorch import Callback, LightningModule
+from typing_extensions import override
 
 from lightning_grpo.rollout import Rollout
 
-__all__ = ["check_positive_int", "check_prefix", "num_prompts", "step_output"]
+__all__ = ["IterationCounter", "check_positive_int", "check_prefix", "num_prompts", "step_output"]
 
 
 def step_output(outputs: Any, callback: Callback, keys: tuple[str, ...]) -> Mapping[str, Any]:
@@ -51,3 +52,21 @@ def check_positive_int(name: str, value: Any, *, allow_none: bool = False) -> in
         allowed = "an int >= 1" + (" or None" if allow_none else "")
         raise ValueError(f"{name} must be {allowed}, got {value!r}")
     return value
+
+
+class IterationCounter(Callback):
+    """Base of callbacks that act every n GRPO iterations; the count survives checkpoints.
+
+    ``trainer.global_step`` counts optimizer steps, several per iteration, so the callback counts iterations itself.
+    """
+
+    def __init__(self) -> None:
+        self.iterations = 0
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"iterations": self.iterations}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.iterations = state_dict["iterations"]

@@ -5,15 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch import LightningModule, Trainer
 from typing_extensions import override
 
-from lightning_grpo.callbacks._outputs import check_positive_int
+from lightning_grpo.callbacks._outputs import IterationCounter, check_positive_int
 
 __all__ = ["AdapterExport"]
 
 
-class AdapterExport(Callback):
+class AdapterExport(IterationCounter):
     r"""Write the adapter with ``pl_module.export_adapter(path)``, loadable by ``PeftModel.from_pretrained`` and vLLM.
 
     Exports go to ``<dirpath>/adapter/step-<global_step>`` after every ``every_n_steps`` iterations and to
@@ -47,7 +47,7 @@ class AdapterExport(Callback):
     def __init__(self, dirpath: str | Path | None = None, every_n_steps: int | None = None) -> None:
         self.dirpath = dirpath
         self.every_n_steps = check_positive_int("every_n_steps", every_n_steps, allow_none=True)
-        self.iterations = 0
+        super().__init__()
 
     def path_for(self, trainer: Trainer, name: str) -> Path:
         """Where the export ``name`` (``step-<N>`` or ``final``) goes."""
@@ -90,11 +90,3 @@ class AdapterExport(Callback):
     @override
     def state_key(self) -> str:
         return self._generate_state_key(dirpath=str(self.dirpath), every_n_steps=self.every_n_steps)
-
-    @override
-    def state_dict(self) -> dict[str, Any]:
-        return {"iterations": self.iterations}
-
-    @override
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.iterations = state_dict["iterations"]

@@ -8,19 +8,19 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.loggers import CSVLogger, Logger
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
-from lightning_grpo.callbacks._outputs import check_positive_int, step_output
+from lightning_grpo.callbacks._outputs import IterationCounter, check_positive_int, step_output
 
 __all__ = ["SampleLogger", "markdown_table"]
 
 COLUMNS = ("step", "prompt", "completion", "reward", "advantage")
 
 
-class SampleLogger(Callback):
+class SampleLogger(IterationCounter):
     r"""Every ``every_n_steps`` iterations, send a table of sample completions to every logger that can show one.
 
     The table holds the first ``num_samples`` rows of the rank-zero rollout (samples of a group are consecutive, so
@@ -69,7 +69,7 @@ class SampleLogger(Callback):
         self.max_chars = check_positive_int("max_chars", max_chars)
         self.console = console
         self.key = key
-        self.iterations = 0
+        super().__init__()
 
     @override
     def on_train_batch_end(
@@ -100,14 +100,6 @@ class SampleLogger(Callback):
     @override
     def state_key(self) -> str:
         return self._generate_state_key(key=self.key, every_n_steps=self.every_n_steps)
-
-    @override
-    def state_dict(self) -> dict[str, Any]:
-        return {"iterations": self.iterations}
-
-    @override
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.iterations = state_dict["iterations"]
 
 
 def sample_rows(step: Mapping[str, Any], num_samples: int) -> list[list[Any]]:
