@@ -24,8 +24,10 @@ def _pin_threads(threads: int) -> None:
 
 
 def run_side(side: str, workload_json: str, model_dir: Path, *, with_limits: bool = False) -> dict[str, Any]:
-    """Run ``side``; return its JSON-able result with peak memory, threads and (if asked, measured after the peak
-    was read) the device limits."""
+    """Run ``side``; return its JSON-able result with its peak memory, threads and, if asked, the device limits.
+
+    The limits are measured after the peak memory has been read, so their large buffers do not count.
+    """
     import torch
 
     from benchmarks.measure import device_limits, peak_memory_bytes

@@ -19,13 +19,20 @@ from __future__ import annotations
 import resource
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
 from benchmarks.models import ParamCounts
 
-__all__ = ["decode_floor_seconds", "device_limits", "median", "peak_memory_bytes", "update_flops"]
+__all__ = [
+    "decode_floor_seconds",
+    "device_limits",
+    "median",
+    "peak_memory_bytes",
+    "profiled_peak_bytes",
+    "update_flops",
+]
 
 
 def median(values: Sequence[float]) -> float:
@@ -38,6 +45,26 @@ def peak_memory_bytes(device: str) -> int:
     if device == "cuda":
         return int(torch.cuda.max_memory_allocated())
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def profiled_peak_bytes(block: Callable[[], object]) -> int:
+    """Peak bytes held at once by the tensors ``block`` allocates, from PyTorch's memory profiler (works on CPU).
+
+    The profiler (``profile_memory`` + ``record_shapes`` + ``with_stack``) records every allocation and free; replaying
+    its timeline (CREATE adds the bytes, DESTROY removes them; tensors that existed before are not counted) gives the
+    peak, temporaries and tensors saved for backward included. ``tracemalloc`` cannot see torch's allocator, and
+    ``ru_maxrss`` is too coarse at these sizes.
+    """
+    from torch.profiler._memory_profiler import Action
+
+    cpu = [torch.profiler.ProfilerActivity.CPU]
+    with torch.profiler.profile(activities=cpu, profile_memory=True, record_shapes=True, with_stack=True) as prof:
+        block()
+    current = peak = 0
+    for _, action, _, size in prof._memory_profile().timeline:
+        current += size if action == Action.CREATE else -size if action == Action.DESTROY else 0
+        peak = max(peak, current)
+    return peak
 
 
 def _timed(fn: object, device: str, repeats: int) -> float:

@@ -73,8 +73,7 @@ class BenchModule(GRPOModule):
             num_generations=num_generations or self.config.num_generations,
             temperature=temperature or self.config.temperature,
             synced_gpus=self._synced_gpus(),
-            **self.config.sampling_kwargs,
-            **self.extra_sampling,
+            **{**self.config.sampling_kwargs, **self.extra_sampling},  # the workload's switches win
         )
         prompts, limit = list(batch["prompt"]), self.config.max_prompt_length
         with self._cpu("generate"):
@@ -145,7 +144,7 @@ def _module(work: Workload, model_dir: Path) -> BenchModule:
         loss_agg_mode="token-mean",  # TRL "dapo"
         max_grad_norm=1.0,
     )
-    sampling = {"min_new_tokens": work.max_new_tokens, "share_prompt": work.share_prompt}
+    sampling = {"min_new_tokens": work.max_new_tokens if work.fixed_length else 0, "share_prompt": work.share_prompt}
     sampling.update(static_cache=work.static_cache, sampler=work.sampler, drop_finished=work.drop_finished)
     return BenchModule(
         str(model_dir),

@@ -88,6 +88,12 @@ class _StepClock(TrainerCallback):
         self.steps: list[dict[str, Any]] = []
         self._start, self._seconds, self._cpu_start, self._cpu_seconds = 0.0, 0.0, 0.0, 0.0
 
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
+        """Token counts of the last record from TRL's mean completion length (logged right after ``on_step_end``)."""
+        if self.steps and logs and "completions/mean_length" in logs:
+            tokens = round(self.work.rows * float(logs["completions/mean_length"]))
+            self.steps[-1].update(generated_tokens=tokens, trained_tokens=tokens * self.work.ppo_epochs)
+
     def _sync(self) -> None:
         if self.device == "cuda":
             torch.cuda.synchronize()
@@ -104,15 +110,15 @@ class _StepClock(TrainerCallback):
         self._cpu_seconds += time.process_time() - self._cpu_start
         if state.global_step % self.work.ppo_epochs:
             return
-        events, rows, new = self.profiles.take(), self.work.rows, self.work.max_new_tokens
+        events, rows = self.profiles.take(), self.work.rows
         self.steps.append(
             {
                 "step_seconds": self._seconds,
                 "step_cpu_seconds": self._cpu_seconds,
                 "phases": _phases(events, self.work, self._seconds, cpu=False),
                 "cpu_phases": _phases(events, self.work, self._cpu_seconds, cpu=True),
-                "generated_tokens": rows * new,  # min_new_tokens = max_completion_length: every row has T tokens
-                "trained_tokens": rows * new * self.work.ppo_epochs,
+                "generated_tokens": rows * self.work.max_new_tokens,  # corrected by on_log when lengths vary
+                "trained_tokens": rows * self.work.max_new_tokens * self.work.ppo_epochs,
             }
         )
         self._seconds = self._cpu_seconds = 0.0
@@ -129,7 +135,8 @@ def _config(work: Workload, output_dir: str) -> Any:
         max_steps=(work.warmup_steps + work.steps) * work.ppo_epochs,
         per_device_train_batch_size=work.micro, gradient_accumulation_steps=work.rows // work.micro,
         num_generations=work.num_generations, num_iterations=work.ppo_epochs, shuffle_dataset=False,
-        max_completion_length=work.max_new_tokens, generation_kwargs={"min_new_tokens": work.max_new_tokens},
+        max_completion_length=work.max_new_tokens,
+        generation_kwargs={"min_new_tokens": work.max_new_tokens} if work.fixed_length else None,
         temperature=work.temperature, top_p=1.0, top_k=0, beta=work.kl_coef, epsilon=0.2, loss_type="dapo",
         scale_rewards="group", use_bias_correction_kl=False, mask_truncated_completions=False,
         gradient_checkpointing=work.gradient_checkpointing, learning_rate=work.lr, weight_decay=0.0,

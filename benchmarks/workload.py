@@ -28,7 +28,9 @@ class Workload:
         prompts: Prompts per step (B).
         num_generations: Completions per prompt (G).
         prompt_length: Tokens per prompt (every prompt has exactly this many).
-        max_new_tokens: Tokens per completion; EOS is suppressed, so every completion has exactly this many.
+        max_new_tokens: Longest completion.
+        fixed_length: Suppress EOS (``min_new_tokens = max_new_tokens``) so that every completion on both sides has
+            exactly ``max_new_tokens`` tokens; off, completions end at EOS (for ``drop_finished``).
         kl_coef: β of the KL loss (0 skips the reference forward on both sides).
         ppo_epochs: Updates per rollout (TRL ``num_iterations``).
         micro_batch_size: Completions per forward/backward; 0 means the whole rollout.
@@ -56,6 +58,7 @@ class Workload:
     num_generations: int = 4
     prompt_length: int = 16
     max_new_tokens: int = 16
+    fixed_length: bool = True
     kl_coef: float = 0.0
     ppo_epochs: int = 1
     micro_batch_size: int = 0

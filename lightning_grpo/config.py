@@ -6,6 +6,7 @@ Names follow verl and TRL where they agree; ``docs/coming-from.md`` maps the res
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Literal
 
 from lightning_grpo.algorithms import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES
 from lightning_grpo.algorithms.advantages import AdvantageEstimator, AdvantageScale
@@ -52,6 +53,13 @@ class GRPOConfig:
         mask_truncated_completions: Leave completions that hit ``max_new_tokens`` out of the loss (DAPO).
         max_grad_norm: Clip the adapter's gradient norm to this before each optimizer step; ``None`` disables it.
         logprob_chunk_size: Positions per chunk of the log-softmax (memory versus kernel launches).
+        share_prompt: Run each prompt once for its G samples, in sampling (prefill) and in the log-prob passes
+            (same results as running it G times; off under FSDP2 in the log-prob passes).
+        fused_head: Compute log-probs inside the output head, tile by tile, so no ``(N, T, V)`` logits tensor exists.
+        sampler: ``"multinomial"`` (Hugging Face ``generate``'s draws) or ``"inverse_cdf"`` (same distribution, other
+            draws, much cheaper on CPU; uses our own decoding loop).
+        drop_finished: Drop finished samples from the batch and KV cache while sampling (our own decoding loop).
+        static_cache: Sample with a static KV cache and a compiled decode step (CUDA only).
         val_num_generations: Samples per validation prompt (k of ``val/pass@k``).
         val_temperature: Validation sampling temperature; ``None`` uses ``temperature``.
         val_success_threshold: A validation sample counts as solved (``val/accuracy``, ``val/pass@k``) when its
@@ -85,6 +93,11 @@ class GRPOConfig:
     mask_truncated_completions: bool = False
     max_grad_norm: float | None = 1.0
     logprob_chunk_size: int = 1024
+    share_prompt: bool = True
+    fused_head: bool = True
+    sampler: Literal["multinomial", "inverse_cdf"] = "multinomial"
+    drop_finished: bool = False
+    static_cache: bool = False
     val_num_generations: int = 1
     val_temperature: float | None = None
     val_success_threshold: float = 1.0
@@ -102,6 +115,7 @@ class GRPOConfig:
             ("loss_agg_mode", LOSS_AGG_MODES),
             ("advantage_estimator", ADVANTAGE_ESTIMATORS),
             ("advantage_scale", ("group", "batch", "none")),
+            ("sampler", ("multinomial", "inverse_cdf")),
         ):
             if getattr(self, setting) not in valid:
                 options = ", ".join(repr(v) for v in valid)
@@ -156,6 +170,7 @@ class GRPOConfig:
             )
 
     @property
-    def sampling_kwargs(self) -> dict[str, float | int]:
+    def sampling_kwargs(self) -> dict[str, Any]:
         """Settings shared by training and validation sampling."""
-        return {"max_new_tokens": self.max_new_tokens, "top_p": self.top_p, "top_k": self.top_k}
+        names = ("max_new_tokens", "top_p", "top_k", "share_prompt", "sampler", "drop_finished", "static_cache")
+        return {name: getattr(self, name) for name in names}

@@ -198,8 +198,10 @@ class GRPOModule(LightningModule):
                 with_entropy=with_entropy,
                 entropy_grad=self.config.entropy_coef > 0,
                 chunk_size=self.config.logprob_chunk_size,
-                # FSDP2's hooks would miss a backward through the shared prompt's KV cache
-                share_prompt=not (torch.is_grad_enabled() and distributed.is_sharded(self.policy)),
+                # FSDP2's hooks would miss a backward through the shared prompt's KV cache; every pass takes the
+                # same path so that old, reference and current log-probs agree to the last bit
+                share_prompt=self.config.share_prompt and not distributed.is_sharded(self.policy),
+                fused_head=self.config.fused_head,
             )
 
     def compute_loss(self, batch: UpdateBatch, counts: LossCounts) -> tuple[Tensor, dict[str, Tensor]]:

@@ -151,8 +151,19 @@ def generate_rollout(
         sequences = sample_sequences(model, tokenizer, prompt_ids, prompt_mask, settings)
     finally:
         model.train(was_training)
-    g = settings.num_generations
-    completion_ids = sequences[:, prompt_ids.shape[1] :]  # (B*G, T)
+    return _rollout(tokenizer, prompt_ids, prompt_mask, sequences[:, prompt_ids.shape[1] :], prompts, columns or {})
+
+
+def _rollout(
+    tokenizer: PreTrainedTokenizerBase,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    completion_ids: torch.Tensor,
+    prompts: Sequence[str],
+    columns: dict[str, Sequence[Any]],
+) -> Rollout:
+    """The :class:`Rollout` of ``(B*G, T)`` sampled tokens: masks after EOS, pads, texts, repeated prompt data."""
+    g = len(completion_ids) // len(prompts)
     completion_mask, truncated = completion_mask_from_ids(completion_ids, eos_token_ids(tokenizer))
     completion_ids = completion_ids.masked_fill(completion_mask == 0, tokenizer.pad_token_id)
     repeat = lambda values: [v for v in values for _ in range(g)]  # noqa: E731
@@ -162,10 +173,10 @@ def generate_rollout(
         completion_ids=completion_ids,
         completion_mask=completion_mask,
         truncated=truncated,
-        group_ids=torch.arange(len(prompts), device=device).repeat_interleave(g),
+        group_ids=torch.arange(len(prompts), device=prompt_ids.device).repeat_interleave(g),
         prompts=repeat(prompts),
         completions=tokenizer.batch_decode(completion_ids, skip_special_tokens=True),
-        columns={name: repeat(values) for name, values in (columns or {}).items()},
+        columns={name: repeat(values) for name, values in columns.items()},
     )
 
 
@@ -185,6 +196,8 @@ def sample_sequences(
     if settings.own_loop:
         return decode_loop(model, prompt_ids, prompt_mask, settings, eos_token_ids(tokenizer), tokenizer.pad_token_id)
     config = settings.generation_config(tokenizer)
+    if not getattr(getattr(model, "generation_config", None), "min_p", None):
+        config.min_p = None  # no model default to override: skip generate's no-op min-p pass (a softmax per step)
     g = settings.num_generations
     if not settings.share_prompt or settings.static_cache or g == 1 or prompt_ids.shape[1] < 2:
         return model.generate(
@@ -219,37 +232,34 @@ def decode_loop(
 ) -> torch.Tensor:
     """Our own sampling loop: ``(B*G, P+T)`` tokens, G consecutive rows per prompt (``no_grad``, eval mode).
 
-    Each prompt is prefilled once and its KV cache repeated G times; each step applies the same processors as
-    ``generate`` (EOS forbidden before ``min_new_tokens``, temperature, top-k, top-p), draws with
-    ``settings.sampler``, and with ``settings.drop_finished`` removes rows that have produced EOS from the batch.
+    Each prompt is prefilled once and its KV cache repeated G times; each step applies ``generate``'s processors (EOS
+    forbidden before ``min_new_tokens``, temperature, top-k, top-p), draws with ``settings.sampler``, and with
+    ``settings.drop_finished`` removes the rows that have produced EOS from the batch and the cache.
     """
-    g, steps, eos_ids = settings.num_generations, settings.max_new_tokens, eos_ids.to(prompt_ids.device)
+    g, eos_ids = settings.num_generations, eos_ids.to(prompt_ids.device)
     out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position_ids_from_mask(prompt_mask),
                 use_cache=True, logits_to_keep=1)  # fmt: skip
     cache, logits = out.past_key_values, out.logits[:, -1].float().repeat_interleave(g, dim=0)  # (N, V)
     cache.batch_repeat_interleave(g)
     mask = prompt_mask.repeat_interleave(g, dim=0)
-    tokens = torch.full((len(mask), steps), pad_id, dtype=torch.long, device=mask.device)
+    tokens = torch.full((len(mask), settings.max_new_tokens), pad_id, dtype=torch.long, device=mask.device)
     alive = torch.arange(len(mask), device=mask.device)  # rows still in the batch
     finished = torch.zeros(len(mask), dtype=torch.bool, device=mask.device)
-    warp = _warpers(settings)
-    for step in range(steps):
+    for step in range(settings.max_new_tokens):
         if step < settings.min_new_tokens:
             logits[:, eos_ids] = float("-inf")
-        chosen = _draw(warp(None, logits), settings.sampler)
-        chosen = chosen.masked_fill(finished[alive], pad_id)
+        chosen = _draw(_warpers(settings)(None, logits), settings.sampler).masked_fill(finished[alive], pad_id)
         tokens[alive, step] = chosen
         finished[alive] |= torch.isin(chosen, eos_ids)
-        if step == steps - 1 or bool(finished.all()):
+        if step == settings.max_new_tokens - 1 or bool(finished.all()):
             break
         mask = torch.cat([mask, (~finished[alive]).long()[:, None]], dim=1)
         if settings.drop_finished and bool(finished[alive].any()):
             keep = (~finished[alive]).nonzero().squeeze(-1)
             alive, mask, chosen = alive[keep], mask[keep], chosen[keep]
             cache.batch_select_indices(keep)
-        positions = mask.sum(-1, keepdim=True) - 1
-        out = model(input_ids=chosen[:, None], attention_mask=mask, position_ids=positions, past_key_values=cache,
-                    use_cache=True, logits_to_keep=1)  # fmt: skip
+        out = model(input_ids=chosen[:, None], attention_mask=mask, position_ids=mask.sum(-1, keepdim=True) - 1,
+                    past_key_values=cache, use_cache=True, logits_to_keep=1)  # fmt: skip
         logits = out.logits[:, -1].float()
     return torch.cat([prompt_ids.repeat_interleave(g, dim=0), tokens], dim=1)
 

@@ -61,10 +61,9 @@ def completion_logprobs(
 ) -> TokenLogProbs:
     """Log-probs of the sampled completion tokens under ``model``, at the sampling temperature.
 
-    Only completion positions reach the output head (``logits_to_keep``). With ``fused_head`` (and a plain linear
-    head) no logits tensor exists at all; otherwise the ``(N, T, V)`` logits are materialised in the model's dtype and
-    the log-softmax is chunked (:func:`~lightning_grpo.algorithms.selective_logprobs`). Either way no float32
-    ``(N, T, V)`` tensor is ever held.
+    Only completion positions reach the output head. With ``fused_head`` (and a plain linear head) no logits tensor
+    exists; otherwise the ``(N, T, V)`` logits are materialised in the model's dtype and the log-softmax is chunked
+    (:func:`~lightning_grpo.algorithms.selective_logprobs`). No float32 ``(N, T, V)`` tensor is ever held.
 
     Args:
         model: Causal LM (the policy, or the policy with its adapter disabled for the reference).
@@ -80,16 +79,14 @@ def completion_logprobs(
         :class:`TokenLogProbs` with ``(N, T)`` float32 tensors.
     """
     if fused_head and fused_head_supported(model):
-        targets = rollout.completion_ids
-        with _fused_output_head(model, targets, temperature, chunk_size, with_entropy, entropy_grad) as result:
+        head_settings = (temperature, chunk_size, with_entropy, entropy_grad)
+        with _fused_output_head(model, rollout.completion_ids, *head_settings) as result:
             _run_model(model, rollout, share_prompt)
         return TokenLogProbs(result["logprobs"], result.get("entropy"))
     logits = completion_logits(model, rollout, share_prompt=share_prompt)  # (N, T, V)
     logprobs = selective_logprobs(logits, rollout.completion_ids, temperature=temperature, chunk_size=chunk_size)
-    entropy = None
-    if with_entropy:
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            entropy = entropy_from_logits(logits, temperature=temperature, chunk_size=chunk_size)
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        entropy = entropy_from_logits(logits, temperature=temperature, chunk_size=chunk_size) if with_entropy else None
     return TokenLogProbs(logprobs, entropy)
 
 
@@ -106,8 +103,10 @@ def completion_logits(model: nn.Module, rollout: Rollout, *, share_prompt: bool 
 
 
 def _run_model(model: nn.Module, rollout: Rollout, share_prompt: bool) -> Tensor:
-    """The head's output at the positions that predict the completion tokens (``T``, or ``T + 1`` with the last one
-    predicting past the completion), from one forward or the shared-prompt pair."""
+    """The head's output at the positions that predict the completion tokens, from one forward or the shared pair.
+
+    The full forward returns ``T + 1`` positions (the last one predicts past the completion), the shared pair ``T``.
+    """
     if share_prompt and rollout.prompt_ids.shape[1] >= 2 and not _checkpointing(model):
         return _shared_prompt_forward(model, rollout)
     attention_mask = rollout.attention_mask
@@ -158,9 +157,11 @@ def _distinct_prompts(prompt_ids: Tensor, prompt_mask: Tensor) -> tuple[Tensor, 
 
 
 def _checkpointing(model: nn.Module) -> bool:
-    """Gradient checkpointing is enabled (a layer has ``gradient_checkpointing`` set), in any mode: every pass then
-    takes the full forward, so the update, old and reference log-probs of a row come from the same computation
-    (a different path differs in the last bits, which Adam turns into a visible step where a gradient is exactly 0)."""
+    """Gradient checkpointing is enabled (a layer has ``gradient_checkpointing`` set), whatever the mode.
+
+    Every pass then takes the full forward, so the update, old and reference log-probs of a row come from the same
+    computation (another path differs in the last bits, which Adam turns into a visible step where a gradient is 0).
+    """
     return any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules())
 
 
@@ -225,8 +226,10 @@ def _fused_output_head(
 
 
 def _blocks(n: int, t: int, rows: int) -> list[tuple[slice, slice]]:
-    """``(sequences, positions)`` blocks of about ``rows`` rows of an ``(n, t)`` grid: whole sequences when
-    ``rows >= t``, else slices of one sequence (each block is then a cheap copy of a strided view)."""
+    """``(sequences, positions)`` blocks of about ``rows`` rows of an ``(n, t)`` grid.
+
+    Whole sequences when ``rows >= t``, else slices of one sequence; each block is a small copy of a strided view.
+    """
     if rows >= t:
         step = rows // t
         return [(slice(i, min(i + step, n)), slice(0, t)) for i in range(0, n, step)]
@@ -234,9 +237,11 @@ def _blocks(n: int, t: int, rows: int) -> list[tuple[slice, slice]]:
 
 
 def _tiles(rows: int, hidden_size: int, vocab: int, itemsize: int, chunk_size: int) -> tuple[int, int]:
-    """Tile shape ``(rows, vocabulary slice)`` sized from the hidden states' bytes ``S``: a float32 tile holds about
-    ``S / 8`` bytes (within [256 KiB, 64 MiB]) and a block's float32 gradient accumulator at most ``S / 8``, so the
-    two or three tile-sized temporaries and the accumulator stay well under ``S`` (see the module docstring)."""
+    """Tile shape ``(rows, vocabulary slice)`` sized from the bytes ``S`` of the hidden states.
+
+    A float32 tile holds about ``S / 8`` bytes (within [256 KiB, 64 MiB]) and a block's float32 gradient accumulator
+    at most ``S / 8``, so the two or three tile-sized temporaries and the accumulator stay well under ``S``.
+    """
     budget = rows * hidden_size * itemsize // 8
     elements = min(max(budget, 1 << 18), 1 << 26) // 4
     block = max(1, min(rows, chunk_size, max(16, budget // (hidden_size * 4))))

@@ -5,44 +5,29 @@ within 2x the final hidden-state tensor. Checked here on a scaled shape (vocabul
 sequences): the fused head sizes its tiles from the hidden states' bytes, so the ratio carries over (the full shape is
 measured in docs/benchmarks.md).
 
-Measurement: PyTorch's memory profiler (``profile_memory=True`` + ``record_shapes`` + ``with_stack``) records every
-tensor allocation and free of the measured block on CPU; replaying its timeline (``_memory_profile().timeline``: CREATE
-adds the bytes, DESTROY removes them; tensors that existed before the block are not counted) gives the peak of the
-bytes the block itself held at once. That peak includes every temporary, the tensors saved for backward that the
-block created, and the gradients the backward allocates. ``tracemalloc`` cannot see torch's allocator and
-``ru_maxrss`` is too coarse at these sizes, hence the profiler.
+Measurement (:func:`benchmarks.measure.profiled_peak_bytes`): PyTorch's memory profiler (``profile_memory=True`` +
+``record_shapes`` + ``with_stack``) records every tensor allocation and free of the measured block on CPU; replaying
+its timeline (``_memory_profile().timeline``: CREATE adds the bytes, DESTROY removes them; tensors that existed before
+the block are not counted) gives the peak of the bytes the block itself held at once. That peak includes every
+temporary, the tensors saved for backward that the block created, and the gradients the backward allocates.
+``tracemalloc`` cannot see torch's allocator and ``ru_maxrss`` is too coarse at these sizes, hence the profiler.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import pytest
 import torch
 
+from benchmarks.measure import profiled_peak_bytes
 from lightning_grpo.algorithms import entropy_from_logits, selective_logprobs
 from lightning_grpo.rollout.logprobs import FusedHeadLogProbs
 
-memory_profiler = pytest.importorskip("torch.profiler._memory_profiler")
+pytest.importorskip("torch.profiler._memory_profiler")
 
 VOCAB, HIDDEN, SEQUENCES, TOKENS = 151_936 // 16, 896 // 2, 8, 1024 // 4
 
 
-def peak_bytes(block: Callable[[], None]) -> int:
-    """Peak bytes held at once by tensors that ``block`` allocated (see the module docstring)."""
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    with torch.profiler.profile(
-        activities=activities, profile_memory=True, record_shapes=True, with_stack=True
-    ) as prof:
-        block()
-    current = peak = 0
-    for _, action, _, size in prof._memory_profile().timeline:
-        if action == memory_profiler.Action.CREATE:
-            current += size
-        elif action == memory_profiler.Action.DESTROY:
-            current -= size
-        peak = max(peak, current)
-    return peak
+peak_bytes = profiled_peak_bytes
 
 
 def _inputs(sequences: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -21,6 +21,7 @@ SETTINGS = {
     "cispo-reinforce": {
         "loss_kind": "cispo", "advantage_estimator": "reinforce_pp_baseline", "loss_agg_mode": "token-sum",
         "entropy_coef": 0.01, "mask_truncated_completions": True, "top_p": 0.9, "temperature": 0.7, "kl_coef": 0.0,
+        "sampler": "inverse_cdf", "drop_finished": True,
     },
     "clip-higher-several-updates": {
         "clip_high": 0.28, "dual_clip": None, "delta": 4.0, "advantage_scale": "batch", "kl_estimator": "abs",
@@ -29,6 +30,7 @@ SETTINGS = {
     },
     "dr-grpo": {
         "advantage_scale": "none", "loss_agg_mode": "seq-mean-token-sum", "kl_estimator": "mse+", "micro_batch_size": 3,
+        "share_prompt": False, "fused_head": False,
     },
 }  # fmt: skip
 
