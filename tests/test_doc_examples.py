@@ -13,9 +13,7 @@ import lightning_grpo
 
 SKIP = {"lightning_grpo.__main__", "lightning_grpo.cli", "lightning_grpo.demo"}  # entry points: tested by tests/cli
 MODULES = sorted(
-    info.name
-    for info in pkgutil.walk_packages(lightning_grpo.__path__, "lightning_grpo.")
-    if info.name not in SKIP
+    info.name for info in pkgutil.walk_packages(lightning_grpo.__path__, "lightning_grpo.") if info.name not in SKIP
 )
 
 
