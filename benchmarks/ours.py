@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from benchmarks.workload import Workload, fraction_of_sevens, make_prompts
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig, Rollout
 from lightning_grpo.policy import reference_mode
 from lightning_grpo.rewards import RewardScores
-from lightning_grpo.rollout import SamplingSettings, TokenLogProbs, completion_logprobs, generate_rollout
+from lightning_grpo.rollout import SamplingSettings, TokenLogProbs, completion_logprobs
 from lightning_grpo.update import UpdateBatch
 
 __all__ = ["BenchModule", "StepRecorder", "run_ours"]
@@ -30,9 +31,9 @@ PHASES = ("generate", "score", "old_logprobs", "reference", "update")
 class BenchModule(GRPOModule):
     """``GRPOModule`` with the benchmark's extra settings and per-phase CPU-time accounting.
 
-    :meth:`generate` and :meth:`compute_logprobs` are overridden only to pass settings ``GRPOConfig`` does not expose
-    yet (:class:`SamplingSettings` fields such as ``min_new_tokens``; the keyword switches of
-    :func:`completion_logprobs`); :meth:`score` and :meth:`update_policy` only add CPU-time accounting.
+    :meth:`sampling_settings` and :meth:`compute_logprobs` are overridden only to pass settings ``GRPOConfig`` does
+    not expose (``min_new_tokens``; separate log-prob switches); :meth:`generate`, :meth:`score` and
+    :meth:`update_policy` only add CPU-time accounting.
     """
 
     def __init__(self, *args: Any, sampling: Mapping[str, Any], logprob_options: Mapping[str, Any], **kwargs: Any):
@@ -61,6 +62,13 @@ class BenchModule(GRPOModule):
                 **self.logprob_options,
             )  # fmt: skip
 
+    def sampling_settings(
+        self, *, num_generations: int | None = None, temperature: float | None = None
+    ) -> SamplingSettings:
+        """As :meth:`GRPOModule.sampling_settings`, with the workload's extra switches (e.g. ``min_new_tokens``)."""
+        settings = super().sampling_settings(num_generations=num_generations, temperature=temperature)
+        return replace(settings, **self.extra_sampling)
+
     def generate(
         self,
         batch: Mapping[str, Sequence[Any]],
@@ -68,16 +76,9 @@ class BenchModule(GRPOModule):
         num_generations: int | None = None,
         temperature: float | None = None,
     ) -> Rollout:
-        """As :meth:`GRPOModule.generate`, with the extra sampling settings."""
-        settings = SamplingSettings(
-            num_generations=num_generations or self.config.num_generations,
-            temperature=temperature or self.config.temperature,
-            synced_gpus=self._synced_gpus(),
-            **{**self.config.sampling_kwargs, **self.extra_sampling},  # the workload's switches win
-        )
-        prompts, limit = list(batch["prompt"]), self.config.max_prompt_length
+        """As :meth:`GRPOModule.generate` (CPU time recorded)."""
         with self._cpu("generate"):
-            return generate_rollout(self.policy, self.tokenizer, prompts, settings, max_prompt_length=limit)
+            return super().generate(batch, num_generations=num_generations, temperature=temperature)
 
     def score(self, rollout: Rollout) -> RewardScores:
         """As :meth:`GRPOModule.score` (CPU time recorded)."""

@@ -136,17 +136,23 @@ class GRPOModule(LightningModule):
         """Step 1: sample G completions per prompt of ``batch["prompt"]``; other batch keys become row columns."""
         if "prompt" not in batch:
             raise KeyError(f"a batch must have a 'prompt' key (list of strings); got keys {sorted(batch)}")
-        settings = SamplingSettings(
-            num_generations=num_generations or self.config.num_generations,
-            temperature=temperature or self.config.temperature,
-            synced_gpus=self._synced_gpus(),
-            **self.config.sampling_kwargs,
-        )
+        settings = self.sampling_settings(num_generations=num_generations, temperature=temperature)
         columns = {key: list(values) for key, values in batch.items() if key != "prompt"}
         return generate_rollout(
             self.policy, self.tokenizer, list(batch["prompt"]), settings,
             max_prompt_length=self.config.max_prompt_length, columns=columns,
         )  # fmt: skip
+
+    def sampling_settings(
+        self, *, num_generations: int | None = None, temperature: float | None = None
+    ) -> SamplingSettings:
+        """The sampling settings of :meth:`generate`, from :attr:`config` (``None`` arguments take its values)."""
+        return SamplingSettings(
+            num_generations=num_generations or self.config.num_generations,
+            temperature=temperature or self.config.temperature,
+            synced_gpus=self._synced_gpus(),
+            **self.config.sampling_kwargs,
+        )
 
     def score(self, rollout: Rollout) -> RewardScores:
         """Step 2: every reward function, weighted; ``NaN`` where every function returned ``None``."""
