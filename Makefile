@@ -30,7 +30,7 @@ test: lint docs
 
 demo: install
 	@$(PIP) install -q -e ".[plot]"
-	$(PYTHON) -m lightning_grpo.demo
+	$(PYTHON) -m lightning_grpo demo
 
 bench: install
 	@$(PIP) install -q -e ".[bench]"

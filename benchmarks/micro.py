@@ -51,7 +51,7 @@ def logits_to_keep(directory: Path) -> None:
 
 def fused_head(directory: Path) -> None:
     """The fused head at the issue's shape (152k vocabulary, 1,024 tokens, width 896) and the test's scaled shape."""
-    from lightning_grpo.rollout.logprobs import FusedHeadLogProbs
+    from lightning_grpo.algorithms import FusedHeadLogProbs
 
     shapes = [(151_936, 896, 1, 1024, torch.float32), (151_936, 896, 1, 1024, torch.bfloat16)]
     shapes.append((151_936 // 16, 448, 8, 256, torch.float32))

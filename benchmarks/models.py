@@ -21,7 +21,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from lightning_grpo.tiny import build_tiny_model, build_tiny_tokenizer
+from lightning_grpo.testing import build_tiny_model, build_tiny_tokenizer
 
 __all__ = [
     "PRESETS",

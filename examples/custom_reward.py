@@ -23,6 +23,7 @@ from lightning.pytorch.loggers import CSVLogger
 
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig, PromptDataModule
 from lightning_grpo.callbacks import CompletionStats, GroupRewardStats
+from lightning_grpo.testing import TinyModel, TinyTokenizer, make_task
 
 _SUM = re.compile(r"(\d+)\+(\d+)=")
 
@@ -50,9 +51,11 @@ def concise(
 
 def build(options: argparse.Namespace) -> tuple[GRPOModule, PromptDataModule, Trainer]:
     """The module (two weighted reward functions), the data module and the trainer."""
+    model, tokenizer = (options.model, None) if options.model else (TinyModel("addition"), TinyTokenizer())
     module = GRPOModule(
-        options.model,
+        model,
         [sum_from_prompt, concise],
+        tokenizer=tokenizer,
         reward_weights=[1.0, 0.1],
         policy=PolicyConfig(lora_r=8, lora_alpha=16, dtype=options.dtype),
         grpo=GRPOConfig(num_generations=options.num_generations, max_new_tokens=options.max_new_tokens,
@@ -60,7 +63,9 @@ def build(options: argparse.Namespace) -> tuple[GRPOModule, PromptDataModule, Tr
         optimizer=lambda params: torch.optim.AdamW(params, lr=options.lr, weight_decay=0.0),
         seed=options.seed,
     )  # fmt: skip
-    data = PromptDataModule(options.train_data, batch_size=options.batch_size, seed=options.seed)
+    data = PromptDataModule(
+        options.train_data or make_task("addition"), batch_size=options.batch_size, seed=options.seed
+    )
     trainer = Trainer(
         accelerator=options.accelerator,
         devices=1,
@@ -77,8 +82,8 @@ def build(options: argparse.Namespace) -> tuple[GRPOModule, PromptDataModule, Tr
 def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Command-line flags; the defaults train the tiny model on CPU."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="tiny:addition", help="HF id, local path or tiny:<task>")
-    parser.add_argument("--train-data", default="builtin:addition", help="JSONL/JSON path, hf:<name>, builtin:<task>")
+    parser.add_argument("--model", default=None, help="HF id or local path (default: the tiny model)")
+    parser.add_argument("--train-data", default=None, help="JSONL/JSON path or hf:<name> (default: tiny sums)")
     parser.add_argument("--max-steps", type=int, default=200, help="GRPO iterations")
     parser.add_argument("--num-generations", type=int, default=8, help="G, samples per prompt")
     parser.add_argument("--batch-size", type=int, default=8, help="prompts per iteration")

@@ -97,8 +97,8 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Command-line flags; the defaults are the GPU recipe."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add = parser.add_argument
-    add("--model", default="Qwen/Qwen2.5-0.5B-Instruct", help="HF id, local path (or tiny:<task> for tests)")
-    add("--train-data", default="hf:openai/gsm8k", help="hf:<name>, a JSONL/JSON path or builtin:<task>")
+    add("--model", default="Qwen/Qwen2.5-0.5B-Instruct", help="HF id or local path")
+    add("--train-data", default="hf:openai/gsm8k", help="hf:<name> or a JSONL/JSON path")
     add("--val-data", default="hf:openai/gsm8k@test", help="validation prompts; 'none' for no validation")
     add("--hf-config", default="main", help="configuration of an hf: dataset")
     add("--prompt-field", default="question")

@@ -12,7 +12,11 @@ From a YAML config (run from the repository root, so that ``examples`` is import
 
     model:
       class_path: examples.subclass_step.LengthPenaltyGRPO
-      init_args: {length_penalty: 0.2, model: tiny:addition, reward_funcs: [lightning_grpo.rewards.math_answer]}
+      init_args:
+        length_penalty: 0.2
+        model: {class_path: lightning_grpo.testing.TinyModel, init_args: {task: addition}}
+        tokenizer: {class_path: lightning_grpo.testing.TinyTokenizer}
+        reward_funcs: [lightning_grpo.rewards.math_answer]
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from torch import Tensor
 
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig, PromptDataModule, Rollout
 from lightning_grpo.rewards import math_answer
+from lightning_grpo.testing import TinyModel, TinyTokenizer, make_task
 
 
 class LengthPenaltyGRPO(GRPOModule):
@@ -56,8 +61,8 @@ class LengthPenaltyGRPO(GRPOModule):
 def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Command-line flags; the defaults train the tiny model on CPU."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="tiny:addition", help="HF id, local path or tiny:<task>")
-    parser.add_argument("--train-data", default="builtin:addition", help="JSONL/JSON path, hf:<name>, builtin:<task>")
+    parser.add_argument("--model", default=None, help="HF id or local path (default: the tiny model)")
+    parser.add_argument("--train-data", default=None, help="JSONL/JSON path or hf:<name> (default: tiny sums)")
     parser.add_argument("--length-penalty", type=float, default=0.1)
     parser.add_argument("--max-steps", type=int, default=100, help="GRPO iterations")
     parser.add_argument("--num-generations", type=int, default=8)
@@ -74,9 +79,11 @@ def main(argv: Sequence[str] | None = None) -> LengthPenaltyGRPO:
     """Train the subclass; returns the trained module."""
     options = parse(argv)
     torch.set_num_threads(options.num_threads)
+    model, tokenizer = (options.model, None) if options.model else (TinyModel("addition"), TinyTokenizer())
     module = LengthPenaltyGRPO(
-        options.model,
+        model,
         [math_answer],
+        tokenizer=tokenizer,
         length_penalty=options.length_penalty,
         policy=PolicyConfig(lora_r=8, lora_alpha=16),
         grpo=GRPOConfig(num_generations=options.num_generations, max_new_tokens=options.max_new_tokens,
@@ -91,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> LengthPenaltyGRPO:
         enable_checkpointing=False,
         enable_progress_bar=options.progress_bar,
     )
-    trainer.fit(module, PromptDataModule(options.train_data, batch_size=options.batch_size))
+    trainer.fit(module, PromptDataModule(options.train_data or make_task("addition"), batch_size=options.batch_size))
     metrics = {k: f"{float(v):.3f}" for k, v in trainer.callback_metrics.items() if "length" in k or "reward" in k}
     print(f"last iteration: {metrics}")
     return module

@@ -40,6 +40,8 @@ from jsonargparse import Namespace
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+from lightning_grpo.checkpoint import CheckpointMismatchError, UnreadableCheckpointError
+from lightning_grpo.hub import ModelLoadError
 from lightning_grpo.module import GRPOModule
 
 __all__ = ["GRPOCLI", "main", "parse_config"]
@@ -51,6 +53,8 @@ _DESCRIPTION = (
     "for GRPOConfig's or PolicyConfig's fields)."
 )
 _SUBCOMMANDS = ("fit", "validate", "test", "predict")
+#: Errors whose message is the whole story: printed in one line, without a traceback (docs/troubleshooting.md).
+_USER_ERRORS = (ModelLoadError, UnreadableCheckpointError, CheckpointMismatchError)
 _NO_CONFIG = (
     "lightning-grpo {subcommand}: no model given. Pass a config, e.g.\n"
     "  lightning-grpo {subcommand} --config configs/debug/tiny.yaml\n"
@@ -89,6 +93,9 @@ class GRPOCLI(LightningCLI):
             "subclass_mode_model": True,
             "subclass_mode_data": True,
             "auto_configure_optimizers": False,
+            # without a logger the config goes to default_root_dir: a rerun replaces it (with a logger, each run has
+            # its own version_N folder); docs/troubleshooting.md
+            "save_config_kwargs": {"overwrite": True},
         }
         parser_kwargs = {"description": _DESCRIPTION, "allow_abbrev": False, **kwargs.pop("parser_kwargs", {})}
         super().__init__(**{**options, **kwargs}, parser_kwargs=parser_kwargs, args=args, run=run)
@@ -101,6 +108,26 @@ class GRPOCLI(LightningCLI):
             default=None,
             help="CPU threads for PyTorch (torch.set_num_threads); null keeps PyTorch's default.",
         )
+
+    def _parse_ckpt_path(self) -> None:
+        """Keep the config as given when resuming: LightningCLI would re-read the checkpoint's hyperparameters here.
+
+        LightningCLI replaces the model's config by the hyperparameters saved in the checkpoint (which do not hold
+        ``reward_funcs`` or the optimizer, so that fails), silently dropping settings changed on the command line.
+        Here the config is the one given; the module compares it with the checkpoint when it is restored: a changed
+        algorithm setting or learning rate takes effect, a different base model or LoRA shape is refused
+        (docs/distributed.md, resuming).
+        """
+
+    def instantiate_classes(self) -> None:
+        """Instantiate as LightningCLI does; a model that cannot be loaded is reported in one line, not as a union."""
+        try:
+            super().instantiate_classes()
+        except Exception as error:
+            cause = _root_cause(error, (ModelLoadError,))
+            if cause is None:
+                raise
+            raise cause from None
 
     def before_instantiate_classes(self) -> None:
         """Apply ``torch_num_threads`` before the model is built."""
@@ -149,7 +176,7 @@ def parse_config(args: Sequence[str]) -> Namespace:
 
 
 def main(args: Sequence[str] | None = None) -> None:
-    """Entry point of ``lightning-grpo`` and ``python -m lightning_grpo``.
+    """Entry point of ``lightning-grpo`` and ``python -m lightning_grpo``; ``demo`` as first argument runs the demo.
 
     Args:
         args: Arguments instead of ``sys.argv[1:]``.
@@ -159,11 +186,31 @@ def main(args: Sequence[str] | None = None) -> None:
             that do not parse.
     """
     argv = list(sys.argv[1:] if args is None else args)
+    prog = "python -m lightning_grpo" if Path(sys.argv[0]).name == "__main__.py" else "lightning-grpo"
+    if argv[:1] == ["demo"]:  # the offline demo lives with the test fixtures, imported only when asked for
+        from lightning_grpo.testing.demo import main as demo
+
+        demo(argv[1:], prog=f"{prog} demo")
+        return
     if argv and argv[0] in _SUBCOMMANDS and not any(_names_a_model(arg) for arg in argv[1:]):
         print(_NO_CONFIG.format(subcommand=argv[0]), file=sys.stderr)
         sys.exit(2)  # the exit status of a usage error, as the parser's own
-    prog = "python -m lightning_grpo" if Path(sys.argv[0]).name == "__main__.py" else "lightning-grpo"
-    GRPOCLI(args=None if args is None else argv, parser_kwargs={"prog": prog})
+    try:
+        GRPOCLI(args=None if args is None else argv, parser_kwargs={"prog": prog})
+    except _USER_ERRORS as error:  # the message says what to do; the traceback would only bury it
+        print(f"{prog}: error: {error}", file=sys.stderr)
+        sys.exit(1)
+
+
+def _root_cause(error: BaseException, kinds: tuple[type[BaseException], ...]) -> BaseException | None:
+    """The first exception of one of ``kinds`` in the chain of ``error`` (its causes and contexts)."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, kinds):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def _names_a_model(arg: str) -> bool:

@@ -5,18 +5,43 @@ Names follow verl and TRL where they agree; ``docs/coming-from.md`` maps the res
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 from lightning_grpo.algorithms import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES
 from lightning_grpo.algorithms.advantages import AdvantageEstimator, AdvantageScale
 from lightning_grpo.algorithms.aggregation import LossAggMode
 from lightning_grpo.algorithms.kl import KLEstimator
-from lightning_grpo.algorithms.policy_losses import PolicyLossKind
+from lightning_grpo.algorithms.policy_losses import PolicyLossKind, check_clip_args
+from lightning_grpo.rollout.generation import SAMPLERS, Sampler
+from lightning_grpo.validation import check_number
 
 __all__ = ["GRPOConfig"]
 
 _GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_pp_baseline")
+_INT: dict[str, Any] = {"integer": True, "minimum": 1}  # a count or size: an int >= 1
+_OPTIONAL_INT: dict[str, Any] = {**_INT, "allow_none": True}
+#: Every numeric setting and its allowed range (``check_number``'s arguments); a new numeric field adds a line here.
+_NUMBER_RULES: dict[str, dict[str, Any]] = {
+    "num_generations": _INT,
+    "max_prompt_length": _INT,
+    "max_new_tokens": _INT,
+    "temperature": {"minimum": 0.0, "exclusive_minimum": True},
+    "top_p": {"minimum": 0.0, "maximum": 1.0, "exclusive_minimum": True},
+    "top_k": {"integer": True, "minimum": 0},
+    "ppo_epochs": _INT,
+    "mini_batch_size": _OPTIONAL_INT,
+    "micro_batch_size": _OPTIONAL_INT,
+    "kl_coef": {"minimum": 0.0},
+    "loss_agg_norm": _OPTIONAL_INT,
+    "advantage_eps": {"minimum": 0.0},
+    "entropy_coef": {"minimum": 0.0},
+    "max_grad_norm": {"minimum": 0.0, "exclusive_minimum": True, "allow_none": True},
+    "logprob_chunk_size": _INT,
+    "val_num_generations": _INT,
+    "val_temperature": {"minimum": 0.0, "exclusive_minimum": True, "allow_none": True},
+    "val_success_threshold": {},
+}
 
 
 @dataclass
@@ -66,6 +91,11 @@ class GRPOConfig:
             reward is at least this; 1.0 suits 0/1 rewards.
         fsdp_gather_for_generation: Under FSDP2, all-gather the weights once per sampling call and keep them
             gathered while sampling (fast; needs memory for one full copy) instead of once per decoding step.
+        max_turns: Most policy turns of a conversational trajectory with tools or an environment (``docs/agents.md``);
+            ``max_new_tokens`` is the token budget of the whole trajectory. A trajectory cut by either is truncated.
+        tool_timeout: Seconds a tool call may run; a call past it becomes an error message the model sees.
+        env_reward: How per-turn environment rewards become the ``env_reward`` keyword of reward functions:
+            ``"sum"`` or ``"last"``.
     """
 
     num_generations: int = 8
@@ -95,18 +125,22 @@ class GRPOConfig:
     logprob_chunk_size: int = 1024
     share_prompt: bool = True
     fused_head: bool = True
-    sampler: Literal["multinomial", "inverse_cdf"] = "multinomial"
+    sampler: Sampler = "multinomial"
     drop_finished: bool = False
     static_cache: bool = False
     val_num_generations: int = 1
     val_temperature: float | None = None
     val_success_threshold: float = 1.0
     fsdp_gather_for_generation: bool = True
+    max_turns: int = 4
+    tool_timeout: float = 10.0
+    env_reward: Literal["sum", "last"] = "sum"
 
     def __post_init__(self) -> None:
         self._check_names()
         self._check_ranges()
         self._check_batches()
+        self._check_agent()
 
     def _check_names(self) -> None:
         for setting, valid in (
@@ -115,46 +149,35 @@ class GRPOConfig:
             ("loss_agg_mode", LOSS_AGG_MODES),
             ("advantage_estimator", ADVANTAGE_ESTIMATORS),
             ("advantage_scale", ("group", "batch", "none")),
-            ("sampler", ("multinomial", "inverse_cdf")),
+            ("sampler", SAMPLERS),
         ):
             if getattr(self, setting) not in valid:
                 options = ", ".join(repr(v) for v in valid)
                 raise ValueError(f"{setting}={getattr(self, setting)!r} is not valid; choose one of {options}")
 
     def _check_ranges(self) -> None:
-        positive = ("max_prompt_length", "max_new_tokens", "ppo_epochs", "logprob_chunk_size", "val_num_generations")
-        for setting in positive:
-            if getattr(self, setting) < 1:
-                raise ValueError(f"{setting} must be >= 1, got {getattr(self, setting)}")
+        for setting, bounds in _NUMBER_RULES.items():
+            check_number(setting, getattr(self, setting), **bounds)
+        for field in fields(self):
+            value = getattr(self, field.name)
+            if isinstance(field.default, bool) and not isinstance(value, bool):
+                raise TypeError(f"{field.name} must be true or false, got {value!r} ({type(value).__name__})")
         if self.advantage_estimator in _GROUP_ESTIMATORS and self.num_generations < 2:
             raise ValueError(
                 f"num_generations={self.num_generations}: the group estimator {self.advantage_estimator!r} needs "
                 "num_generations >= 2 (a group of one has no baseline)"
             )
-        if self.temperature <= 0 or (self.val_temperature is not None and self.val_temperature <= 0):
-            raise ValueError(
-                f"temperature and val_temperature must be > 0; got {self.temperature}, {self.val_temperature}"
-            )
-        if not 0.0 < self.top_p <= 1.0 or self.top_k < 0:
-            raise ValueError(f"top_p must be in (0, 1] and top_k >= 0; got top_p={self.top_p}, top_k={self.top_k}")
-        if not 0.0 <= self.clip_low < 1.0 or self.clip_high < 0.0:
-            raise ValueError(f"need 0 <= clip_low < 1 and clip_high >= 0; got {self.clip_low}, {self.clip_high}")
-        if self.dual_clip is not None and self.dual_clip <= 1.0:
-            raise ValueError(f"dual_clip must be > 1 or None, got {self.dual_clip}")
-        if self.delta is not None and self.delta <= 1.0 + self.clip_high:
-            raise ValueError(f"delta must be > 1 + clip_high = {1 + self.clip_high} or None, got {self.delta}")
-        if self.kl_coef < 0 or self.entropy_coef < 0 or self.advantage_eps < 0:
-            raise ValueError("kl_coef, entropy_coef and advantage_eps must be >= 0")
-        if self.max_grad_norm is not None and self.max_grad_norm <= 0:
-            raise ValueError(f"max_grad_norm must be > 0 or None, got {self.max_grad_norm}")
-        if self.loss_agg_norm is not None and self.loss_agg_norm < 1:
-            raise ValueError(f"loss_agg_norm must be >= 1 or None, got {self.loss_agg_norm}")
+        check_clip_args(self.clip_low, self.clip_high, self.dual_clip, self.delta)  # the loss checks the same
+
+    def _check_agent(self) -> None:
+        if isinstance(self.max_turns, bool) or not isinstance(self.max_turns, int) or self.max_turns < 1:
+            raise ValueError(f"max_turns must be an integer >= 1, got {self.max_turns!r}")
+        if not isinstance(self.tool_timeout, int | float) or not 0 < self.tool_timeout < float("inf"):
+            raise ValueError(f"tool_timeout must be a finite number of seconds > 0, got {self.tool_timeout!r}")
+        if self.env_reward not in ("sum", "last"):
+            raise ValueError(f"env_reward={self.env_reward!r} is not valid; choose one of 'sum', 'last'")
 
     def _check_batches(self) -> None:
-        for setting in ("mini_batch_size", "micro_batch_size"):
-            value = getattr(self, setting)
-            if value is not None and value < 1:
-                raise ValueError(f"{setting} must be >= 1 or None, got {value}")
         mini, micro = self.mini_batch_size, self.micro_batch_size
         if mini is not None and micro is not None and mini % micro:
             raise ValueError(f"mini_batch_size={mini} must be a multiple of micro_batch_size={micro}")

@@ -19,11 +19,16 @@ from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from lightning_grpo import distributed
+from lightning_grpo.agents import EnvironmentFactory, ToolCallParser
 from lightning_grpo.algorithms import aggregate_loss, compute_advantages, kl_penalty, policy_loss
+from lightning_grpo.checkpoint import CHECKPOINT_KEY, describe_policy, install_checked_io
 from lightning_grpo.config import GRPOConfig
 from lightning_grpo.policy import PolicyConfig, export_adapter, load_policy, load_tokenizer, reference_mode
+from lightning_grpo.quantization import check_shardable
+from lightning_grpo.resume import check_resume, settings_of
 from lightning_grpo.rewards import RewardFunctions, RewardScores
-from lightning_grpo.rollout import Rollout, SamplingSettings, TokenLogProbs, completion_logprobs, generate_rollout
+from lightning_grpo.rollout import Rollout, SamplingSettings, TokenLogProbs, completion_logprobs
+from lightning_grpo.rollout.multi_turn import AgentSettings, sample_rollout
 from lightning_grpo.timing import PhaseTimer
 from lightning_grpo.update import LossCounts, MetricSums, UpdateBatch, minibatch_indices
 
@@ -59,6 +64,10 @@ class GRPOModule(LightningModule):
         optimizer: Builds the optimizer from the adapter parameters; default ``AdamW(lr=1e-5)``.
         lr_scheduler: Builds a scheduler from the optimizer; stepped once per ``training_step`` (one GRPO iteration).
         seed: Seeds sampling and mini-batch shuffling per step, so runs and resumed runs are reproducible.
+        tools: Python functions the policy may call (type hints and a Google docstring each); needs conversational
+            prompts and a chat template that renders tools (``docs/agents.md``).
+        environment_factory: Makes one environment per sample from its dataset row, for multi-turn tasks.
+        tool_parser: Reads tool calls from the policy's turns; defaults to the ``<tool_call>{json}</tool_call>`` form.
 
     Example::
 
@@ -82,6 +91,9 @@ class GRPOModule(LightningModule):
         optimizer: OptimizerCallable | None = None,
         lr_scheduler: LRSchedulerCallable | None = None,
         seed: int = 0,
+        tools: Sequence[Callable[..., Any]] | None = None,
+        environment_factory: EnvironmentFactory | None = None,
+        tool_parser: ToolCallParser | None = None,
     ) -> None:
         super().__init__()
         self.automatic_optimization = False
@@ -94,6 +106,12 @@ class GRPOModule(LightningModule):
         name = model if isinstance(model, str | Path) else None
         self.tokenizer = load_tokenizer(tokenizer, name, trust_remote_code=self.policy_config.trust_remote_code)
         self.policy = load_policy(model, self.policy_config, seed=seed).train()
+        self._trained_on = describe_policy(self.policy, self.tokenizer, model)  # checked on resume
+        cfg = self.config
+        self.agent = AgentSettings.build(
+            self.tokenizer, tools=tools, tool_parser=tool_parser, environment_factory=environment_factory,
+            max_turns=cfg.max_turns, tool_timeout=cfg.tool_timeout, env_reward=cfg.env_reward,
+        )  # fmt: skip
         self.optimizer_factory, self.scheduler_factory, self.seed = optimizer, lr_scheduler, seed
         self.timer = PhaseTimer()
         # Plain values only, so checkpoints load with ``torch.load(weights_only=True)``.
@@ -133,14 +151,18 @@ class GRPOModule(LightningModule):
         num_generations: int | None = None,
         temperature: float | None = None,
     ) -> Rollout:
-        """Step 1: sample G completions per prompt of ``batch["prompt"]``; other batch keys become row columns."""
+        """Step 1: sample G completions (trajectories, with tools or an environment) per prompt of ``batch["prompt"]``.
+
+        Prompts are strings or lists of chat messages; other batch keys become row columns.
+        """
         if "prompt" not in batch:
-            raise KeyError(f"a batch must have a 'prompt' key (list of strings); got keys {sorted(batch)}")
+            raise KeyError(f"a batch must have a 'prompt' key (strings or chat messages); got keys {sorted(batch)}")
         settings = self.sampling_settings(num_generations=num_generations, temperature=temperature)
         columns = {key: list(values) for key, values in batch.items() if key != "prompt"}
-        return generate_rollout(
-            self.policy, self.tokenizer, list(batch["prompt"]), settings,
-            max_prompt_length=self.config.max_prompt_length, columns=columns,
+        sync = self._any_rank_active if settings.synced_gpus else None
+        return sample_rollout(
+            self.policy, self.tokenizer, list(batch["prompt"]), settings, self.agent,
+            max_prompt_length=self.config.max_prompt_length, columns=columns, any_rank_active=sync,
         )  # fmt: skip
 
     def sampling_settings(
@@ -170,7 +192,7 @@ class GRPOModule(LightningModule):
             estimator=self.config.advantage_estimator,
             scale=self.config.advantage_scale,
             eps=self.config.advantage_eps,
-            completion_mask=rollout.completion_mask,
+            completion_mask=rollout.sampled_mask,  # token-level estimators whiten over the policy's tokens
             sum_across_ranks=self._sum_across_ranks,
         )
 
@@ -178,7 +200,7 @@ class GRPOModule(LightningModule):
         """Step 4: the loss mask, old log-probs (only if the rollout serves several updates), reference log-probs."""
         cfg = self.config
         self.config.check_rollout_size(len(rollout))
-        loss_mask = rollout.completion_mask
+        loss_mask = rollout.sampled_mask  # tool and environment tokens are context: no loss, KL, entropy or count
         if cfg.mask_truncated_completions:
             loss_mask = loss_mask * (~rollout.truncated)[:, None]
         updates = cfg.ppo_epochs * len(rollout) // (cfg.mini_batch_size or len(rollout))
@@ -301,6 +323,9 @@ class GRPOModule(LightningModule):
     def setup(self, stage: str) -> None:
         """Refuse strategies GRPO cannot run, e.g. FSDP1 (``strategy: fsdp``): see :mod:`lightning_grpo.distributed`."""
         distributed.check_strategy(self.trainer.strategy)
+        if distributed.is_fsdp2(self.trainer.strategy):
+            check_shardable(self.policy)  # a bitsandbytes base cannot be sharded: use DDP (docs/quantization.md)
+        install_checked_io(self.trainer.strategy)  # an unreadable checkpoint file gets an error naming it
 
     def configure_model(self) -> None:
         """Under FSDP2 (``ModelParallelStrategy``) only: shard each decoder layer, then the HF model under PeftModel."""
@@ -320,20 +345,32 @@ class GRPOModule(LightningModule):
 
     def configure_optimizers(self) -> Any:
         """AdamW (or the injected optimizer) over adapter parameters only, with the optional scheduler."""
-        params = [p for p in self.policy.parameters() if p.requires_grad]
-        optimizer = self.optimizer_factory(params) if self.optimizer_factory else torch.optim.AdamW(params, lr=1e-5)
-        if self.scheduler_factory is None:
+        optimizer, scheduler = self._build_optimizer()
+        self._optimizer_settings = settings_of(optimizer, scheduler)  # saved in checkpoints, compared on resume
+        if scheduler is None:
             return optimizer
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": self.scheduler_factory(optimizer)}}
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler}}
 
     def on_fit_start(self) -> None:
         """Time phases on the device the module runs on."""
         self.timer.device = self.device
 
+    def on_train_start(self) -> None:
+        """Check the batch sizes against the data's before the first rollout is sampled."""
+        batch_size = getattr(self.trainer.train_dataloader, "batch_size", None)
+        if isinstance(batch_size, int):
+            self.config.check_rollout_size(batch_size * self.config.num_generations)
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Keep only the adapter weights in the checkpoint; the base model is loaded from its source."""
+        """Keep only the adapter weights in the checkpoint; record what it was trained on (docs/distributed.md)."""
         trainable = {name for name, param in self.named_parameters() if param.requires_grad}
         checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}
+        settings = getattr(self, "_optimizer_settings", None)  # set by configure_optimizers
+        checkpoint[CHECKPOINT_KEY] = {"policy": self._trained_on, "optimizer": settings}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Refuse a checkpoint of another policy; changed settings take effect (docs/distributed.md, resuming)."""
+        check_resume(self, checkpoint, self._trained_on, self._build_optimizer)
 
     def export_adapter(self, path: str | Path) -> Path:
         """Write the adapter in PEFT format, loadable with ``PeftModel.from_pretrained(base, path)`` (and vLLM).
@@ -345,6 +382,12 @@ class GRPOModule(LightningModule):
         return export_adapter(self.policy, path)
 
     # ---------------------------------------------------------------- helpers
+
+    def _build_optimizer(self) -> tuple[torch.optim.Optimizer, Any]:
+        """A new optimizer over the adapter's parameters and its scheduler (``None`` without ``lr_scheduler``)."""
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        optimizer = self.optimizer_factory(params) if self.optimizer_factory else torch.optim.AdamW(params, lr=1e-5)
+        return optimizer, None if self.scheduler_factory is None else self.scheduler_factory(optimizer)
 
     def _fixed_logprobs(self, rollout: Rollout, *, reference: bool) -> Tensor:
         """Log-probs without gradient, in eval mode, micro-batch by micro-batch."""
@@ -360,6 +403,10 @@ class GRPOModule(LightningModule):
         if self._trainer is None or self.trainer.world_size == 1:
             return tensor
         return self.trainer.strategy.reduce(tensor, reduce_op="sum")
+
+    def _any_rank_active(self, active: bool) -> bool:
+        """Whether any rank still samples (a collective: every rank calls it once per turn)."""
+        return bool(self._sum_across_ranks(torch.tensor(float(active), device=self.device)) > 0)
 
     def _synced_gpus(self) -> bool:
         """FSDP shards parameters: every rank must keep stepping until all ranks finish sampling."""

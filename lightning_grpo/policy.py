@@ -17,7 +17,15 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from lightning_grpo.tiny import build_tiny_tokenizer, is_tiny_name, load_tiny_model
+from lightning_grpo.hub import from_pretrained
+from lightning_grpo.quantization import (
+    Quantization,
+    bnb_config,
+    check_quantization,
+    load_quantized,
+    same_kernels_in_both_modes,
+)
+from lightning_grpo.validation import check_number
 
 __all__ = ["PolicyConfig", "export_adapter", "load_policy", "load_tokenizer", "reference_mode", "trainable_names"]
 
@@ -41,6 +49,13 @@ class PolicyConfig:
             ``"flash_attention_2"``); ``None`` lets transformers choose.
         gradient_checkpointing: Recompute activations in the update pass (non-reentrant); never active while sampling.
         trust_remote_code: Allow model code from the hub.
+        quantization: Quantize the base model's linear layers with bitsandbytes (QLoRA; needs the ``quant`` extra):
+            ``"nf4"`` or ``"fp4"`` (4-bit), ``"int8"`` (LLM.int8), or ``None``. Embeddings, norms and the output head
+            keep ``dtype``; the adapter is trained on top. See ``docs/quantization.md``.
+        double_quantization: 4-bit only: quantize the per-block scales too (about 0.4 bits less per weight).
+        compute_dtype: 4-bit only: dtype the quantized layers multiply in; ``"auto"`` uses ``dtype``'s.
+        adapter_dtype: Dtype of the LoRA weights (and so of their optimizer state): ``"float32"`` (recommended),
+            ``"bfloat16"`` or ``"float16"``.
     """
 
     lora_r: int = 16
@@ -51,22 +66,36 @@ class PolicyConfig:
     attn_implementation: str | None = None
     gradient_checkpointing: bool = False
     trust_remote_code: bool = False
+    quantization: Quantization | None = None
+    double_quantization: bool = True
+    compute_dtype: DType = "auto"
+    adapter_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
 
     def __post_init__(self) -> None:
-        if self.lora_r < 1:
-            raise ValueError(f"policy.lora_r must be >= 1, got {self.lora_r}")
-        if self.lora_alpha <= 0:
-            raise ValueError(f"policy.lora_alpha must be > 0, got {self.lora_alpha}")
-        if not 0.0 <= self.lora_dropout < 1.0:
-            raise ValueError(f"policy.lora_dropout must be in [0, 1), got {self.lora_dropout}")
+        check_number("policy.lora_r", self.lora_r, integer=True, minimum=1)
+        check_number("policy.lora_alpha", self.lora_alpha, minimum=0, exclusive_minimum=True)
+        check_number("policy.lora_dropout", self.lora_dropout, minimum=0.0, maximum=1.0, exclusive_maximum=True)
+        for name in ("gradient_checkpointing", "trust_remote_code", "double_quantization"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"policy.{name} must be true or false, got {getattr(self, name)!r}")
         if self.dtype not in (*_DTYPES, "auto"):
             raise ValueError(f"policy.dtype must be one of 'auto', {', '.join(map(repr, _DTYPES))}; got {self.dtype!r}")
+        for name, allowed in (("compute_dtype", (*_DTYPES, "auto")), ("adapter_dtype", tuple(_DTYPES))):
+            if getattr(self, name) not in allowed:
+                raise ValueError(
+                    f"policy.{name} must be one of {', '.join(map(repr, allowed))}; got {getattr(self, name)!r}"
+                )
+        check_quantization(self.quantization, self.dtype)
 
     def torch_dtype(self) -> torch.dtype:
         """The dtype ``"auto"`` resolves to on this machine."""
         if self.dtype != "auto":
             return _DTYPES[self.dtype]
-        return torch.bfloat16 if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else torch.float32
+        if not torch.cuda.is_available():
+            return torch.float32
+        if torch.cuda.is_bf16_supported():
+            return torch.bfloat16
+        return torch.float16 if self.quantization == "int8" else torch.float32  # LLM.int8 multiplies in float16
 
 
 def load_tokenizer(
@@ -76,11 +105,10 @@ def load_tokenizer(
     if tokenizer is None and model_name is None:
         raise ValueError("pass tokenizer= when the model is given as an object rather than a name or path")
     if tokenizer is None or isinstance(tokenizer, str):
-        name = tokenizer or model_name
-        if is_tiny_name(name):  # "tiny:<task>": the character-level tokenizer built in code (lightning_grpo.tiny)
-            tokenizer = build_tiny_tokenizer()
-        else:
-            tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
+        what = "tokenizer" if tokenizer else "model"  # a missing model is reported when its tokenizer is loaded
+        tokenizer = from_pretrained(
+            AutoTokenizer.from_pretrained, tokenizer or model_name, what, trust_remote_code=trust_remote_code
+        )
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
             raise ValueError("the tokenizer has neither a pad token nor an EOS token; set tokenizer.pad_token")
@@ -90,8 +118,8 @@ def load_tokenizer(
 
 
 def _load_base(model: str | PreTrainedModel, config: PolicyConfig) -> PreTrainedModel:
-    if is_tiny_name(model):  # "tiny:<task>": a small model built in code and warmed up on the task (cached)
-        model = load_tiny_model(model)
+    if config.quantization is not None and isinstance(model, PreTrainedModel | str | Path):
+        return _load_quantized_base(model, config)
     if isinstance(model, PreTrainedModel):
         return model.to(config.torch_dtype()) if config.dtype != "auto" else model
     if not isinstance(model, str | Path):
@@ -99,7 +127,35 @@ def _load_base(model: str | PreTrainedModel, config: PolicyConfig) -> PreTrained
     kwargs = {"dtype": config.torch_dtype(), "trust_remote_code": config.trust_remote_code}
     if config.attn_implementation is not None:
         kwargs["attn_implementation"] = config.attn_implementation
-    return AutoModelForCausalLM.from_pretrained(str(model), **kwargs)
+    return from_pretrained(AutoModelForCausalLM.from_pretrained, model, "model", **kwargs)
+
+
+def _load_quantized_base(model: str | Path | PreTrainedModel, config: PolicyConfig) -> PreTrainedModel:
+    """The base with its linear layers quantized by bitsandbytes (lightning_grpo.quantization, docs/quantization.md)."""
+    compute = config.torch_dtype() if config.compute_dtype == "auto" else _DTYPES[config.compute_dtype]
+    quantization = bnb_config(
+        config.quantization, double_quantization=config.double_quantization, compute_dtype=compute
+    )
+    kwargs: dict[str, object] = {"trust_remote_code": config.trust_remote_code}
+    if config.attn_implementation is not None:
+        kwargs["attn_implementation"] = config.attn_implementation
+    model = model if isinstance(model, PreTrainedModel) else str(model)
+    return load_quantized(model, quantization, dtype=config.torch_dtype(), **kwargs)
+
+
+_PEFT_AND_QUANTIZATION = (
+    "policy.quantization applies to a base model, not a PeftModel; pass the base model (or set quantization: null "
+    "to train a PeftModel whose base is already quantized)"
+)
+
+
+def _prepare_adapter_and_kernels(policy: PeftModel, config: PolicyConfig) -> None:
+    """Adapter weights in ``adapter_dtype``; a bitsandbytes base samples and trains with the same kernels."""
+    same_kernels_in_both_modes(policy)
+    if config.adapter_dtype != "float32":
+        for param in policy.parameters():
+            if param.requires_grad:
+                param.data = param.data.to(_DTYPES[config.adapter_dtype])
 
 
 def load_policy(model: str | PreTrainedModel | PeftModel, config: PolicyConfig, *, seed: int = 0) -> PeftModel:
@@ -115,6 +171,8 @@ def load_policy(model: str | PreTrainedModel | PeftModel, config: PolicyConfig, 
         The ``PeftModel``; only adapter parameters have ``requires_grad``.
     """
     if isinstance(model, PeftModel):
+        if config.quantization is not None:
+            raise ValueError(_PEFT_AND_QUANTIZATION)
         policy = model
         for name, param in policy.named_parameters():
             param.requires_grad_("lora_" in name)
@@ -130,6 +188,7 @@ def load_policy(model: str | PreTrainedModel | PeftModel, config: PolicyConfig, 
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)  # the adapter's initialisation is reproducible, whatever the global RNG state
             policy = get_peft_model(base, lora)
+    _prepare_adapter_and_kernels(policy, config)
     if config.gradient_checkpointing:
         policy.base_model.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         policy.base_model.model.enable_input_require_grads()

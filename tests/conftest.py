@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig
-from lightning_grpo.tiny import build_tiny_model, build_tiny_tokenizer
+from lightning_grpo.testing import build_tiny_model, build_tiny_tokenizer, load_tiny_model
 
 warnings.filterwarnings("ignore", message=".*does not have many workers.*")
 warnings.filterwarnings("ignore", message=".*isinstance\\(treespec, LeafSpec\\).*")
@@ -30,6 +30,12 @@ def prompt_records(n: int = 8) -> list[dict[str, str]]:
 @pytest.fixture
 def tokenizer():
     return build_tiny_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def warm_tiny_cache() -> None:
+    """Build (or load) the warmed-up ``TinyModel("addition")`` once, so that timed tests do not pay for the warm-up."""
+    load_tiny_model("addition")
 
 
 @pytest.fixture

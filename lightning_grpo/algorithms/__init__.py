@@ -11,6 +11,7 @@ from lightning_grpo.algorithms.advantages import (
     compute_advantages,
 )
 from lightning_grpo.algorithms.aggregation import LOSS_AGG_MODES, LossAggMode, aggregate_loss, count_sequences
+from lightning_grpo.algorithms.fused_head import FusedHeadLogProbs, fused_head_logprobs
 from lightning_grpo.algorithms.kl import KL_ESTIMATORS, KLEstimator, kl_penalty
 from lightning_grpo.algorithms.logprobs import entropy_from_logits, selective_logprobs
 from lightning_grpo.algorithms.policy_losses import POLICY_LOSSES, PolicyLossKind, PolicyLossStats, policy_loss
@@ -22,6 +23,7 @@ __all__ = [
     "POLICY_LOSSES",
     "AdvantageEstimator",
     "AdvantageScale",
+    "FusedHeadLogProbs",
     "KLEstimator",
     "LossAggMode",
     "PolicyLossKind",
@@ -30,6 +32,7 @@ __all__ = [
     "compute_advantages",
     "count_sequences",
     "entropy_from_logits",
+    "fused_head_logprobs",
     "kl_penalty",
     "policy_loss",
     "selective_logprobs",

@@ -1,4 +1,4 @@
-"""Shared argument checks for the algorithm core: catalogue look-up and shape checks."""
+"""Shared argument checks for the algorithm core: catalogue look-up, shape and dtype checks."""
 
 from __future__ import annotations
 
@@ -40,9 +40,3 @@ def check_floating(name: str, tensor: torch.Tensor) -> None:
     """Raise a ``TypeError`` when ``tensor`` is not floating point."""
     if not torch.is_floating_point(tensor):
         raise TypeError(f"{name} must be a floating-point tensor, got dtype {tensor.dtype}")
-
-
-def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean of ``values`` over positions where ``mask`` is true; 0 when the mask is empty."""
-    valid = mask.bool()
-    return torch.where(valid, values, torch.zeros_like(values)).sum() / valid.sum().clamp(min=1)

@@ -26,10 +26,10 @@ import torch
 from torch import Tensor
 
 from lightning_grpo.algorithms._checks import check_floating, choose
+from lightning_grpo.algorithms.statistics import SumAcrossRanks, mean_std, moments
 
 AdvantageEstimator = Literal["grpo", "rloo", "reinforce_pp_baseline"]
 AdvantageScale = Literal["group", "batch", "none"]
-SumAcrossRanks = Callable[[Tensor], Tensor]
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
@@ -77,17 +77,11 @@ def group_stats(rewards: Tensor, group_ids: Tensor) -> GroupStats:
     return GroupStats(r, valid, count[inverse], mean[inverse], total[inverse], std[inverse], constant)
 
 
-def _sum(x: Tensor, sum_across_ranks: SumAcrossRanks | None) -> Tensor:
-    return x if sum_across_ranks is None else sum_across_ranks(x)
-
-
 def _batch_moments(values: Tensor, weights: Tensor, sum_across_ranks: SumAcrossRanks | None) -> tuple[Tensor, Tensor]:
-    """Weighted mean and unbiased std of ``values`` over the global batch (summed across ranks when asked)."""
-    moments = torch.stack([weights.sum(), (values * weights).sum(), (values**2 * weights).sum()])
-    n, s, s2 = _sum(moments, sum_across_ranks).unbind()
-    mean = s / n.clamp(min=1)
-    var = (s2 - n * mean**2).clamp(min=0) / (n - 1).clamp(min=1)
-    return mean, var.sqrt()
+    """Weighted mean and unbiased std of ``values`` over the global batch (across ranks if asked); 0 if undefined."""
+    sums = moments(values, weights)
+    mean, std = mean_std(*(sums if sum_across_ranks is None else sum_across_ranks(sums)).unbind())
+    return mean.nan_to_num(0.0), std.nan_to_num(0.0)
 
 
 # Every estimator shares one signature: (stats, *, scale, eps, completion_mask, sum_across_ranks) -> advantages.

@@ -20,11 +20,13 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from lightning_grpo.algorithms._checks import check_same_shape, choose, masked_mean
+from lightning_grpo.algorithms._checks import check_same_shape, choose
+from lightning_grpo.algorithms.statistics import masked_mean
+from lightning_grpo.validation import check_number
 
 PolicyLossKind = Literal["clip", "gspo", "cispo"]
 
-__all__ = ["POLICY_LOSSES", "PolicyLossKind", "PolicyLossStats", "policy_loss"]
+__all__ = ["POLICY_LOSSES", "PolicyLossKind", "PolicyLossStats", "check_clip_args", "policy_loss"]
 
 _MAX_LOG_RATIO = 20.0
 _MAX_SEQ_LOG_RATIO = 10.0
@@ -131,13 +133,20 @@ POLICY_LOSSES: Mapping[str, Callable[..., tuple[Tensor, Tensor, Tensor, Tensor]]
 )
 
 
-def _check_clip_args(clip_low: float, clip_high: float, dual_clip: float | None, delta: float | None) -> None:
-    if not 0.0 <= clip_low < 1.0 or clip_high < 0.0:
-        raise ValueError(f"need 0 <= clip_low < 1 and clip_high >= 0; got clip_low={clip_low}, clip_high={clip_high}")
-    if dual_clip is not None and dual_clip <= 1.0:
-        raise ValueError(f"dual_clip must be > 1 (or None to disable); got {dual_clip}")
-    if delta is not None and delta <= 1.0 + clip_high:
-        raise ValueError(f"delta must be > 1 + clip_high = {1.0 + clip_high} (or None); got {delta}")
+def check_clip_args(clip_low: float, clip_high: float, dual_clip: float | None, delta: float | None) -> None:
+    """Raise unless ``0 <= clip_low < 1``, ``clip_high >= 0``, ``dual_clip > 1`` and ``delta > 1 + clip_high``.
+
+    ``dual_clip`` and ``delta`` may be ``None`` (off). :class:`~lightning_grpo.config.GRPOConfig` checks its settings
+    with this function too, so a bad value fails when the config is built, with the same message.
+
+    Raises:
+        TypeError: A value is not a number.
+        ValueError: A value is NaN, infinite or out of its range.
+    """
+    check_number("clip_low", clip_low, minimum=0.0, maximum=1.0, exclusive_maximum=True)
+    check_number("clip_high", clip_high, minimum=0.0)
+    check_number("dual_clip", dual_clip, minimum=1.0, exclusive_minimum=True, allow_none=True)
+    check_number("delta", delta, minimum=1.0 + clip_high, exclusive_minimum=True, allow_none=True)
 
 
 def policy_loss(
@@ -180,7 +189,7 @@ def policy_loss(
     """
     compute = choose(POLICY_LOSSES, kind, "policy loss kind")
     check_same_shape(logprobs=logprobs, old_logprobs=old_logprobs, completion_mask=completion_mask)
-    _check_clip_args(clip_low, clip_high, dual_clip, delta)
+    check_clip_args(clip_low, clip_high, dual_clip, delta)
     if advantages.ndim == 1 and advantages.shape[0] == logprobs.shape[0]:
         advantages = advantages[:, None]  # (N, 1) broadcasts over tokens
     elif advantages.shape != logprobs.shape:

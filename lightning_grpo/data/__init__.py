@@ -1,17 +1,16 @@
-"""Prompt data: sources (JSONL, JSON, lists, Hugging Face datasets), built-in tiny tasks and the DataModule.
+"""Prompt data: sources (JSONL, JSON, lists, Hugging Face datasets) and the DataModule.
 
 Example::
 
-    from lightning_grpo.data import PromptDataModule, load_records, make_task
+    from lightning_grpo.data import PromptDataModule, load_records
 
-    records = make_task("addition", num_samples=8)
-    dm = PromptDataModule(records, batch_size=4)
+    records = load_records([{"prompt": "1+1=", "answer": "2"}, {"prompt": "2+2=", "answer": "4"}])
+    dm = PromptDataModule(records, batch_size=2)
 """
 
 from __future__ import annotations
 
 from lightning_grpo.data.datamodule import PromptDataModule
 from lightning_grpo.data.sources import load_records
-from lightning_grpo.data.tasks import BUILTIN_TASKS, make_task
 
-__all__ = ["BUILTIN_TASKS", "PromptDataModule", "load_records", "make_task"]
+__all__ = ["PromptDataModule", "load_records"]

@@ -10,7 +10,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader
 
 from lightning_grpo.data.prompts import (
-    apply_chat_template,
+    as_messages,
     collate_prompts,
     columns_of,
     prompt_lengths,
@@ -31,9 +31,11 @@ class PromptDataModule(LightningDataModule):
     (answers, metadata for reward functions) comes along under its own name, ``None`` where a row lacks it. When
     ``prompt_field`` is not ``"prompt"`` the original column stays under its name too.
 
-    The prompt text of a row is ``prompt_template.format(**row)`` (or the row's ``prompt_field``); with
-    ``chat_template=True`` it becomes the user turn of ``tokenizer.apply_chat_template`` after an optional system
-    turn, and without it a ``system_prompt`` is prepended followed by a newline. ``tokenizer`` and
+    The prompt of a row is ``prompt_template.format(**row)`` (or the row's ``prompt_field``): a text, or a list of chat
+    messages (``[{"role": "user", "content": ...}]``, conversational data). With ``chat_template=True`` a text becomes
+    the user turn of a conversation after an optional system turn; conversations are kept as messages and rendered
+    by the tokenizer's chat template when the module samples (``docs/agents.md``). Without it a ``system_prompt`` is
+    prepended to a text followed by a newline. ``tokenizer`` and
     ``max_prompt_length`` left as ``None`` are taken in :meth:`setup` from the attached LightningModule's attributes
     of the same names. Prompts longer than ``max_prompt_length`` tokens are dropped with one warning.
 
@@ -43,7 +45,7 @@ class PromptDataModule(LightningDataModule):
 
     Args:
         train_data: Training prompts: any source :func:`~lightning_grpo.data.load_records` accepts — a ``.jsonl`` or
-            ``.json`` path, a list of dicts, a ``datasets.Dataset``, ``"hf:<name>[@<split>]"``, ``"builtin:<task>"``.
+            ``.json`` path, a list of dicts, a ``datasets.Dataset``, ``"hf:<name>[@<split>]"``.
         val_data: Validation prompts, same kinds; a Hugging Face source must name its split (``"hf:<name>@test"``).
         val_split: Fraction in ``[0, 1)`` of the training records held out (seeded) for validation when
             ``val_data`` is ``None``.
@@ -53,7 +55,7 @@ class PromptDataModule(LightningDataModule):
         max_prompt_length: Longest prompt kept, in tokens (without special tokens).
         tokenizer: A tokenizer or a name/path for ``AutoTokenizer.from_pretrained``; needed by ``chat_template``
             and ``max_prompt_length``.
-        chat_template: Wrap prompts in the tokenizer's chat template.
+        chat_template: Make text prompts conversational (the user turn), rendered by the tokenizer's chat template.
         system_prompt: System message: a system turn with ``chat_template``, otherwise a prefix line.
         prompt_template: ``str.format`` template over the row's columns, e.g. ``"Question: {question}\\nAnswer:"``.
         hf_config: Configuration name of Hugging Face dataset sources.
@@ -64,9 +66,9 @@ class PromptDataModule(LightningDataModule):
     Example::
 
         from lightning_grpo.data import PromptDataModule
-        from lightning_grpo.tiny import build_tiny_tokenizer
+        from lightning_grpo.testing import build_tiny_tokenizer, make_task
 
-        dm = PromptDataModule("builtin:addition", val_split=0.25, batch_size=4,
+        dm = PromptDataModule(make_task("addition"), val_split=0.25, batch_size=4,
                               tokenizer=build_tiny_tokenizer(), max_prompt_length=16)
         dm.setup("fit")
         batch = next(iter(dm.train_dataloader()))
@@ -102,6 +104,7 @@ class PromptDataModule(LightningDataModule):
         self.hf_config, self.num_workers, self.shuffle, self.seed = hf_config, num_workers, shuffle, seed
         _check_arguments(self)
         self.train_records: list[dict[str, Any]] | None = None
+        self.tool_schemas: list[dict[str, Any]] | None = None
         self.val_records: list[dict[str, Any]] = []
 
     def prepare_data(self) -> None:
@@ -197,21 +200,29 @@ class PromptDataModule(LightningDataModule):
             self.tokenizer = getattr(module, "tokenizer", None)
         if self.max_prompt_length is None:
             self.max_prompt_length = getattr(module, "max_prompt_length", None)
+        self.tool_schemas = getattr(getattr(module, "agent", None), "tool_schemas", None)  # counted in prompt lengths
 
     def _load(self, source: PromptSource, split: str | None) -> list[dict[str, Any]]:
         prompt_field = None if self.prompt_template is not None else self.prompt_field
         return load_records(source, prompt_field=prompt_field, split=split, hf_config=self.hf_config)
 
     def _format(self, row: dict[str, Any], where: str) -> dict[str, Any]:
-        """The row with its finished prompt text under ``"prompt"``."""
-        text = render_prompt(row, prompt_field=self.prompt_field, prompt_template=self.prompt_template, where=where)
-        if self.chat_template:
-            if self.tokenizer is None:
-                raise ValueError("chat_template=True needs a tokenizer; pass tokenizer=... or attach the module")
-            text = apply_chat_template(self.tokenizer, text, self.system_prompt)
+        """The row with its prompt under ``"prompt"``: a text, or chat messages (conversational or ``chat_template``).
+
+        Messages are kept as messages: the module renders them with the chat template when it samples.
+        """
+        prompt = render_prompt(row, prompt_field=self.prompt_field, prompt_template=self.prompt_template, where=where)
+        if self.chat_template or not isinstance(prompt, str):
+            if self.tokenizer is not None and not getattr(self.tokenizer, "chat_template", None):
+                raise ValueError(
+                    f"{where}: conversational prompts (or chat_template=True) need a tokenizer with a chat template; "
+                    f"{type(self.tokenizer).__name__} has none. Use an instruction-tuned model's tokenizer, or string "
+                    "prompts with chat_template=False (a system_prompt is then prepended as plain text)"
+                )
+            prompt = as_messages(prompt, self.system_prompt)
         elif self.system_prompt:
-            text = f"{self.system_prompt}\n{text}"
-        return {**row, "prompt": text}
+            prompt = f"{self.system_prompt}\n{prompt}"
+        return {**row, "prompt": prompt}
 
     def _drop_long(self, train: list[dict], val: list[dict]) -> tuple[list[dict], list[dict]]:
         """Drop prompts longer than ``max_prompt_length`` tokens, with one warning that counts them."""
@@ -234,7 +245,7 @@ class PromptDataModule(LightningDataModule):
         return kept[0], kept[1]
 
     def _short_only(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        lengths = prompt_lengths(self.tokenizer, [row["prompt"] for row in rows])
+        lengths = prompt_lengths(self.tokenizer, [row["prompt"] for row in rows], tools=self.tool_schemas)
         return [row for row, length in zip(rows, lengths, strict=True) if length <= self.max_prompt_length]
 
 

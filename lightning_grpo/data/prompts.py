@@ -16,8 +16,10 @@ import string
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from lightning_grpo.rollout.chat import render_messages
+
 __all__ = [
-    "apply_chat_template",
+    "as_messages",
     "collate_prompts",
     "columns_of",
     "prompt_lengths",
@@ -49,7 +51,9 @@ def template_fields(template: str) -> list[str]:
     return fields
 
 
-def render_prompt(row: dict[str, Any], *, prompt_field: str, prompt_template: str | None, where: str) -> str:
+def render_prompt(
+    row: dict[str, Any], *, prompt_field: str, prompt_template: str | None, where: str
+) -> str | list[dict[str, Any]]:
     """The prompt text of one row: ``prompt_template.format(**row)``, or the row's ``prompt_field`` without one.
 
     Args:
@@ -73,28 +77,29 @@ def render_prompt(row: dict[str, Any], *, prompt_field: str, prompt_template: st
         raise ValueError(f"prompt_template {prompt_template!r} cannot format {where}: {err}") from None
 
 
-def apply_chat_template(tokenizer: Any, text: str, system_prompt: str | None) -> str:
-    """Wrap ``text`` as the user turn (after an optional system turn) in the tokenizer's chat template.
+def as_messages(prompt: str | list[dict[str, Any]], system_prompt: str | None) -> list[dict[str, Any]]:
+    """The prompt as chat messages: a string becomes the user turn; ``system_prompt`` a first system turn if none.
 
-    Raises:
-        ValueError: The tokenizer has no chat template.
+    The messages are rendered by the tokenizer's chat template in one place, at sampling time (``docs/agents.md``).
     """
-    if not getattr(tokenizer, "chat_template", None):
-        raise ValueError(
-            f"chat_template=True but the tokenizer ({type(tokenizer).__name__}) has no chat template; use an "
-            "instruction-tuned model's tokenizer, or set chat_template=False (a system_prompt is then prepended "
-            "as plain text)"
-        )
-    messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    messages.append({"role": "user", "content": text})
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+    if system_prompt and not (messages and messages[0].get("role") == "system"):
+        messages.insert(0, {"role": "system", "content": system_prompt})
+    return messages
 
 
-def prompt_lengths(tokenizer: Any, texts: Sequence[str], chunk_size: int = 1024) -> list[int]:
-    """Token count of each text, without special tokens (``len(tokenizer(text, add_special_tokens=False).input_ids)``).
+def prompt_lengths(
+    tokenizer: Any,
+    prompts: Sequence[str | list[dict[str, Any]]],
+    chunk_size: int = 1024,
+    tools: list[dict[str, Any]] | None = None,
+) -> list[int]:
+    """Token count of each prompt, without special tokens (``tokenizer(text, add_special_tokens=False)``).
 
+    Conversational prompts are counted as the chat template renders them for sampling (with ``tools``' schemas).
     Texts are tokenized in chunks of ``chunk_size`` so that large datasets stay fast without holding every id list.
     """
+    texts = [p if isinstance(p, str) else render_messages(tokenizer, p, tools=tools) for p in prompts]
     lengths: list[int] = []
     for start in range(0, len(texts), chunk_size):
         encoded = tokenizer(list(texts[start : start + chunk_size]), add_special_tokens=False)

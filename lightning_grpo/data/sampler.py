@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from torch.utils.data import DistributedSampler
 
-__all__ = ["ResumableSampler"]
+__all__ = ["ResumableSampler", "StreamSampler"]
 
 
 class ResumableSampler(DistributedSampler):
@@ -56,3 +57,80 @@ class ResumableSampler(DistributedSampler):
         indices = list(super().__iter__())[self._skip :]
         self._skip = 0
         return iter(indices)
+
+
+class StreamSampler(ResumableSampler):
+    """A :class:`ResumableSampler` whose epoch order is read batch by batch, by the DataLoader and by extra draws.
+
+    Dynamic sampling (``docs/dynamic-sampling.md``) draws more prompts within a step. They come from the same order
+    as the training batches, from one cursor, so no prompt repeats within an epoch and an epoch ends sooner when
+    prompts are drawn. Its :meth:`state_dict` records the cursor and the batches handed to the DataLoader, so a run
+    resumed mid-epoch sees exactly the prompts, in the order, the uninterrupted run saw. Without extra draws it gives
+    the same batches as :class:`ResumableSampler`.
+
+    Args:
+        num_samples: Dataset length.
+        batch_size: Prompts per batch (training batches and extra draws alike).
+        num_replicas: World size.
+        rank: This process's global rank.
+        shuffle: Shuffle each epoch.
+        seed: Seed of the permutation.
+
+    Example::
+
+        >>> sampler = StreamSampler(8, batch_size=2, num_replicas=1, rank=0, shuffle=False)
+        >>> sampler.set_epoch(0); stream = iter(sampler)
+        >>> [next(stream), next(stream)], sampler.draw(), [next(stream), next(stream)]
+        ([0, 1], [2, 3], [4, 5])
+    """
+
+    def __init__(
+        self, num_samples: int, *, batch_size: int, num_replicas: int, rank: int, shuffle: bool = True, seed: int = 0
+    ) -> None:
+        super().__init__(num_samples, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed)
+        self.batch_size = batch_size
+        self._order: list[int] = []
+        self._cursor = 0
+        self._handed: list[int] = []  # start positions of the batches given to the DataLoader this epoch
+        self._pending: list[int] = []  # handed but not trained before a resume: given again first
+        self._restore: dict[str, Any] | None = None
+
+    def __iter__(self) -> Iterator[int]:
+        self._begin_epoch()
+        while (start := self._next_start()) is not None:
+            self._handed.append(start)
+            yield from self._order[start : start + self.batch_size]
+
+    def draw(self) -> list[int] | None:
+        """The next ``batch_size`` indices of this epoch's order, or ``None`` when fewer remain."""
+        if self._cursor + self.batch_size > len(self._order):
+            return None
+        start, self._cursor = self._cursor, self._cursor + self.batch_size
+        return self._order[start : start + self.batch_size]
+
+    def state_dict(self, trained: int) -> dict[str, Any]:
+        """The stream's position, given how many of the handed batches were trained this epoch."""
+        return {"epoch": self.epoch, "cursor": self._cursor, "handed": list(self._handed), "trained": trained}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume from :meth:`state_dict` when the next iteration is of the same epoch (else start it afresh)."""
+        self._restore = dict(state)
+
+    def _begin_epoch(self) -> None:
+        self._order = list(DistributedSampler.__iter__(self))  # this rank's slice of the epoch's permutation
+        state, self._restore = self._restore, None
+        if state is not None and state["epoch"] == self.epoch:
+            trained = int(state["trained"])
+            self._handed, self._pending = list(state["handed"][:trained]), list(state["handed"][trained:])
+            self._cursor = int(state["cursor"])
+        else:
+            self._handed, self._pending, self._cursor = [], [], self._skip
+        self._skip = 0
+
+    def _next_start(self) -> int | None:
+        if self._pending:
+            return self._pending.pop(0)
+        if self._cursor + self.batch_size > len(self._order):
+            return None
+        start, self._cursor = self._cursor, self._cursor + self.batch_size
+        return start

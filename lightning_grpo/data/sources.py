@@ -1,4 +1,4 @@
-"""Prompt sources: read records from JSONL/JSON files, lists, Hugging Face datasets or built-in tasks.
+"""Prompt sources: read records from JSONL/JSON files, lists or Hugging Face datasets.
 
 Every source becomes a ``list[dict]``: one dict per row, the prompt under ``prompt_field`` and any other columns
 (answers, metadata for reward functions) beside it. Rows are checked as they are read, and an error names the source
@@ -9,7 +9,6 @@ Example::
     from lightning_grpo.data import load_records
 
     records = load_records([{"prompt": "1+1=", "answer": "2"}])
-    records = load_records("builtin:addition")
     # load_records("train.jsonl"); load_records("hf:openai/gsm8k@test", prompt_field="question", hf_config="main")
 """
 
@@ -21,17 +20,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from lightning_grpo.data.tasks import make_task
+from lightning_grpo.agents.messages import validate_messages
 
 __all__ = ["SUFFIXES", "PromptSource", "load_records"]
 
 #: File suffixes :func:`load_records` reads.
 SUFFIXES = (".jsonl", ".json")
 _HF_PREFIX = "hf:"
-_BUILTIN_PREFIX = "builtin:"
 
-#: What :func:`load_records` accepts: a path, ``"hf:<name>[@<split>]"``, ``"builtin:<task>"``, a list of dicts, or a
-#: ``datasets.Dataset`` / ``DatasetDict`` (typed ``Any`` so that ``datasets`` stays optional).
+#: What :func:`load_records` accepts: a path, ``"hf:<name>[@<split>]"``, a list of dicts, or a ``datasets.Dataset`` /
+#: ``DatasetDict`` (typed ``Any`` so that ``datasets`` stays optional).
 PromptSource = str | os.PathLike | Sequence[Mapping[str, Any]] | Any
 
 
@@ -48,8 +46,7 @@ def load_records(
         source: One of: a path (``str`` or ``Path``) to a ``.jsonl`` file (one JSON object per line, blank lines
             ignored) or a ``.json`` file (a list of objects); a list of dicts; a ``datasets.Dataset`` (or a
             ``DatasetDict``, from which ``split`` is taken); ``"hf:<name>"`` or ``"hf:<name>@<split>"``, loaded
-            with ``datasets.load_dataset(name, hf_config, split=split)``; ``"builtin:<task>"``, a task of
-            :data:`~lightning_grpo.data.tasks.BUILTIN_TASKS` with its default arguments.
+            with ``datasets.load_dataset(name, hf_config, split=split)``.
         prompt_field: Column holding the prompt, checked to be a non-empty string in every row. ``None`` skips
             that check (for prompts built from other columns by a template).
         split: Split of a Hugging Face dataset. A split written in the source (``"hf:name@test"``) wins; ``None``
@@ -75,8 +72,6 @@ def load_records(
 
 def _read_source(source: Any, *, split: str | None, hf_config: str | None) -> tuple[list[Any], str, list[int] | None]:
     """Rows of ``source``, a name for messages, and (JSONL only) the 1-based line number of each row."""
-    if isinstance(source, str) and source.startswith(_BUILTIN_PREFIX):
-        return make_task(source[len(_BUILTIN_PREFIX) :]), source, None
     if isinstance(source, str) and source.startswith(_HF_PREFIX):
         return _load_hf(source[len(_HF_PREFIX) :], hf_config, split), source, None
     if isinstance(source, (str, os.PathLike)):
@@ -87,7 +82,7 @@ def _read_source(source: Any, *, split: str | None, hf_config: str | None) -> tu
         return list(source), "list", None
     raise TypeError(
         f"Unsupported prompt source of type {type(source).__name__}; pass a path ({', '.join(SUFFIXES)}), "
-        f"'hf:<name>', 'builtin:<task>', a list of dicts or a datasets.Dataset"
+        f"'hf:<name>', a list of dicts or a datasets.Dataset"
     )
 
 
@@ -161,7 +156,13 @@ def _check_row(row: Any, where: str, prompt_field: str | None) -> None:
             "(choose one with prompt_field=..., or build the prompt with prompt_template=...)"
         )
     prompt = row[prompt_field]
+    if isinstance(prompt, list):  # conversational: chat messages, rendered by the chat template when sampling
+        validate_messages(prompt, name=f"{where}: prompt field {prompt_field!r}")
+        return
     if not isinstance(prompt, str):
-        raise ValueError(f"{where}: prompt field {prompt_field!r} must be a string, got {type(prompt).__name__}")
+        raise ValueError(
+            f"{where}: prompt field {prompt_field!r} must be a string or a list of chat messages "
+            f'([{{"role": "user", "content": "..."}}]), got {type(prompt).__name__}'
+        )
     if not prompt.strip():
         raise ValueError(f"{where}: prompt field {prompt_field!r} is empty")

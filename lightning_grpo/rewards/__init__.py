@@ -1,16 +1,20 @@
 """Reward functions: the protocol, weighted combination, and built-ins.
 
-A reward function is any callable ``fn(prompts, completions, **columns) -> list[float | None]``; see
-:mod:`lightning_grpo.rewards.base`. Built-ins: :func:`math_answer` (final answer against a reference),
+A reward function is any callable ``fn(prompts=..., completions=..., completion_ids=..., **columns) ->
+list[float | None]``, sync or ``async``, called by keyword; see :mod:`lightning_grpo.rewards.base`. A trained
+sequence-classification model is one too: :class:`RewardModel`. Built-ins: :func:`math_answer` (final answer against
+a reference),
 :data:`format_reward` / :class:`FormatReward` (a pattern such as ``<think>...</think><answer>...</answer>``) and
 :class:`OverlongPenalty` (DAPO's soft overlong punishment).
 """
 
 from __future__ import annotations
 
+from lightning_grpo.rewards._text import completion_text
 from lightning_grpo.rewards.base import RewardError, RewardFunction, RewardFunctions, RewardScores
 from lightning_grpo.rewards.format import DEFAULT_PATTERN, FormatReward, format_reward
 from lightning_grpo.rewards.math_answer import answers_match, extract_answer, math_answer
+from lightning_grpo.rewards.model import RewardModel
 from lightning_grpo.rewards.overlong import OverlongPenalty, soft_overlong_penalty
 
 __all__ = [
@@ -20,8 +24,10 @@ __all__ = [
     "RewardError",
     "RewardFunction",
     "RewardFunctions",
+    "RewardModel",
     "RewardScores",
     "answers_match",
+    "completion_text",
     "extract_answer",
     "format_reward",
     "math_answer",

@@ -58,49 +58,76 @@ def unique_names(names: Iterable[str]) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class KeywordSpec:
-    """Which keywords a reward function accepts and requires, read once from its signature.
+    """How a reward function is called, read once from its signature (see ``docs/rewards.md``).
+
+    Reward functions are called by keyword, as TRL calls them: ``fn(prompts=..., completions=..., completion_ids=...,
+    **columns, **extra)``. A function whose first two parameters are not both keywords the batch offers (today's
+    positional form, e.g. ``lambda p, c, **kw``), or are positional-only, receives prompts and completions
+    positionally instead, and the rest by keyword.
 
     Args:
         name: The reward name, for error messages.
         accepts_any: The function takes ``**kwargs`` (or its signature cannot be read): pass every keyword.
-        accepted: Keyword names the signature accepts (the first two positional parameters excluded).
-        required: Accepted names without a default value.
+        readable: The signature could be read; unreadable ones are called positionally with every keyword.
+        lead: Names of the first two positional parameters (fewer if the function has fewer).
+        lead_positional_only: One of the ``lead`` parameters is positional-only.
+        varargs: The function takes ``*args``.
+        params: Keyword-capable parameter names, in order.
+        required: Names in ``params`` without a default value.
     """
 
     name: str
     accepts_any: bool
-    accepted: frozenset[str] = frozenset()
+    readable: bool = True
+    lead: tuple[str, ...] = ()
+    lead_positional_only: bool = False
+    varargs: bool = False
+    params: tuple[str, ...] = ()
     required: frozenset[str] = frozenset()
 
     @classmethod
     def of(cls, fn: Callable[..., Any], name: str) -> KeywordSpec:
-        """Read ``fn``'s signature; raise ``TypeError`` if it cannot take ``(prompts, completions)``."""
+        """Read ``fn``'s signature (no signature is refused: the keywords decide at call time)."""
         try:
             params = list(inspect.signature(fn).parameters.values())
         except (TypeError, ValueError):  # some builtins and C callables have no readable signature
-            return cls(name, accepts_any=True)
-        positional = [p for p in params if p.kind in _POSITIONAL]
-        takes_varargs = any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params)
-        if len(positional) < 2 and not takes_varargs:
-            raise TypeError(
-                f"reward function {name!r} must accept (prompts, completions, **columns); "
-                f"its signature is {inspect.signature(fn)}"
-            )
-        bound = {p.name for p in positional[:2]}
-        keywords = [p for p in params if p.kind in _KEYWORD and p.name not in bound]
+            return cls(name, accepts_any=True, readable=False)
+        positional = [p for p in params if p.kind in _POSITIONAL][:2]
+        keywords = [p for p in params if p.kind in _KEYWORD]
         return cls(
             name,
             accepts_any=any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params),
-            accepted=frozenset(p.name for p in keywords),
+            lead=tuple(p.name for p in positional),
+            lead_positional_only=any(p.kind is inspect.Parameter.POSITIONAL_ONLY for p in positional),
+            varargs=any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params),
+            params=tuple(p.name for p in keywords),
             required=frozenset(p.name for p in keywords if p.default is inspect.Parameter.empty),
         )
 
-    def missing(self, keywords: Mapping[str, Any]) -> list[str]:
-        """Required keyword names that ``keywords`` lacks, sorted."""
-        return sorted(self.required - set(keywords))
+    def positional(self, offered: Iterable[str]) -> bool:
+        """Whether prompts and completions go positionally (today's form), given the keyword names on offer."""
+        if not self.readable or self.lead_positional_only:
+            return True
+        if len(self.lead) < 2:
+            return self.varargs and not self.lead  # ``def f(*args, **kw)``: the old positional form
+        return "completions" not in self.lead and not set(self.lead) <= set(offered)
 
-    def select(self, keywords: Mapping[str, Any]) -> dict[str, Any]:
-        """The keywords to pass: all of them if the function takes ``**kwargs``, else those it names."""
+    def arguments(
+        self, prompts: list[Any], completions: list[Any], keywords: Mapping[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The positional and keyword arguments of one call.
+
+        Raises:
+            KeyError: Naming the required keywords the batch lacks (the caller turns it into a clear error).
+        """
+        offered = {"prompts": prompts, "completions": completions, **keywords}
+        if self.positional(offered):
+            args, taken, offered = (prompts, completions), set(self.lead), dict(keywords)
+        else:
+            args, taken = (), set()
+        missing = sorted(self.required - taken - set(offered))
+        if missing:
+            raise KeyError(missing)
         if self.accepts_any:
-            return dict(keywords)
-        return {key: value for key, value in keywords.items() if key in self.accepted}
+            return args, {key: value for key, value in offered.items() if key not in taken}
+        return args, {key: value for key, value in offered.items() if key in self.params and key not in taken}

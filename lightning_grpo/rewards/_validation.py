@@ -7,33 +7,59 @@ import numbers
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import torch
+
 from lightning_grpo.rewards._signature import reward_name
 
-__all__ = ["check_inputs", "check_weights", "split_functions"]
+__all__ = ["check_inputs", "check_timeouts", "check_weights", "split_functions"]
 
 
 def split_functions(
-    functions: Sequence[Callable[..., Any]] | Mapping[str, Callable[..., Any]],
+    functions: Sequence[Callable[..., Any] | str] | Mapping[str, Callable[..., Any]] | Callable[..., Any] | str,
 ) -> tuple[list[str], tuple[Callable[..., Any], ...]]:
-    """Names and callables from a sequence or a mapping, checked."""
+    """Names and callables from a sequence, a mapping or a single function, checked.
+
+    A string (a model id or path) or a loaded sequence-classification model becomes a reward model.
+    """
+    if isinstance(functions, (str, bytes)) or _is_model(functions) or _is_single(functions):
+        functions = [functions]
     if isinstance(functions, Mapping):
         bad = [key for key in functions if not isinstance(key, str) or not key]
         if bad:
             raise ValueError(f"reward names (the mapping's keys) must be non-empty strings; got {bad!r}")
         names, fns = list(functions.keys()), tuple(functions.values())
-    elif isinstance(functions, Sequence) and not isinstance(functions, (str, bytes)):
+    elif isinstance(functions, Sequence):
         fns = tuple(functions)
         names = []
     else:
         raise TypeError(
-            "functions must be a sequence of reward functions or a mapping from name to reward function; "
-            f"got {type(functions).__name__} (wrap a single function in a list)"
+            "functions must be a reward function, a model id, a sequence of them or a mapping from name to reward "
+            f"function; got {type(functions).__name__}"
         )
     if not fns:
         raise ValueError("RewardFunctions needs at least one reward function; got none")
+    fns = tuple(_as_function(fn) for fn in fns)
     for index, fn in enumerate(fns):
         _check_callable(fn, names[index] if names else f"functions[{index}]")
     return (names or [reward_name(fn) for fn in fns]), fns
+
+
+def _is_single(functions: object) -> bool:
+    return callable(functions) and not isinstance(functions, (Sequence, Mapping))
+
+
+def _is_model(fn: object) -> bool:
+    """A loaded Hugging Face model (an ``nn.Module`` with a ``config``), to be wrapped in a reward model."""
+    return isinstance(fn, torch.nn.Module) and hasattr(fn, "config")
+
+
+def _as_function(fn: Any) -> Any:
+    """A model id/path or a loaded model as a :class:`~lightning_grpo.rewards.RewardModel`; anything else as is."""
+    if isinstance(fn, str) or _is_model(fn):
+        from lightning_grpo.rewards.model import RewardModel  # loads transformers only when a model is used
+
+        return RewardModel(fn)
+    return fn
 
 
 def _check_callable(fn: object, where: str) -> None:
@@ -67,19 +93,40 @@ def check_weights(weights: Sequence[float] | Mapping[str, float] | None, names: 
     return tuple(float(weight) for weight in weights)
 
 
+def check_timeouts(
+    timeout: float | Mapping[str, float | None] | None, names: tuple[str, ...]
+) -> tuple[float | None, ...]:
+    """Seconds per function (``None`` = no limit), from one number, a mapping from name to seconds, or ``None``."""
+    if isinstance(timeout, Mapping):
+        unknown = sorted(map(str, set(timeout) - set(names)))
+        if unknown:
+            raise ValueError(f"timeout names unknown reward(s) {unknown}; the rewards are {list(names)}")
+        values = [timeout.get(name) for name in names]
+    else:
+        values = [timeout for _ in names]
+    for name, value in zip(names, values, strict=True):
+        bad = isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < math.inf
+        if value is not None and bad:
+            raise ValueError(f"timeout must be a finite number of seconds > 0 or None; got {value!r} for {name!r}")
+    return tuple(None if value is None else float(value) for value in values)
+
+
 def check_inputs(
-    prompts: Sequence[str], completions: Sequence[str], columns: dict[str, Sequence[Any]], extra: dict[str, Any]
+    prompts: Sequence[Any], completions: Sequence[Any], columns: dict[str, Sequence[Any]], extra: dict[str, Any]
 ) -> dict[str, Any]:
     """The keywords for the functions (columns plus extras), after checking that columns align with the samples."""
     for key, values in (("prompts", prompts), ("completions", completions)):
         if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
-            raise ValueError(f"{key} must be a list of strings, one per sample; got {type(values).__name__}")
+            raise ValueError(
+                f"{key} must be a list with one entry per sample (strings or lists of chat messages); "
+                f"got {type(values).__name__}"
+            )
     n = len(completions)
     if len(prompts) != n:
         raise ValueError(f"prompts and completions must have the same length; got {len(prompts)} and {n}")
     for key in ("prompts", "completions"):
         if key in columns or key in extra:
-            raise ValueError(f"{key!r} is passed positionally to reward functions; it cannot also be a column")
+            raise ValueError(f"{key!r} is passed to reward functions by RewardFunctions; it cannot also be a column")
     clash = sorted(set(columns) & set(extra))
     if clash:
         raise ValueError(f"keywords {clash} are given both as columns and as extra keywords; give each once")
@@ -88,4 +135,9 @@ def check_inputs(
             raise ValueError(f"column {key!r} must be a sequence of {n} values; got {type(values).__name__}")
         if len(values) != n:
             raise ValueError(f"column {key!r} must have one value per completion ({n}); got {len(values)}")
+    ids = extra.get("completion_ids")
+    if ids is not None and (isinstance(ids, (str, bytes)) or not hasattr(ids, "__len__") or len(ids) != n):
+        raise ValueError(
+            f"completion_ids must be a list of {n} lists of token ids (one per completion); got {ids!r:.80}"
+        )
     return {**columns, **extra}

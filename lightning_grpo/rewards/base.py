@@ -1,8 +1,11 @@
 """The reward-function protocol and :class:`RewardFunctions`, which calls several functions and weights their scores.
 
-A reward function is any callable ``fn(prompts, completions, **columns) -> list[float | None]``. ``columns`` are the
+A reward function is any callable ``fn(prompts=..., completions=..., completion_ids=..., **columns, **extra) ->
+list[float | None]``, called by keyword as TRL calls it; ``async def`` functions are awaited. ``columns`` are the
 dataset row fields, one list per field aligned with the samples (``answer=[...]``), plus whatever the caller adds
-(``completion_lengths=[...]`` token counts). ``None`` means "this function does not apply to that row".
+(``completion_lengths=[...]`` token counts, ``trainer_state``). ``None`` means "this function does not apply to that
+row". Completions come in the prompt's form: strings for string prompts, lists of chat messages for conversational
+ones. See ``docs/rewards.md``.
 """
 
 from __future__ import annotations
@@ -10,28 +13,28 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 
+from lightning_grpo.rewards._concurrency import RewardCall, _CallFailed, run_calls
 from lightning_grpo.rewards._signature import KeywordSpec, unique_names
-from lightning_grpo.rewards._validation import check_inputs, check_weights, split_functions
+from lightning_grpo.rewards._text import excerpt
+from lightning_grpo.rewards._validation import check_inputs, check_timeouts, check_weights, split_functions
 
 __all__ = ["RewardError", "RewardFunction", "RewardFunctions", "RewardScores"]
-
-_EXCERPT_CHARS = 80
 
 
 class RewardFunction(Protocol):
     """What a reward function looks like to a type checker.
 
-    A plain function whose signature names only the columns it reads (``def f(prompts, completions, answer)``) is
-    accepted as well: :class:`RewardFunctions` passes it only the keywords its signature accepts.
+    A plain function whose signature names only what it reads (``def f(completions, answer)``) is accepted as well:
+    :class:`RewardFunctions` passes it only the keywords its signature accepts.
     """
 
-    def __call__(self, prompts: list[str], completions: list[str], **columns: Any) -> Sequence[float | None]: ...
+    def __call__(self, *, prompts: list[Any], completions: list[Any], **kwargs: Any) -> Sequence[float | None]: ...
 
 
 class RewardError(RuntimeError):
@@ -47,6 +50,7 @@ class RewardScores:
             function returned ``None`` for the row.
         per_function: Reward name to ``(N,)`` float32 raw (unweighted) values, NaN where that function returned
             ``None``.
+        seconds: Reward name to the wall-clock seconds its call took (the functions run concurrently).
 
     Example::
 
@@ -58,6 +62,7 @@ class RewardScores:
 
     rewards: Tensor
     per_function: dict[str, Tensor]
+    seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def valid(self) -> Tensor:
@@ -66,27 +71,32 @@ class RewardScores:
 
 
 class RewardFunctions:
-    """Several reward functions with weights, called together on one batch.
+    """Several reward functions with weights, called together, concurrently, on one batch.
 
     Args:
-        functions: Reward functions, as a sequence (names are taken from each function, see below) or a mapping
-            from name to function. A name is the callable's ``name`` attribute if it has one, else its ``__name__``,
-            else its class name in snake_case (``FormatReward`` -> ``format_reward``); repeated names get
-            suffixes ``_1``, ``_2``, ...
+        functions: Reward functions, as a sequence (names are taken from each function, see below), a mapping from
+            name to function, or a single one. A string, or a loaded ``AutoModelForSequenceClassification``, becomes
+            a :class:`~lightning_grpo.rewards.RewardModel` (as TRL's ``reward_funcs="<model id>"``). A name is the
+            callable's ``name`` attribute if it has one, else its ``__name__``, else its class name in snake_case
+            (``FormatReward`` -> ``format_reward``); repeated names get suffixes ``_1``, ``_2``, ...
         weights: One finite weight per function, as a sequence in the order of ``functions`` or a mapping with one
             entry per name. ``None`` weighs every function 1.0.
+        timeout: Seconds each function may take per batch: one number for all, or a mapping from reward name to
+            seconds (``None`` for no limit). A function past its timeout stops the step with an error naming it.
 
-    Each function receives ``prompts`` and ``completions`` positionally and, as keywords, every column plus the
-    extra keywords given to :meth:`__call__`; a function without ``**kwargs`` receives only the keywords its
-    signature names.
+    Functions are called by keyword: ``prompts``, ``completions``, every column and every extra keyword given to
+    :meth:`__call__` (``completion_ids``, ``completion_lengths``, ``trainer_state``, ...); a function without
+    ``**kwargs`` receives only the keywords its signature names. A function whose first two parameters are not both
+    names on offer (``lambda p, c, **kw``) receives prompts and completions positionally. ``async def`` functions are
+    awaited; all functions of a batch run concurrently, the sync ones in threads.
 
     Example::
 
-        >>> def exact(prompts, completions, answer):
+        >>> def exact(completions, answer, **kwargs):
         ...     return [float(c == a) if a is not None else None for c, a in zip(completions, answer, strict=True)]
-        >>> def short(prompts, completions, **kwargs):
+        >>> async def short(prompts, completions, **kwargs):
         ...     return [float(len(c) < 3) for c in completions]
-        >>> reward_fns = RewardFunctions([exact, short], weights=[1.0, 0.5])
+        >>> reward_fns = RewardFunctions([exact, short], weights=[1.0, 0.5], timeout=60)
         >>> scores = reward_fns(["1+1=", "2+2="], ["2", "five"], {"answer": ["2", None]})
         >>> scores.rewards  # row 0: 1.0*1 + 0.5*1; row 1: exact skipped, 0.5*0
         tensor([1.5000, 0.0000])
@@ -96,13 +106,16 @@ class RewardFunctions:
 
     def __init__(
         self,
-        functions: Sequence[Callable[..., Any]] | Mapping[str, Callable[..., Any]],
+        functions: Sequence[Callable[..., Any] | str] | Mapping[str, Callable[..., Any]] | Callable[..., Any] | str,
         weights: Sequence[float] | Mapping[str, float] | None = None,
+        *,
+        timeout: float | Mapping[str, float | None] | None = None,
     ) -> None:
         names, fns = split_functions(functions)
         self._functions = fns
         self._names = unique_names(names)
         self._weights = check_weights(weights, self._names)
+        self._timeouts = check_timeouts(timeout, self._names)
         self._specs = tuple(KeywordSpec.of(fn, name) for fn, name in zip(fns, self._names, strict=True))
 
     @property
@@ -115,6 +128,24 @@ class RewardFunctions:
         """The weights, in the order of :attr:`names`."""
         return self._weights
 
+    @property
+    def functions(self) -> tuple[Callable[..., Any], ...]:
+        """The functions, in the order of :attr:`names` (strings already turned into reward models)."""
+        return self._functions
+
+    @property
+    def timeouts(self) -> tuple[float | None, ...]:
+        """Seconds each function may take, in the order of :attr:`names`; ``None`` for no limit."""
+        return self._timeouts
+
+    def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> RewardFunctions:
+        """Move the reward models among the functions (anything with a ``place`` method) to ``device``/``dtype``."""
+        for fn in self._functions:
+            place = getattr(fn, "place", None)
+            if callable(place):
+                place(device, dtype)
+        return self
+
     def __len__(self) -> int:
         return len(self._functions)
 
@@ -124,67 +155,70 @@ class RewardFunctions:
 
     def __call__(
         self,
-        prompts: Sequence[str],
-        completions: Sequence[str],
+        prompts: Sequence[Any],
+        completions: Sequence[Any],
         columns: Mapping[str, Sequence[Any]] | None = None,
         **extra: Any,
     ) -> RewardScores:
-        """Score a batch with every function and combine the scores.
+        """Score a batch with every function (concurrently) and combine the scores.
 
         Args:
-            prompts: ``N`` prompts, one per completion.
-            completions: ``N`` completions.
+            prompts: ``N`` prompts, one per completion: strings or lists of chat messages.
+            completions: ``N`` completions, in the prompts' form.
             columns: Dataset fields, each a sequence of ``N`` values aligned with the completions.
-            **extra: More keywords for the functions, e.g. ``completion_lengths`` (token counts).
+            **extra: More keywords for the functions, e.g. ``completion_ids`` (``N`` lists of token ids),
+                ``completion_lengths`` (token counts) or ``trainer_state``.
 
         Returns:
-            The weighted rewards and the raw values of each function.
+            The weighted rewards, the raw values of each function and the seconds each took.
 
         Raises:
             ValueError: If the inputs are misaligned or a column name clashes with an argument.
-            RewardError: If a function raises, or returns the wrong length, a non-numeric value, NaN or infinity.
+            RewardError: If a function lacks a keyword it requires, raises, runs past its timeout, or returns the
+                wrong length, a non-numeric value, NaN or infinity.
         """
         keywords = check_inputs(prompts, completions, dict(columns or {}), extra)
         prompts, completions = list(prompts), list(completions)
+        calls = [self._call(i, prompts, completions, keywords) for i in range(len(self._functions))]
+        try:
+            outputs, seconds = run_calls(calls)
+        except _CallFailed as failed:
+            raise _failure(failed) from failed.error
         per_function = {
-            name: self._score_one(fn, spec, name, prompts, completions, keywords)
-            for fn, spec, name in zip(self._functions, self._specs, self._names, strict=True)
+            name: _to_tensor(output, name, prompts, completions)
+            for name, output in zip(self._names, outputs, strict=True)
         }
         values = torch.stack(list(per_function.values()))  # (F, N)
         weights = torch.tensor(self._weights, dtype=torch.float32).unsqueeze(1)  # (F, 1)
         applied = ~torch.isnan(values)
         total = torch.where(applied, values * weights, torch.zeros_like(values)).sum(0)  # (N,)
         rewards = torch.where(applied.any(0), total, torch.full_like(total, math.nan))
-        return RewardScores(rewards=rewards, per_function=per_function)
+        return RewardScores(rewards=rewards, per_function=per_function, seconds=seconds)
 
-    def _score_one(
-        self,
-        fn: Callable[..., Any],
-        spec: KeywordSpec,
-        name: str,
-        prompts: list[str],
-        completions: list[str],
-        keywords: dict[str, Any],
-    ) -> Tensor:
-        missing = spec.missing(keywords)
-        if missing:
-            raise RewardError(
-                f"reward function {name!r} needs keyword(s) {missing}; the batch offers {sorted(keywords)}"
-            )
+    def _call(self, index: int, prompts: list[Any], completions: list[Any], keywords: dict[str, Any]) -> RewardCall:
+        name, spec = self._names[index], self._specs[index]
         try:
-            output = fn(prompts, completions, **spec.select(keywords))
-        except Exception as err:
-            raise RewardError(f"reward function {name!r} raised {type(err).__name__}: {err}") from err
-        return _to_tensor(output, name, prompts, completions)
+            args, kwargs = spec.arguments(prompts, completions, keywords)
+        except KeyError as err:
+            offered = sorted({"prompts", "completions", *keywords})
+            raise RewardError(
+                f"reward function {name!r} needs keyword(s) {err.args[0]}; the batch offers {offered}"
+            ) from None
+        return RewardCall(name, self._functions[index], args, kwargs, self._timeouts[index])
 
 
-def _excerpt(text: object) -> str:
-    text = str(text)
-    return repr(text if len(text) <= _EXCERPT_CHARS else text[:_EXCERPT_CHARS] + "...")
+def _failure(failed: _CallFailed) -> RewardError:
+    name, error = failed.call.name, failed.error
+    if error is None:
+        return RewardError(
+            f"reward function {name!r} did not finish within its timeout of {failed.call.timeout:g} s; raise "
+            "RewardFunctions(timeout=...) for it, or make it faster (a sync function keeps running in its thread)"
+        )
+    return RewardError(f"reward function {name!r} raised {type(error).__name__}: {error}")
 
 
-def _row_context(index: int, prompts: list[str], completions: list[str]) -> str:
-    return f"row {index} (prompt {_excerpt(prompts[index])}, completion {_excerpt(completions[index])})"
+def _row_context(index: int, prompts: list[Any], completions: list[Any]) -> str:
+    return f"row {index} (prompt {excerpt(prompts[index])}, completion {excerpt(completions[index])})"
 
 
 def _as_list(output: Any, name: str, n: int) -> list[Any]:
@@ -211,7 +245,7 @@ def _to_float(value: Any) -> float | None:
     return None
 
 
-def _to_tensor(output: Any, name: str, prompts: list[str], completions: list[str]) -> Tensor:
+def _to_tensor(output: Any, name: str, prompts: list[Any], completions: list[Any]) -> Tensor:
     """``(N,)`` float32 of a function's output, NaN for ``None``; raises on anything that is not a finite number."""
     values = _as_list(output, name, len(completions))
     floats: list[float] = []

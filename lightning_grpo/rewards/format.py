@@ -6,6 +6,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from lightning_grpo.rewards._text import completion_text
+
 __all__ = ["DEFAULT_PATTERN", "FormatReward", "format_reward"]
 
 #: Reasoning in ``<think>`` tags, then the answer in ``<answer>`` tags (DeepSeek-R1's template); matched with DOTALL.
@@ -50,20 +52,21 @@ class FormatReward:
     def __repr__(self) -> str:
         return f"{type(self).__name__}(pattern={self.pattern!r}, full_match={self.full_match})"
 
-    def __call__(self, prompts: Sequence[str], completions: Sequence[str], **kwargs: Any) -> list[float]:
+    def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float]:
         """Score each completion.
 
         Args:
             prompts: The prompts (unused).
-            completions: The completions to check.
+            completions: The completions to check (strings, or message lists: the last assistant message counts).
             **kwargs: Dataset columns and extras (unused).
 
         Returns:
             1.0 or 0.0 per completion.
         """
+        texts = [completion_text(completion) for completion in completions]  # conversational: last assistant turn
         if self.full_match:
-            return [float(self._regex.fullmatch(completion.strip()) is not None) for completion in completions]
-        return [float(self._regex.search(completion) is not None) for completion in completions]
+            return [float(self._regex.fullmatch(text.strip()) is not None) for text in texts]
+        return [float(self._regex.search(text) is not None) for text in texts]
 
 
 #: A ready-made :class:`FormatReward` with the default pattern, reported as ``format_reward``.

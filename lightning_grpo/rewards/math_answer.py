@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
+from lightning_grpo.rewards._text import completion_text
+
 __all__ = ["REL_TOL", "answers_match", "extract_answer", "math_answer", "parse_number"]
 
 REL_TOL = 1e-6
@@ -167,13 +169,14 @@ def _reference(answer: Any) -> str | float:
 
 
 def math_answer(
-    prompts: Sequence[str], completions: Sequence[str], answer: Sequence[Any], **kwargs: Any
+    prompts: Sequence[Any], completions: Sequence[Any], answer: Sequence[Any], **kwargs: Any
 ) -> list[float | None]:
     r"""1.0 where the completion's final answer equals the reference answer, else 0.0; ``None`` without a reference.
 
     Args:
         prompts: The prompts (unused).
-        completions: The completions; the final answer is found with :func:`extract_answer`.
+        completions: The completions (strings, or message lists: the last assistant message counts); the final
+            answer is found with :func:`extract_answer`.
         answer: The reference answers, one per completion: numbers, answer texts, or worked solutions ending in
             ``#### X`` or containing ``\boxed{X}`` (reduced with :func:`extract_answer`); ``None`` skips the row.
         **kwargs: Other columns (unused).
@@ -190,6 +193,6 @@ def math_answer(
     if len(answer) != len(completions):
         raise ValueError(f"answer must have one entry per completion ({len(completions)}); got {len(answer)}")
     return [
-        None if reference is None else float(answers_match(extract_answer(completion), _reference(reference)))
-        for completion, reference in zip(completions, answer, strict=True)
+        None if ref is None else float(answers_match(extract_answer(completion_text(completion)), _reference(ref)))
+        for completion, ref in zip(completions, answer, strict=True)
     ]

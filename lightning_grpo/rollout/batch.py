@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import torch
 from torch import Tensor
 
-__all__ = ["Rollout", "completion_mask_from_ids"]
+__all__ = ["Rollout", "TurnStats", "completion_mask_from_ids"]
 
 
 def completion_mask_from_ids(completion_ids: Tensor, eos_token_ids: Tensor) -> tuple[Tensor, Tensor]:
@@ -36,22 +37,51 @@ def completion_mask_from_ids(completion_ids: Tensor, eos_token_ids: Tensor) -> t
 
 
 @dataclass
+class TurnStats:
+    """Per-trajectory counts of a multi-turn rollout, ``(N,)`` each (see ``docs/agents.md``).
+
+    Attributes:
+        num_turns: Policy turns (generations) in the trajectory.
+        tool_calls: Tool calls the policy made.
+        tool_errors: Tool calls that ended in an error the model sees (bad JSON, unknown tool, exception).
+        tool_timeouts: Tool calls that ran past their timeout.
+        max_turns_reached: ``True`` where the trajectory was cut because it reached ``max_turns``.
+        turn_rewards: Per-turn environment rewards of each trajectory (``None`` where a turn gave none).
+    """
+
+    num_turns: Tensor
+    tool_calls: Tensor
+    tool_errors: Tensor
+    tool_timeouts: Tensor
+    max_turns_reached: Tensor
+    turn_rewards: list[list[float | None]] = field(default_factory=list)
+
+
+@dataclass
 class Rollout:
-    """``N = B*G`` sampled completions: token tensors, masks, texts and the dataset columns of their prompts.
+    """``N = B*G`` sampled trajectories: token tensors, masks, texts and the dataset columns of their prompts.
 
     Prompts are left-padded and completions right-padded, so ``cat([prompt_ids, completion_ids], 1)`` is the model
-    input and the last ``T`` positions are the completion.
+    input and the last ``T`` positions are the completion. A multi-turn completion interleaves tokens the policy
+    sampled with tokens inserted by tools or environments: ``completion_mask`` marks every token of the trajectory
+    (what is attended), ``sampled_mask`` only the sampled ones (what is trained: loss, KL, entropy, token counts).
 
     Attributes:
         prompt_ids: ``(N, P)`` left-padded prompt tokens (each prompt repeated G times, consecutively).
         prompt_mask: ``(N, P)`` attention mask of the prompts.
-        completion_ids: ``(N, T)`` sampled tokens.
-        completion_mask: ``(N, T)`` 1 up to and including the first EOS.
-        truncated: ``(N,)`` bool, true where no EOS was produced within ``max_new_tokens``.
+        completion_ids: ``(N, T)`` sampled (and, in multi-turn rollouts, inserted) tokens.
+        completion_mask: ``(N, T)`` 1 on every token of the trajectory (single turn: up to and including the first
+            EOS).
+        truncated: ``(N,)`` bool, true where the trajectory was cut: no EOS within ``max_new_tokens``, or (multi-turn)
+            the token budget or ``max_turns`` ran out before the policy answered.
         group_ids: ``(N,)`` the prompt each sample belongs to (unique within this rank's batch).
-        prompts: The N prompt texts.
-        completions: The N decoded completion texts (special tokens removed).
+        prompts: The N prompts: strings, or lists of chat messages for conversational data.
+        completions: The N completions in the prompt's form: decoded strings (special tokens removed), or the list of
+            messages the rollout added (assistant turns with their ``tool_calls``, tool and environment turns).
         columns: Dataset row fields, each a list of N values (repeated per sample).
+        sampled_mask: ``(N, T)`` 1 on the tokens the policy sampled; ``None`` (the default) means every completion
+            token was sampled and takes ``completion_mask``.
+        turns: Multi-turn counts (turns, tool calls, errors, per-turn rewards); ``None`` for single-turn rollouts.
     """
 
     prompt_ids: Tensor
@@ -60,9 +90,20 @@ class Rollout:
     completion_mask: Tensor
     truncated: Tensor
     group_ids: Tensor
-    prompts: list[str]
-    completions: list[str]
+    prompts: list[Any]
+    completions: list[Any]
     columns: dict[str, list[Any]] = field(default_factory=dict)
+    sampled_mask: Tensor = None  # type: ignore[assignment]  # filled from completion_mask in __post_init__
+    turns: TurnStats | None = None
+
+    def __post_init__(self) -> None:
+        if self.sampled_mask is None:
+            self.sampled_mask = self.completion_mask
+        if self.sampled_mask.shape != self.completion_mask.shape:
+            raise ValueError(
+                f"sampled_mask {tuple(self.sampled_mask.shape)} must have completion_mask's shape "
+                f"{tuple(self.completion_mask.shape)}"
+            )
 
     def __len__(self) -> int:
         return self.completion_ids.shape[0]
@@ -74,32 +115,85 @@ class Rollout:
 
     @property
     def attention_mask(self) -> Tensor:
-        """``(N, P+T)`` attention mask (padding after the first EOS is masked out)."""
+        """``(N, P+T)`` attention mask (padding after the trajectory is masked out)."""
         return torch.cat([self.prompt_mask, self.completion_mask.to(self.prompt_mask.dtype)], dim=1)
 
     @property
     def completion_lengths(self) -> Tensor:
-        """``(N,)`` number of valid completion tokens (EOS included)."""
+        """``(N,)`` number of trajectory tokens (EOS included; inserted tool/environment tokens too)."""
         return self.completion_mask.sum(-1)
+
+    @property
+    def sampled_lengths(self) -> Tensor:
+        """``(N,)`` number of tokens the policy sampled."""
+        return (self.sampled_mask * self.completion_mask).sum(-1)
+
+    @property
+    def completion_token_ids(self) -> list[list[int]]:
+        """The N trajectories' completion tokens as lists, padding removed (reward functions' ``completion_ids``)."""
+        return [row[mask.bool()].tolist() for row, mask in zip(self.completion_ids, self.completion_mask, strict=True)]
 
     def select(self, index: Tensor) -> Rollout:
         """The rows ``index`` (a 1-D long tensor) as a new rollout, e.g. one micro-batch."""
-        rows = index.tolist()
-        pick = [self.prompts[i] for i in rows], [self.completions[i] for i in rows]
-        return replace(
-            self,
-            prompt_ids=self.prompt_ids[index],
-            prompt_mask=self.prompt_mask[index],
-            completion_ids=self.completion_ids[index],
-            completion_mask=self.completion_mask[index],
-            truncated=self.truncated[index],
-            group_ids=self.group_ids[index],
-            prompts=pick[0],
-            completions=pick[1],
-            columns={k: [v[i] for i in rows] for k, v in self.columns.items()},
-        )
+        return _map_rows(self, lambda value: _pick(value, index, index.tolist()))
 
     def to(self, device: torch.device | str) -> Rollout:
         """The rollout with its tensors on ``device``."""
-        tensors = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "truncated", "group_ids")
-        return replace(self, **{name: getattr(self, name).to(device) for name in tensors})
+        return _map_rows(self, lambda value: value.to(device) if isinstance(value, Tensor) else value)
+
+    @classmethod
+    def cat(cls, rollouts: Sequence[Rollout], *, pad_token_id: int = 0) -> Rollout:
+        """Rows of several rollouts in one (prompts re-padded on the left, completions on the right).
+
+        Group ids are offset so that the groups of different rollouts stay distinct.
+        """
+        if not rollouts:
+            raise ValueError("Rollout.cat needs at least one rollout")
+        if len(rollouts) == 1:
+            return rollouts[0]
+        offsets = torch.tensor([0, *[int(r.group_ids.max()) + 1 for r in rollouts[:-1]]]).cumsum(0).tolist()
+        p = max(r.prompt_ids.shape[1] for r in rollouts)
+        t = max(r.completion_ids.shape[1] for r in rollouts)
+        left = lambda x, v: torch.nn.functional.pad(x, (p - x.shape[1], 0), value=v)  # noqa: E731
+        right = lambda x, v: torch.nn.functional.pad(x, (0, t - x.shape[1]), value=v)  # noqa: E731
+        with_turns = [r.turns for r in rollouts if r.turns is not None]
+        return cls(
+            prompt_ids=torch.cat([left(r.prompt_ids, pad_token_id) for r in rollouts]),
+            prompt_mask=torch.cat([left(r.prompt_mask, 0) for r in rollouts]),
+            completion_ids=torch.cat([right(r.completion_ids, pad_token_id) for r in rollouts]),
+            completion_mask=torch.cat([right(r.completion_mask, 0) for r in rollouts]),
+            truncated=torch.cat([r.truncated for r in rollouts]),
+            group_ids=torch.cat([r.group_ids + o for r, o in zip(rollouts, offsets, strict=True)]),
+            prompts=[p for r in rollouts for p in r.prompts],
+            completions=[c for r in rollouts for c in r.completions],
+            columns={k: [v for r in rollouts for v in r.columns[k]] for k in rollouts[0].columns},
+            sampled_mask=torch.cat([right(r.sampled_mask, 0) for r in rollouts]),
+            turns=_cat_turns(with_turns) if len(with_turns) == len(rollouts) else None,
+        )
+
+
+def _pick(value: Any, index: Tensor, rows: list[int]) -> Any:
+    """Rows ``index`` of a per-row value: a tensor, a list or a dict of lists."""
+    if isinstance(value, Tensor):
+        return value[index.to(value.device)]
+    if isinstance(value, list):
+        return [value[i] for i in rows]
+    if isinstance(value, dict):
+        return {k: _pick(v, index, rows) for k, v in value.items()}
+    return value
+
+
+def _map_rows(obj: Any, fn: Any) -> Any:
+    """``obj`` (a dataclass) with ``fn`` applied to every field that is set, recursing into :class:`TurnStats`."""
+    mapped = {}
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        mapped[f.name] = _map_rows(value, fn) if isinstance(value, TurnStats) else None if value is None else fn(value)
+    return replace(obj, **mapped)
+
+
+def _cat_turns(turns: Sequence[TurnStats]) -> TurnStats:
+    tensors = {
+        f.name: torch.cat([getattr(t, f.name) for t in turns]) for f in fields(TurnStats) if f.name != "turn_rewards"
+    }
+    return TurnStats(**tensors, turn_rewards=[r for t in turns for r in t.turn_rewards])

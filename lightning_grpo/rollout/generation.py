@@ -8,9 +8,10 @@ continues from it. The sampling distribution and the random draws are those of p
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
 from torch import nn
@@ -21,13 +22,31 @@ from lightning_grpo.rollout.batch import Rollout, completion_mask_from_ids
 from lightning_grpo.rollout.logprobs import position_ids_from_mask
 
 __all__ = [
+    "SAMPLERS",
+    "Sampler",
     "SamplingSettings",
     "decode_loop",
     "eos_token_ids",
+    "eval_mode",
     "generate_rollout",
     "sample_sequences",
     "tokenize_prompts",
 ]
+
+#: How the next token is drawn (``SamplingSettings.sampler``, ``GRPOConfig.sampler``).
+Sampler = Literal["multinomial", "inverse_cdf"]
+SAMPLERS: tuple[str, ...] = get_args(Sampler)
+
+
+@contextmanager
+def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """``model`` in eval mode (dropout off; gradient checkpointing, active only in train mode, off), then restored."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
 
 
 @dataclass(frozen=True)
@@ -64,7 +83,7 @@ class SamplingSettings:
     min_new_tokens: int = 0
     share_prompt: bool = True
     static_cache: bool = False
-    sampler: Literal["multinomial", "inverse_cdf"] = "multinomial"
+    sampler: Sampler = "multinomial"
     drop_finished: bool = False
 
     @property
@@ -145,12 +164,8 @@ def generate_rollout(
     """
     device = next(model.parameters()).device
     prompt_ids, prompt_mask = tokenize_prompts(tokenizer, prompts, max_prompt_length, device)
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         sequences = sample_sequences(model, tokenizer, prompt_ids, prompt_mask, settings)
-    finally:
-        model.train(was_training)
     return _rollout(tokenizer, prompt_ids, prompt_mask, sequences[:, prompt_ids.shape[1] :], prompts, columns or {})
 
 

@@ -8,6 +8,7 @@ import re
 import pytest
 import torch
 
+from lightning_grpo import GRPOConfig
 from lightning_grpo.algorithms import (
     ADVANTAGE_ESTIMATORS,
     KL_ESTIMATORS,
@@ -129,7 +130,10 @@ def test_policy_loss_advantages_shape(shape):
 @pytest.mark.parametrize(("clip_low", "clip_high"), [(1.0, 0.2), (1.5, 0.2), (-0.1, 0.2), (0.2, -0.1)])
 @pytest.mark.parametrize("kind", list(POLICY_LOSSES))
 def test_policy_loss_invalid_clip_range(kind, clip_low, clip_high):
-    expected = f"need 0 <= clip_low < 1 and clip_high >= 0; got clip_low={clip_low}, clip_high={clip_high}"
+    if clip_high < 0:
+        expected = f"clip_high must be a finite number >= 0.0, got {clip_high}"
+    else:
+        expected = f"clip_low must be a finite number in [0.0, 1.0), got {clip_low}"
     with pytest.raises(ValueError, match=re.escape(expected)):
         policy_loss(LP, LP, ADV, MASK, kind=kind, clip_low=clip_low, clip_high=clip_high)
 
@@ -137,16 +141,24 @@ def test_policy_loss_invalid_clip_range(kind, clip_low, clip_high):
 @pytest.mark.parametrize("dual_clip", [1.0, 0.5, 0.0, -3.0])
 def test_policy_loss_invalid_dual_clip(dual_clip):
     # the dual clip bound -A c must lie above the clipped surrogate: c > 1
-    with pytest.raises(ValueError, match=re.escape(f"dual_clip must be > 1 (or None to disable); got {dual_clip}")):
+    with pytest.raises(ValueError, match=re.escape(f"dual_clip must be a finite number > 1.0 or None, got {dual_clip}")):
         policy_loss(LP, LP, ADV, MASK, dual_clip=dual_clip)
 
 
 @pytest.mark.parametrize(("delta", "clip_high"), [(1.2, 0.2), (1.1, 0.2), (1.25, 0.28), (0.5, 0.2)])
 def test_policy_loss_invalid_delta(delta, clip_high):
     # delta bounds the unclipped ratio and must exceed the upper clip bound 1 + clip_high
-    expected = f"delta must be > 1 + clip_high = {1.0 + clip_high} (or None); got {delta}"
+    expected = f"delta must be a finite number > {1.0 + clip_high} or None, got {delta}"
     with pytest.raises(ValueError, match=re.escape(expected)):
         policy_loss(LP, LP, ADV, MASK, clip_high=clip_high, delta=delta)
+
+
+def test_config_refuses_clip_settings_with_the_loss_message():
+    # GRPOConfig calls the loss's own check: one rule, one message, at construction
+    with pytest.raises(ValueError, match=re.escape("delta must be a finite number > 1.2 or None, got 1.1")):
+        GRPOConfig(delta=1.1)
+    with pytest.raises(TypeError, match=re.escape("clip_low must be a finite number in [0.0, 1.0), got '0.2' (str)")):
+        GRPOConfig(clip_low="0.2")
 
 
 def test_policy_loss_valid_edge_settings_accepted():

@@ -32,14 +32,6 @@ def run_module(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.fixture(scope="session")
-def warm_tiny_cache() -> None:
-    """Build (or load) the warmed-up ``tiny:addition`` once, so that timed tests do not pay for the warm-up."""
-    from lightning_grpo.tiny import load_tiny_model
-
-    load_tiny_model("tiny:addition")
-
-
 @pytest.fixture(autouse=True)
 def _plain_argv(monkeypatch: pytest.MonkeyPatch) -> None:
     """In-process CLI calls get their arguments explicitly; pytest's own must not look like CLI arguments."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lightning_grpo.tiny import build_tiny_tokenizer
+from lightning_grpo.testing import build_tiny_tokenizer
 
 #: A minimal chat template: one ``<role>content`` line per message, then ``<assistant>`` for the reply.
 CHAT_TEMPLATE = (

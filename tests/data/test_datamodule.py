@@ -10,7 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from lightning_grpo.data import PromptDataModule, make_task
+from lightning_grpo.data import PromptDataModule
+from lightning_grpo.testing import make_task
 
 ADDITION = make_task("addition", num_samples=20, seed=0)
 
@@ -59,13 +60,6 @@ def test_jsonl_source_and_collate_keeps_every_column(tmp_path):
     assert batch == {"prompt": [r["prompt"] for r in ADDITION[:4]], "answer": [r["answer"] for r in ADDITION[:4]]}
 
 
-def test_builtin_source():
-    dm = PromptDataModule("builtin:successor", batch_size=8)
-    dm.setup("fit")
-    assert len(dm.train_records) == 64
-    assert all(p.endswith("+1=") for p in first_batch(dm)["prompt"])
-
-
 def test_prompt_template_and_original_column_kept():
     rows = [{"question": f"{i}+{i}?", "answer": str(2 * i), "level": i % 2} for i in range(4)]
     dm = PromptDataModule(rows, prompt_field="question", prompt_template="Question: {question}\nAnswer:", batch_size=2)
@@ -103,28 +97,54 @@ def test_system_prompt_without_chat_template_is_a_prefix_line():
     assert first_batch(dm)["prompt"] == [f"Add the numbers.\n{r['prompt']}" for r in ADDITION[:2]]
 
 
-def test_chat_template_wraps_prompt_with_system_turn(chat_tokenizer):
+def test_chat_template_makes_conversations_with_a_system_turn(chat_tokenizer):
     dm = PromptDataModule(
         ADDITION[:2], tokenizer=chat_tokenizer, chat_template=True, system_prompt="Add.", batch_size=2, shuffle=False
     )
     prompt = ADDITION[0]["prompt"]
-    assert first_batch(dm)["prompt"][0] == f"<system>Add.\n<user>{prompt}\n<assistant>"
+    assert first_batch(dm)["prompt"][0] == [
+        {"role": "system", "content": "Add."},
+        {"role": "user", "content": prompt},
+    ]  # kept as messages: the module renders them with the template when it samples
 
 
 def test_chat_template_without_system_prompt(chat_tokenizer):
     dm = PromptDataModule(ADDITION[:1], tokenizer=chat_tokenizer, chat_template=True, batch_size=1)
-    assert first_batch(dm)["prompt"] == [f"<user>{ADDITION[0]['prompt']}\n<assistant>"]
+    assert first_batch(dm)["prompt"] == [[{"role": "user", "content": ADDITION[0]["prompt"]}]]
 
 
 def test_chat_template_needs_one_in_the_tokenizer(tokenizer):
+    tokenizer.chat_template = None
     dm = PromptDataModule(ADDITION, tokenizer=tokenizer, chat_template=True)
-    with pytest.raises(ValueError, match=r"the tokenizer \(\w+\) has no chat template"):
+    with pytest.raises(ValueError, match=r"train_data row 0: .* need a tokenizer with a chat template"):
         dm.setup("fit")
 
 
-def test_chat_template_needs_a_tokenizer():
-    with pytest.raises(ValueError, match=r"chat_template=True needs a tokenizer"):
-        PromptDataModule(ADDITION, chat_template=True).setup("fit")
+def test_conversational_records_are_kept_as_messages(chat_tokenizer):
+    rows = [{"prompt": [{"role": "user", "content": "2+2="}], "answer": "4"}] * 2
+    dm = PromptDataModule(rows, tokenizer=chat_tokenizer, max_prompt_length=64, batch_size=2, shuffle=False)
+    batch = first_batch(dm)
+    assert batch["prompt"] == [rows[0]["prompt"]] * 2 and batch["answer"] == ["4", "4"]
+
+
+def test_conversational_prompts_are_filtered_by_their_rendered_length(chat_tokenizer, recwarn):
+    rows = [{"prompt": [{"role": "user", "content": "x" * n}]} for n in (2, 30)]
+    dm = PromptDataModule(rows, tokenizer=chat_tokenizer, max_prompt_length=len("<user>xx\n<assistant>"), batch_size=1)
+    dm.setup("fit")  # the 2-character prompt fits only if the template's tokens are counted exactly
+    assert [r["prompt"][0]["content"] for r in dm.train_records] == ["xx"]
+
+
+@pytest.mark.parametrize(
+    ("prompt", "match"),
+    [
+        ([{"role": "robot", "content": "hi"}], r"row 0: prompt field 'prompt'\[0\] has role 'robot'; the allowed roles are system, user"),
+        ([{"role": "user"}], r"row 0: prompt field 'prompt'\[0\].*content"),
+        (42, r"must be a string or a list of chat messages"),
+    ],
+)
+def test_malformed_conversations_are_refused_naming_the_row(prompt, match):
+    with pytest.raises(ValueError, match=match):
+        PromptDataModule([{"prompt": prompt}]).setup("fit")
 
 
 def test_tokenizer_given_by_path(tmp_path, chat_tokenizer):
@@ -132,7 +152,7 @@ def test_tokenizer_given_by_path(tmp_path, chat_tokenizer):
     dm = PromptDataModule(ADDITION[:1], tokenizer=str(tmp_path / "tok"), chat_template=True, batch_size=1)
     dm.setup("fit")
     assert not isinstance(dm.tokenizer, str)
-    assert dm.train_records[0]["prompt"] == f"<user>{ADDITION[0]['prompt']}\n<assistant>"
+    assert dm.train_records[0]["prompt"] == [{"role": "user", "content": ADDITION[0]["prompt"]}]
 
 
 # --- length filter ------------------------------------------------------------------------------------------------
@@ -214,7 +234,7 @@ def test_prepare_data_loads_only_hf_sources(monkeypatch):
     fake.load_dataset = lambda name, config=None, split=None: calls.append((name, config, split)) or _Rows(ADDITION)
     monkeypatch.setitem(sys.modules, "datasets", fake)
     PromptDataModule("hf:org/train", val_data="hf:org/val@test", hf_config="main").prepare_data()
-    PromptDataModule(ADDITION, val_data="builtin:addition").prepare_data()
+    PromptDataModule(ADDITION, val_data=ADDITION[:4]).prepare_data()
     assert calls == [("org/train", "main", "train"), ("org/val", "main", "test")]
 
 

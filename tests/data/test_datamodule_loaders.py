@@ -8,7 +8,8 @@ import pytest
 import torch
 from torch.utils.data import DistributedSampler
 
-from lightning_grpo.data import PromptDataModule, make_task
+from lightning_grpo.data import PromptDataModule
+from lightning_grpo.testing import make_task
 
 ADDITION = make_task("addition", num_samples=20, seed=0)
 UNIQUE = [{"prompt": f"p{i}=", "answer": str(i)} for i in range(10)]

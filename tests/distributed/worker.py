@@ -21,7 +21,7 @@ from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig, PromptDataModule, Rollout
 from lightning_grpo.distributed import full_adapter_state_dict
-from lightning_grpo.tiny import build_tiny_model, build_tiny_tokenizer
+from lightning_grpo.testing import build_tiny_model, build_tiny_tokenizer
 from tests.conftest import count_a, make_trainer, prompt_loader, prompt_records
 from tests.module.helpers import FixedRolloutModule, fixed_rollout
 

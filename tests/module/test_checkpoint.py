@@ -7,7 +7,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from peft import PeftModel
 
 from lightning_grpo import PromptDataModule
-from lightning_grpo.tiny import build_tiny_model
+from lightning_grpo.testing import build_tiny_model
 from tests.conftest import make_trainer, prompt_records
 
 

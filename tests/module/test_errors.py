@@ -7,7 +7,7 @@ import torch
 
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig
 from lightning_grpo.rewards import RewardError
-from lightning_grpo.tiny import build_tiny_model, build_tiny_tokenizer
+from lightning_grpo.testing import build_tiny_model, build_tiny_tokenizer
 from tests.conftest import make_trainer, prompt_loader
 
 

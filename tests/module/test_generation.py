@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from lightning_grpo.rollout import SamplingSettings, completion_logprobs, generate_rollout
-from lightning_grpo.tiny import build_tiny_model
+from lightning_grpo.testing import build_tiny_model
 
 
 def _rollout(model, tokenizer, **settings):

@@ -71,7 +71,7 @@ def test_only_adapter_weights_change_and_reference_is_the_base_model(make_module
     assert all(p.grad is None or "lora_" in n for n, p in module.policy.named_parameters())
 
     from lightning_grpo.rollout import completion_logprobs
-    from lightning_grpo.tiny import build_tiny_model
+    from lightning_grpo.testing import build_tiny_model
 
     fresh = build_tiny_model(tokenizer).eval()  # same seed: the untouched base weights
     rollout = module.fixed

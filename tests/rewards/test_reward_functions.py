@@ -226,7 +226,7 @@ def test_prompts_and_completions_are_passed_positionally_under_any_parameter_nam
 
 
 def test_missing_required_keyword_names_the_function_and_the_keyword():
-    with pytest.raises(RewardError, match=r"'exact' needs keyword\(s\) \['answer'\]; the batch offers \['level'\]"):
+    with pytest.raises(RewardError, match=r"'exact' needs keyword\(s\) \['answer'\]; the batch offers \['completions', 'level', 'prompts'\]"):
         RewardFunctions([exact])(["p"], ["c"], {"level": [1]})
 
 
@@ -238,8 +238,7 @@ def test_missing_required_keyword_names_the_function_and_the_keyword():
     [
         ([], None, ValueError, "at least one reward function; got none"),
         ({}, None, ValueError, "at least one reward function; got none"),
-        (exact, None, TypeError, "got function \\(wrap a single function in a list\\)"),
-        ("exact", None, TypeError, "sequence of reward functions or a mapping.*got str"),
+        (3, None, TypeError, "a reward function, a model id, a sequence of them or a mapping.*got int"),
         ([exact, 3], None, TypeError, r"functions\[1\] must be a callable reward function; got int 3"),
         ({"bad": None}, None, TypeError, "bad must be a callable reward function; got NoneType"),
         ([ScoreByHand], None, TypeError, r"the class ScoreByHand; pass an instance, e\.g\. ScoreByHand\(\.\.\.\)"),
@@ -259,14 +258,11 @@ def test_construction_errors_name_what_was_seen_and_what_is_allowed(functions, w
         RewardFunctions(functions, weights)
 
 
-def test_signature_without_room_for_prompts_and_completions_is_refused():
+def test_single_parameter_function_is_called_by_keyword():
     def one_arg(completions):
-        return []
+        return [float(len(c)) for c in completions]
 
-    with pytest.raises(
-        TypeError, match=r"'one_arg' must accept \(prompts, completions, \*\*columns\); .*\(completions\)"
-    ):
-        RewardFunctions([one_arg])
+    assert RewardFunctions(one_arg)(["p"], ["abc"]).rewards.tolist() == [3.0]
 
 
 # ---------------------------------------------------------------- call errors: inputs
@@ -276,7 +272,7 @@ def test_signature_without_room_for_prompts_and_completions_is_refused():
     ("prompts", "completions", "columns", "extra", "match"),
     [
         (["a"], ["x", "y"], {}, {}, "same length; got 1 and 2"),
-        ("ab", ["x", "y"], {}, {}, "prompts must be a list of strings, one per sample; got str"),
+        ("ab", ["x", "y"], {}, {}, "prompts must be a list with one entry per sample.*got str"),
         (
             ["a", "b"],
             ["x", "y"],
@@ -285,7 +281,7 @@ def test_signature_without_room_for_prompts_and_completions_is_refused():
             r"column 'answer' must have one value per completion \(2\); got 1",
         ),
         (["a", "b"], ["x", "y"], {"answer": "12"}, {}, "column 'answer' must be a sequence of 2 values; got str"),
-        (["a", "b"], ["x", "y"], {"prompts": ["a", "b"]}, {}, "'prompts' is passed positionally"),
+        (["a", "b"], ["x", "y"], {"prompts": ["a", "b"]}, {}, "'prompts' is passed to reward functions by RewardFunctions"),
         (["a", "b"], ["x", "y"], {"level": [1, 2]}, {"level": [1, 2]}, r"\['level'\] are given both as columns"),
     ],
 )

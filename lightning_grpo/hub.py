@@ -1,0 +1,73 @@
+"""Loading from a local path or the Hugging Face hub, with one-line errors that say what went wrong.
+
+transformers reports a missing local folder as "Repo id must be in the form 'repo_name' or 'namespace/repo_name'",
+and an uncached hub id while offline as a chain of three tracebacks. :func:`from_pretrained` raises
+:class:`ModelLoadError` instead: the path does not exist, or the id is not cached and the hub cannot be reached.
+docs/troubleshooting.md lists the messages.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+__all__ = ["ModelLoadError", "from_pretrained"]
+
+T = TypeVar("T")
+_OFFLINE_HINTS = ("outgoing traffic has been disabled", "couldn't connect", "offline mode", "connection")
+
+
+class ModelLoadError(OSError):
+    """A model or tokenizer that could not be loaded; the message names it and says why, in one line."""
+
+
+def from_pretrained(load: Callable[..., T], name: str | Path, what: str = "model", **kwargs: Any) -> T:
+    """``load(name, **kwargs)`` (e.g. ``AutoModelForCausalLM.from_pretrained``), with a clear error on failure.
+
+    Args:
+        load: The loader.
+        name: A Hugging Face hub id (``"org/name"``) or a local folder.
+        what: What is loaded, for the message (``"model"``, ``"tokenizer"``).
+        **kwargs: Passed to ``load``.
+
+    Raises:
+        ModelLoadError: The folder does not exist, the id is not cached and the hub cannot be reached, or the
+            loader failed (its first line is quoted).
+    """
+    try:
+        return load(str(name), **kwargs)
+    except (OSError, ValueError) as error:  # huggingface_hub's HFValidationError is a ValueError
+        raise ModelLoadError(load_error_message(str(name), what, error)) from error
+
+
+def load_error_message(name: str, what: str, error: BaseException) -> str:
+    """One line that says which ``what`` could not be loaded from ``name``, and why."""
+    path = Path(name).expanduser()
+    first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    if path.exists():
+        return f"could not load the {what} from the folder {name}: {first_line}"
+    if _looks_like_a_path(name):
+        return (
+            f"the {what} path {name!r} does not exist (and it is not a Hugging Face hub id, which looks like "
+            "'org/name'); check the path, relative to the current folder " + str(Path.cwd())
+        )
+    if _is_offline() or any(hint in str(error).lower() for hint in _OFFLINE_HINTS):
+        return (
+            f"could not load the {what} {name!r}: it is not in the local Hugging Face cache and the hub cannot be "
+            "reached (HF_HUB_OFFLINE=1 or no network); download it once with network access "
+            f"(huggingface-cli download {name}) or give a local folder"
+        )
+    return f"could not load the {what} {name!r}: {first_line}"
+
+
+def _looks_like_a_path(name: str) -> bool:
+    """Hub ids are ``name`` or ``org/name``; anything else (``./x``, ``/x``, ``~/x``, ``a/b/c``) is a path."""
+    return name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name
+
+
+def _is_offline() -> bool:
+    return any(
+        os.environ.get(var, "").lower() in ("1", "true", "yes") for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )

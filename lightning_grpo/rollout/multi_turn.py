@@ -1,0 +1,429 @@
+"""Conversational rollouts: chat-message prompts, tool calls and environments, several turns per trajectory.
+
+A trajectory is one token sequence: the rendered prompt, then policy turns interleaved with tool or environment turns.
+Each turn, every trajectory still running samples in one batched call (the first turn shares each prompt's prefill
+across its G samples); the tool calls of all trajectories run concurrently; the environment steps run concurrently;
+the messages they return are turned into tokens by the chat template (:func:`~lightning_grpo.rollout.chat.
+continuation_ids`) and appended as context. Sampled tokens are kept as sampled, never re-tokenized. See
+``docs/agents.md`` for the masking and the semantics of ``max_turns`` and the token budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+import torch
+from torch import nn
+from transformers import PreTrainedTokenizerBase
+
+from lightning_grpo.agents import (
+    EnvironmentEpisode,
+    EnvironmentFactory,
+    HermesToolCallParser,
+    ParsedTurn,
+    ToolCallParser,
+    ToolExecutor,
+    ToolSet,
+    assistant_message,
+    check_chat_template_supports_tools,
+    step_episodes,
+    validate_messages,
+)
+from lightning_grpo.rollout.batch import Rollout, TurnStats
+from lightning_grpo.rollout.chat import continuation_ids, render_messages
+from lightning_grpo.rollout.generation import (
+    SamplingSettings,
+    eos_token_ids,
+    eval_mode,
+    generate_rollout,
+    sample_sequences,
+    tokenize_prompts,
+)
+
+__all__ = ["AgentSettings", "generate_conversations", "sample_rollout"]
+
+_ERRORS = ("error", "unknown_tool", "parse_error")
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """How a conversational rollout runs its turns.
+
+    Attributes:
+        executor: Runs the policy's tool calls (concurrently, each with a timeout); ``None`` without tools.
+        parser: Reads the content and tool calls of an assistant turn.
+        environment_factory: Makes one environment per sample from its dataset row; ``None`` without one.
+        max_turns: Most policy turns per trajectory; a trajectory that still calls a tool (or whose environment is
+            not done) at the last turn is cut and flagged truncated.
+        env_reward: How the per-turn environment rewards become the ``env_reward`` keyword of reward functions:
+            their ``"sum"`` or the ``"last"`` one.
+    """
+
+    executor: ToolExecutor | None = None
+    parser: ToolCallParser = field(default_factory=HermesToolCallParser)
+    environment_factory: EnvironmentFactory | None = None
+    max_turns: int = 1
+    env_reward: Literal["sum", "last"] = "sum"
+
+    @classmethod
+    def build(
+        cls,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        tools: Sequence[Callable[..., Any]] | None = None,
+        tool_parser: ToolCallParser | None = None,
+        environment_factory: EnvironmentFactory | None = None,
+        max_turns: int = 1,
+        tool_timeout: float = 10.0,
+        env_reward: Literal["sum", "last"] = "sum",
+    ) -> AgentSettings:
+        """Settings from the module's arguments; tools are checked (schemas) and so is the tokenizer's template.
+
+        Raises:
+            ValueError: A tool lacks type hints or a docstring, or the chat template does not render tools.
+        """
+        executor = None
+        if tools:
+            executor = ToolExecutor(ToolSet(tools), timeout=tool_timeout)
+            check_chat_template_supports_tools(tokenizer)
+        if environment_factory is not None and not callable(environment_factory):
+            raise TypeError(f"environment_factory must be callable (row -> Environment), got {environment_factory!r}")
+        parser = tool_parser if tool_parser is not None else HermesToolCallParser()
+        return cls(executor, parser, environment_factory, max_turns, env_reward)
+
+    @property
+    def multi_turn(self) -> bool:
+        """Whether trajectories can have several turns (tools or an environment are set)."""
+        return self.executor is not None or self.environment_factory is not None
+
+    @property
+    def tool_schemas(self) -> list[dict[str, Any]] | None:
+        """The tools' JSON schemas for the chat template, or ``None`` without tools."""
+        return self.executor.tools.schemas if self.executor is not None else None
+
+
+@dataclass
+class _Trajectory:
+    """One sample's conversation while it runs."""
+
+    prompt: list[dict[str, Any]]
+    episode: EnvironmentEpisode | None = None
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    sampled: list[int] = field(default_factory=list)
+    turns: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    tool_timeouts: int = 0
+    done: bool = False
+    truncated: bool = False
+    max_turns_reached: bool = False
+
+    def extend(self, ids: Sequence[int], *, sampled: bool) -> None:
+        self.tokens.extend(ids)
+        self.sampled.extend([int(sampled)] * len(ids))
+
+    def stop(self, *, truncated: bool = False, max_turns: bool = False) -> None:
+        self.done, self.truncated, self.max_turns_reached = True, truncated, max_turns
+
+
+def sample_rollout(
+    model: nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[str | list[dict[str, Any]]],
+    settings: SamplingSettings,
+    agent: AgentSettings,
+    *,
+    max_prompt_length: int,
+    columns: dict[str, Sequence[Any]] | None = None,
+    any_rank_active: Callable[[bool], bool] | None = None,
+) -> Rollout:
+    """Sample G completions per prompt: string prompts as plain text, conversational prompts through the template.
+
+    Raises:
+        ValueError: Prompts mix strings and message lists, a message is malformed, or tools/an environment are set
+            with string prompts.
+    """
+    prompts = list(prompts)
+    if all(isinstance(p, str) for p in prompts):
+        if agent.multi_turn:
+            raise ValueError(
+                "tools and environment_factory need conversational prompts (a list of chat messages per row, e.g. "
+                '[{"role": "user", "content": "..."}]); got string prompts'
+            )
+        return generate_rollout(
+            model, tokenizer, prompts, settings, max_prompt_length=max_prompt_length, columns=columns
+        )
+    if not all(isinstance(p, list | tuple) for p in prompts):
+        kinds = sorted({type(p).__name__ for p in prompts})
+        raise ValueError(f"prompts must be all strings or all lists of chat messages; got a mix of {kinds}")
+    messages = [validate_messages(p, name=f"prompt {i}") for i, p in enumerate(prompts)]
+    return generate_conversations(
+        model, tokenizer, messages, settings, agent,
+        max_prompt_length=max_prompt_length, columns=columns, any_rank_active=any_rank_active,
+    )  # fmt: skip
+
+
+@torch.no_grad()
+def generate_conversations(
+    model: nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[list[dict[str, Any]]],
+    settings: SamplingSettings,
+    agent: AgentSettings,
+    *,
+    max_prompt_length: int,
+    columns: dict[str, Sequence[Any]] | None = None,
+    any_rank_active: Callable[[bool], bool] | None = None,
+) -> Rollout:
+    """Sample ``settings.num_generations`` trajectories for each conversational prompt.
+
+    Args:
+        model: A causal LM with ``generate``.
+        tokenizer: Its tokenizer, with a chat template (one that renders tools when tools are set).
+        prompts: ``B`` prompts, each a list of chat messages.
+        settings: Sampling settings; ``max_new_tokens`` is the token budget of a whole trajectory.
+        agent: Tools, parser, environment factory and ``max_turns``.
+        max_prompt_length: Longest rendered prompt in tokens.
+        columns: Dataset row fields, one list of ``B`` values each.
+        any_rank_active: Under FSDP, whether any rank still has a running trajectory (a collective); a rank with none
+            keeps joining the sampling calls of the others until all are done. ``None`` on one process.
+
+    Returns:
+        A :class:`Rollout` of ``B * G`` trajectories with ``sampled_mask`` and :class:`TurnStats`.
+    """
+    columns = {k: list(v) for k, v in (columns or {}).items()}
+    trajectories = _start(prompts, columns, settings.num_generations, agent)
+    texts = [render_messages(tokenizer, t.prompt, tools=agent.tool_schemas) for t in trajectories]
+    device = next(model.parameters()).device
+    prompt_ids, prompt_mask = tokenize_prompts(tokenizer, texts, max_prompt_length, device)
+    with eval_mode(model):
+        for turn in range(agent.max_turns):
+            active = [i for i, t in enumerate(trajectories) if not t.done]
+            if not (any_rank_active(bool(active)) if any_rank_active is not None else active):
+                break
+            if not active:  # other ranks still sample: join their synchronised calls
+                sample_sequences(
+                    model, tokenizer, prompt_ids[:1], prompt_mask[:1], replace(settings, num_generations=1)
+                )
+                continue
+            sampled = _sample_turn(model, tokenizer, prompt_ids, prompt_mask, trajectories, active, settings, turn)
+            _react(tokenizer, [trajectories[i] for i in active], sampled, settings.max_new_tokens, agent)
+    return _rollout(tokenizer, prompt_ids, prompt_mask, trajectories, settings.num_generations, columns, agent)
+
+
+def _start(
+    prompts: Sequence[list[dict[str, Any]]], columns: dict[str, list[Any]], g: int, agent: AgentSettings
+) -> list[_Trajectory]:
+    """``B * G`` trajectories; with an environment, each gets its own instance and its first observation."""
+    trajectories = []
+    for b, prompt in enumerate(prompts):
+        row = {"prompt": prompt, **{name: values[b] for name, values in columns.items()}}
+        for j in range(g):
+            if agent.environment_factory is None:
+                trajectories.append(_Trajectory(prompt=list(prompt)))
+                continue
+            episode = EnvironmentEpisode(agent.environment_factory, row, index=b * g + j)
+            trajectories.append(_Trajectory(prompt=[*prompt, *episode.reset()], episode=episode))
+    return trajectories
+
+
+def _sample_turn(
+    model: nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    trajectories: list[_Trajectory],
+    active: list[int],
+    settings: SamplingSettings,
+    turn: int,
+) -> list[list[int]]:
+    """One batched sampling call over the running trajectories; the raw new tokens of each."""
+    g = settings.num_generations
+    if turn == 0 and _groups_share_prompt(prompt_ids, prompt_mask, g):
+        rows = torch.arange(0, len(prompt_ids), g, device=prompt_ids.device)  # the first of each group: G samples each
+        out = sample_sequences(model, tokenizer, prompt_ids[rows], prompt_mask[rows], settings)
+        return out[:, prompt_ids.shape[1] :].tolist()
+    contexts = [prompt_ids[i][prompt_mask[i].bool()].tolist() + trajectories[i].tokens for i in active]
+    budget = max(settings.max_new_tokens - len(trajectories[i].tokens) for i in active)
+    ids, mask = _left_pad(contexts, tokenizer.pad_token_id, prompt_ids.device)
+    out = sample_sequences(model, tokenizer, ids, mask, replace(settings, num_generations=1, max_new_tokens=budget))
+    return out[:, ids.shape[1] :].tolist()
+
+
+def _groups_share_prompt(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, g: int) -> bool:
+    """Whether the G rows of every group have the same prompt (not so when environments observe differently)."""
+    rows = torch.cat([prompt_ids, prompt_mask.long()], dim=1).view(-1, g, 2 * prompt_ids.shape[1])
+    return bool((rows == rows[:, :1]).all())
+
+
+def _left_pad(rows: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row) :], mask[i, width - len(row) :] = torch.tensor(row, dtype=torch.long), 1
+    return ids.to(device), mask.to(device)
+
+
+def _react(
+    tokenizer: PreTrainedTokenizerBase,
+    running: list[_Trajectory],
+    sampled: list[list[int]],
+    budget: int,
+    agent: AgentSettings,
+) -> None:
+    """Record each policy turn, then run its tool calls or environment step and insert what they return."""
+    eos = set(eos_token_ids(tokenizer).tolist())
+    calls, stepping = {}, {}
+    for index, (trajectory, tokens) in enumerate(zip(running, sampled, strict=True)):
+        turn = _take_turn(tokenizer, trajectory, tokens, eos, budget, agent)
+        if turn is not None and turn.tool_calls:
+            calls[index] = turn
+        elif turn is not None:
+            stepping[index] = trajectory.messages[-1]
+    observations = _run_tools(running, calls, agent)
+    observations.update(_step_environments(running, stepping, agent))
+    for index, messages in observations.items():
+        _insert(tokenizer, running[index], messages, budget, agent)
+
+
+def _take_turn(
+    tokenizer: PreTrainedTokenizerBase,
+    trajectory: _Trajectory,
+    tokens: list[int],
+    eos: set[int],
+    budget: int,
+    agent: AgentSettings,
+) -> ParsedTurn | None:
+    """Append the sampled turn (cut at its first EOS and at the budget); the parsed turn if the episode goes on."""
+    remaining = budget - len(trajectory.tokens)
+    end = next((i + 1 for i, token in enumerate(tokens[:remaining]) if token in eos), None)
+    trajectory.extend(tokens[: end or remaining], sampled=True)
+    trajectory.turns += 1
+    text = tokenizer.decode(tokens[: end or remaining], skip_special_tokens=True)
+    turn = agent.parser.parse(text) if agent.executor is not None else ParsedTurn(content=text)
+    trajectory.messages.append(assistant_message(turn) if turn.tool_calls else {"role": "assistant", "content": text})
+    trajectory.tool_calls += len(turn.tool_calls) if agent.executor is not None else 0
+    if end is None:  # the budget ran out inside the turn
+        trajectory.stop(truncated=True)
+    elif not turn.tool_calls and trajectory.episode is None:  # answered without a call: the episode is over
+        trajectory.stop()
+    elif trajectory.turns >= agent.max_turns:
+        trajectory.stop(truncated=True, max_turns=True)
+    return None if trajectory.done else turn
+
+
+def _run_tools(
+    running: list[_Trajectory], turns: dict[int, ParsedTurn], agent: AgentSettings
+) -> dict[int, list[dict[str, Any]]]:
+    """Every tool call of the turn, concurrently; the tool messages of each trajectory."""
+    if not turns:
+        return {}
+    flat = [(index, call) for index, turn in turns.items() for call in turn.tool_calls]
+    results = agent.executor.run([call for _, call in flat])  # type: ignore[union-attr]
+    messages: dict[int, list[dict[str, Any]]] = {index: [] for index in turns}
+    for (index, _), result in zip(flat, results, strict=True):
+        messages[index].append(result.to_message())
+        running[index].tool_errors += result.status in _ERRORS
+        running[index].tool_timeouts += result.status == "timeout"
+    return messages
+
+
+def _step_environments(
+    running: list[_Trajectory], messages: dict[int, dict[str, Any]], agent: AgentSettings
+) -> dict[int, list[dict[str, Any]]]:
+    """Every environment step of the turn, concurrently; the observations of the episodes that go on."""
+    if not messages:
+        return {}
+    indices = list(messages)
+    steps = step_episodes([running[i].episode for i in indices], [messages[i] for i in indices])  # type: ignore[misc]
+    observations = {}
+    for index, step in zip(indices, steps, strict=True):
+        trajectory = running[index]
+        if step.done or not step.observation:
+            trajectory.stop()
+        elif trajectory.turns >= agent.max_turns:
+            trajectory.stop(truncated=True, max_turns=True)
+        else:
+            observations[index] = step.observation
+    return observations
+
+
+def _insert(
+    tokenizer: PreTrainedTokenizerBase,
+    trajectory: _Trajectory,
+    messages: list[dict[str, Any]],
+    budget: int,
+    agent: AgentSettings,
+) -> None:
+    """Append tool/environment messages as context tokens; a trajectory without room left for a turn is cut."""
+    ids = continuation_ids(tokenizer, [*trajectory.prompt, *trajectory.messages], messages, tools=agent.tool_schemas)
+    trajectory.messages.extend(messages)
+    if len(trajectory.tokens) + len(ids) >= budget:
+        trajectory.stop(truncated=True)
+        return
+    trajectory.extend(ids, sampled=False)
+
+
+def _rollout(
+    tokenizer: PreTrainedTokenizerBase,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    trajectories: list[_Trajectory],
+    g: int,
+    columns: dict[str, list[Any]],
+    agent: AgentSettings,
+) -> Rollout:
+    """The :class:`Rollout` of finished trajectories: right-padded tokens, masks, messages and turn counts."""
+    width = max(1, *(len(t.tokens) for t in trajectories))
+    ids = torch.full((len(trajectories), width), tokenizer.pad_token_id, dtype=torch.long)
+    completion_mask, sampled_mask = torch.zeros_like(ids), torch.zeros_like(ids)
+    for i, t in enumerate(trajectories):
+        ids[i, : len(t.tokens)] = torch.tensor(t.tokens, dtype=torch.long)
+        completion_mask[i, : len(t.tokens)] = 1
+        sampled_mask[i, : len(t.tokens)] = torch.tensor(t.sampled, dtype=torch.long)
+    device = prompt_ids.device
+    count = lambda name: torch.tensor([getattr(t, name) for t in trajectories], device=device)  # noqa: E731
+    turn_rewards = [list(t.episode.rewards) if t.episode is not None else [] for t in trajectories]
+    return Rollout(
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        completion_ids=ids.to(device),
+        completion_mask=completion_mask.to(device),
+        truncated=count("truncated"),
+        group_ids=torch.arange(len(trajectories) // g, device=device).repeat_interleave(g),
+        prompts=[t.prompt for t in trajectories],
+        completions=[t.messages for t in trajectories],
+        columns={**_repeat_columns(columns, g), **_environment_columns(trajectories, columns, agent)},
+        sampled_mask=sampled_mask.to(device),
+        turns=TurnStats(
+            num_turns=count("turns"),
+            tool_calls=count("tool_calls"),
+            tool_errors=count("tool_errors"),
+            tool_timeouts=count("tool_timeouts"),
+            max_turns_reached=count("max_turns_reached"),
+            turn_rewards=turn_rewards,
+        ),
+    )
+
+
+def _repeat_columns(columns: dict[str, list[Any]], g: int) -> dict[str, list[Any]]:
+    return {name: [v for v in values for _ in range(g)] for name, values in columns.items()}
+
+
+def _environment_columns(
+    trajectories: list[_Trajectory], columns: dict[str, list[Any]], agent: AgentSettings
+) -> dict[str, list[Any]]:
+    """``turn_rewards`` and ``env_reward`` for reward functions, when an environment ran."""
+    if agent.environment_factory is None:
+        return {}
+    clash = sorted({"turn_rewards", "env_reward"} & set(columns))
+    if clash:
+        raise ValueError(f"dataset column(s) {clash} clash with the environment's reward keywords; rename them")
+    return {
+        "turn_rewards": [list(t.episode.rewards) for t in trajectories],  # type: ignore[union-attr]
+        "env_reward": [t.episode.reward(agent.env_reward) for t in trajectories],  # type: ignore[union-attr]
+    }

@@ -1,0 +1,50 @@
+"""Test fixtures and the offline demo: a tiny model and tokenizer built in code, tiny tasks, and their data module.
+
+Nothing here is needed to train real models, and no other module of the package imports it. Use it in tests and
+examples, or in YAML configs by ``class_path`` (``lightning_grpo.testing.TinyModel``,
+``lightning_grpo.testing.TinyTokenizer``, ``lightning_grpo.testing.TinyTaskDataModule``); see
+``lightning_grpo/testing/tiny.yaml``, the demo's config (``lightning-grpo demo``).
+
+Example::
+
+    from lightning_grpo.testing import build_tiny_model, build_tiny_tokenizer, make_task
+
+    tokenizer = build_tiny_tokenizer()
+    model = build_tiny_model(tokenizer)  # random weights; TinyModel("addition") is warmed up on the task
+    records = make_task("addition", num_samples=8)
+"""
+
+from __future__ import annotations
+
+from lightning_grpo.testing.datamodule import TinyTaskDataModule
+from lightning_grpo.testing.model import (
+    RANDOM,
+    TinyModel,
+    WarmupSettings,
+    build_tiny_model,
+    load_tiny_model,
+    tiny_cache_dir,
+    tiny_config,
+    warm_up,
+)
+from lightning_grpo.testing.tasks import BUILTIN_TASKS, addition, make_task, successor
+from lightning_grpo.testing.tokenizer import ALPHABET, TinyTokenizer, build_tiny_tokenizer
+
+__all__ = [
+    "ALPHABET",
+    "BUILTIN_TASKS",
+    "RANDOM",
+    "TinyModel",
+    "TinyTaskDataModule",
+    "TinyTokenizer",
+    "WarmupSettings",
+    "addition",
+    "build_tiny_model",
+    "build_tiny_tokenizer",
+    "load_tiny_model",
+    "make_task",
+    "successor",
+    "tiny_cache_dir",
+    "tiny_config",
+    "warm_up",
+]

@@ -1,0 +1,126 @@
+"""SampleLogger: the sample table reaches the CSV file, text-capable and table-capable loggers, and the console."""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from lightning.pytorch.loggers import CSVLogger
+
+import lightning_grpo.callbacks.sample_logger as sample_logger_module
+from lightning_grpo.callbacks import SampleLogger
+from tests.callbacks.helpers import ListLogger, first_char_code, fit
+
+
+class _Writer:
+    """What ``TensorBoardLogger.experiment`` (a ``SummaryWriter``) offers for text."""
+
+    def __init__(self) -> None:
+        self.texts: list[tuple[str, str, int]] = []
+
+    def add_text(self, tag: str, text_string: str, global_step: int | None = None) -> None:
+        self.texts.append((tag, text_string, global_step))
+
+
+class TextLogger(ListLogger):
+    """Duck-typed like ``TensorBoardLogger``: ``experiment.add_text``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writer = _Writer()
+
+    @property
+    def experiment(self) -> _Writer:
+        return self.writer
+
+
+class TableLogger(ListLogger):
+    """Duck-typed like ``WandbLogger``: ``log_table(key, columns, data, dataframe, step)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tables: list[dict[str, Any]] = []
+
+    def log_table(self, key, columns=None, data=None, dataframe=None, step=None) -> None:
+        self.tables.append({"key": key, "columns": columns, "data": data, "step": step})
+
+
+def _shown(text: str, max_chars: int) -> str:
+    """How a text appears in a Markdown cell: cut to ``max_chars``, on one line, pipes escaped."""
+    text = text if len(text) <= max_chars else text[:max_chars] + "..."
+    return text.replace("\r", "").replace("\n", "↵").replace("|", "\\|")
+
+
+def test_every_logger_kind_and_the_console_get_the_samples(make_module, tmp_path, monkeypatch):
+    printed: list[str] = []
+    monkeypatch.setattr(sample_logger_module, "rank_zero_info", printed.append)
+    loggers = [CSVLogger(tmp_path), TextLogger(), TableLogger(), ListLogger()]
+    callback = SampleLogger(every_n_steps=2, num_samples=3, max_chars=4)
+    _, recorder = fit(make_module((first_char_code,)), [callback], iterations=4, logger=loggers)
+    # Logged at iterations 2 and 4, whose metrics the loggers receive at steps 1 and 3: tables line up with curves.
+    assert [step for _, step in loggers[3].logged] == [0, 1, 2, 3]
+    expected = []
+    for step, out in ((1, recorder.outputs[1]), (3, recorder.outputs[3])):
+        rollout, rewards, adv = out["rollout"], out["rewards"].rewards, out["advantages"]
+        expected += [
+            [step, rollout.prompts[i], rollout.completions[i], rewards[i].item(), adv[i].item()] for i in range(3)
+        ]
+
+    with open(Path(loggers[0].log_dir) / "samples.csv", newline="", encoding="utf-8") as file:
+        rows = list(csv.reader(file))
+    assert rows[0] == ["step", "prompt", "completion", "reward", "advantage"]
+    assert [[int(r[0]), r[1], r[2], float(r[3]), float(r[4])] for r in rows[1:]] == expected  # full texts
+
+    texts = loggers[1].writer.texts
+    assert [(tag, step) for tag, _, step in texts] == [("train/samples", 1), ("train/samples", 3)]
+    for (_, text, _), rows_of_step in zip(texts, (expected[:3], expected[3:]), strict=True):
+        assert text.startswith("| step | prompt | completion | reward | advantage |\n| --- |")
+        for row in rows_of_step:
+            assert f"| {row[0]} | {row[1]} | {_shown(row[2], 4)} | {row[3]:.4f} | {row[4]:.4f} |" in text
+
+    tables = loggers[2].tables
+    assert [t["step"] for t in tables] == [1, 3] and tables[0]["key"] == "train/samples"
+    assert tables[0]["columns"] == ["step", "prompt", "completion", "reward", "advantage"]
+    assert tables[0]["data"] + tables[1]["data"] == expected
+
+    assert len(printed) == 2 and printed[0].startswith("Samples at step 1 (global_step 2):\n| step |")
+    assert all(_shown(row[2], 4) in printed[0] for row in expected[:3])
+    assert max(len(line) for line in printed[1].splitlines()) < 80  # texts cut to max_chars
+
+
+def test_only_rank_zero_sends_but_every_rank_counts():
+    logger = TableLogger()
+    callback = SampleLogger(every_n_steps=1, console=False)
+    trainer = SimpleNamespace(is_global_zero=False, loggers=[logger], global_step=0)
+    callback.on_train_batch_end(trainer, None, None, {}, 0)  # outputs are not even read off rank zero
+    assert logger.tables == [] and callback.iterations == 1
+
+
+def test_the_iteration_count_is_saved_in_checkpoints():
+    callback = SampleLogger(every_n_steps=3)
+    callback.iterations = 7
+    restored = SampleLogger(every_n_steps=3)
+    restored.load_state_dict(callback.state_dict())
+    assert restored.iterations == 7
+
+
+def test_nan_rewards_show_as_nan():
+    table = sample_logger_module.markdown_table(["reward"], [[math.nan]])
+    assert table.endswith("| nan |")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"every_n_steps": 0}, "every_n_steps must be an int >= 1, got 0"),
+        ({"num_samples": 2.5}, "num_samples must be an int >= 1, got 2.5"),
+        ({"max_chars": True}, "max_chars must be an int >= 1, got True"),
+    ],
+)
+def test_bad_arguments_are_refused(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SampleLogger(**kwargs)

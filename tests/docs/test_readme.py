@@ -1,0 +1,37 @@
+"""README's Python usage sketch runs as written (it uses the tiny model, so it runs offline on CPU)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def _python_blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
+
+
+def test_readme_usage_sketch_runs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(compile(_python_blocks()[0], str(README), "exec"), namespace)
+    assert (tmp_path / "adapter" / "adapter_config.json").exists()
+    assert namespace["module"].trainer.global_step == 3
+
+
+def test_readme_subclass_sketch_overrides_one_step(tokenizer):
+    from lightning_grpo import GRPOModule
+    from lightning_grpo.testing import build_tiny_model
+    from tests.module.helpers import fixed_rollout
+
+    namespace = {"GRPOModule": GRPOModule}
+    exec(_python_blocks()[1], namespace)
+    module = namespace["LengthPenalised"](
+        build_tiny_model(tokenizer), [lambda p, c: [0.0] * len(c)], tokenizer=tokenizer
+    )
+    rollout = fixed_rollout(tokenizer, ["1+1="] * 2, ["2", "2222"], group_size=2)
+    import torch
+
+    advantages = module.compute_advantages(torch.zeros(2), rollout)
+    assert advantages[0] > 0 > advantages[1]  # the shorter completion wins once lengths are penalised

@@ -1,0 +1,61 @@
+"""Each example in examples/ runs in-process with tiny settings (the tiny model, CPU, offline)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from types import ModuleType
+
+from lightning_grpo.testing import build_tiny_model, build_tiny_tokenizer
+from tests.cli.conftest import REPO
+
+
+def load_example(name: str) -> ModuleType:
+    """Import ``examples/<name>.py`` by path (examples are scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(f"example_{name}", REPO / "examples" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_custom_reward(tmp_path, warm_tiny_cache):
+    example = load_example("custom_reward")
+    assert example.sum_from_prompt(["2+3=", "hello"], ["5", "5"]) == [1.0, None]
+    assert example.concise(["1+1="] * 2, ["2", "22222"], answer=["2", "2"], completion_lengths=[2, 6]) == [1.0, 1 / 3]
+    args = ["--max-steps", "3", "--num-generations", "4", "--batch-size", "4", "--output-dir", str(tmp_path)]
+    trainer = example.main([*args, "--no-progress-bar"])
+    assert trainer.global_step == 3
+    header = (Path(trainer.logger.log_dir) / "metrics.csv").read_text().splitlines()[0]
+    assert "train/reward/sum_from_prompt" in header and "train/reward/concise" in header
+
+
+def test_subclass_step(warm_tiny_cache):
+    example = load_example("subclass_step")
+    module = example.main(["--max-steps", "3", "--num-generations", "4", "--batch-size", "4", "--no-progress-bar"])
+    assert isinstance(module, example.LengthPenaltyGRPO) and module.trainer.global_step == 3
+    assert 0 < float(module.trainer.callback_metrics["train/length_penalty"]) <= 0.1
+
+
+def test_gsm8k_lora_with_the_tiny_model_and_a_local_jsonl(tmp_path):
+    pairs = [(1, 2), (3, 4)]
+    rows = [{"question": f"What is {a} plus {b}?", "answer": f"{a}+{b}={a + b}\n#### {a + b}"} for a, b in pairs]
+    data = tmp_path / "questions.jsonl"
+    data.write_text("\n".join(json.dumps(row) for row in rows) + "\n")
+    model_dir = tmp_path / "tiny"  # a local model directory, as a user passes one
+    tokenizer = build_tiny_tokenizer()
+    build_tiny_model(tokenizer).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    example = load_example("gsm8k_lora")
+    trainer = example.main(
+        [
+            "--model", str(model_dir), "--train-data", str(data), "--val-data", str(data), "--no-chat-template",
+            "--max-steps", "2", "--num-generations", "2", "--batch-size", "2", "--max-new-tokens", "4",
+            "--micro-batch-size", "2", "--dtype", "float32", "--accelerator", "cpu", "--val-every", "2",
+            "--save-every", "1", "--output-dir", str(tmp_path / "runs"), "--no-progress-bar",
+        ]
+    )  # fmt: skip
+    assert trainer.global_step == 2
+    assert "val/accuracy" in trainer.callback_metrics
+    assert (tmp_path / "runs" / "adapter").is_dir()
+    assert trainer.lightning_module.rewards.names == ("math_answer", "format_reward")

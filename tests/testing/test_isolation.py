@@ -1,0 +1,68 @@
+"""Production modules never import ``lightning_grpo.testing``: the fixtures stay out of the production path."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import lightning_grpo
+
+PACKAGE = Path(lightning_grpo.__file__).resolve().parent
+FIXTURES = "lightning_grpo.testing"
+#: The only import of the fixtures outside them: ``lightning-grpo demo``, imported inside the function that runs it.
+LAZY_DEMO_IMPORT = ("cli.py", "main")
+
+_IMPORT_ALL = f"""
+import importlib, json, pkgutil, sys
+import lightning_grpo
+names = [info.name for info in pkgutil.walk_packages(lightning_grpo.__path__, "lightning_grpo.")
+         if not info.name.startswith("{FIXTURES}")]
+for name in names:
+    importlib.import_module(name)
+print(json.dumps({{"imported": names, "fixtures": sorted(m for m in sys.modules if m.startswith("{FIXTURES}"))}}))
+"""
+
+
+def _production_files() -> list[Path]:
+    return sorted(p for p in PACKAGE.rglob("*.py") if (PACKAGE / "testing") not in p.parents)
+
+
+def _fixture_imports(tree: ast.AST) -> list[tuple[int, str | None]]:
+    """``(line, enclosing function or None)`` of every import of the fixtures in a module's syntax tree."""
+    found, parents = [], {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    for node in ast.walk(tree):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+        if any(name == FIXTURES or name.startswith(f"{FIXTURES}.") for name in names):
+            scope = node
+            while scope in parents and not isinstance(scope, ast.FunctionDef | ast.AsyncFunctionDef):
+                scope = parents[scope]
+            found.append((node.lineno, getattr(scope, "name", None)))
+    return found
+
+
+def test_importing_every_production_module_loads_no_fixture():
+    result = subprocess.run([sys.executable, "-c", _IMPORT_ALL], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert "lightning_grpo.module" in report["imported"] and "lightning_grpo.cli" in report["imported"]
+    assert report["fixtures"] == []
+
+
+def test_no_production_module_imports_the_fixtures_except_the_lazy_demo_command():
+    offenders = {}
+    for path in _production_files():
+        for line, function in _fixture_imports(ast.parse(path.read_text(encoding="utf-8"))):
+            if (path.relative_to(PACKAGE).as_posix(), function) != LAZY_DEMO_IMPORT:
+                offenders[f"{path.relative_to(PACKAGE)}:{line}"] = function
+    assert offenders == {}
+
+
+def test_the_scan_finds_an_import_of_the_fixtures():
+    source = "import os\nfrom lightning_grpo.testing import TinyModel\ndef f():\n    import lightning_grpo.testing\n"
+    tree = ast.parse(source)
+    assert _fixture_imports(tree) == [(2, None), (4, "f")]
