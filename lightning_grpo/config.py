@@ -41,6 +41,7 @@ _NUMBER_RULES: dict[str, dict[str, Any]] = {
     "val_num_generations": _INT,
     "val_temperature": {"minimum": 0.0, "exclusive_minimum": True, "allow_none": True},
     "val_success_threshold": {},
+    "max_sampling_rounds": _INT,
 }
 
 
@@ -96,6 +97,13 @@ class GRPOConfig:
         tool_timeout: Seconds a tool call may run; a call past it becomes an error message the model sees.
         env_reward: How per-turn environment rewards become the ``env_reward`` keyword of reward functions:
             ``"sum"`` or ``"last"``.
+        dynamic_sampling: DAPO's dynamic sampling: drop groups whose rewards are all equal (or all skipped) and
+            sample more prompts of the training data until the step holds ``batch_size`` informative groups per rank
+            (``docs/dynamic-sampling.md``; verl ``algorithm.filter_groups.enable``). Needs a
+            :class:`~lightning_grpo.data.PromptDataModule` (or a data module with ``extra_batches``).
+        max_sampling_rounds: Most sampling rounds per step with ``dynamic_sampling`` (the first included; verl
+            ``max_num_gen_batches``); when they run out the step trains on what it has, topped up with filtered
+            groups to keep its size.
     """
 
     num_generations: int = 8
@@ -135,6 +143,8 @@ class GRPOConfig:
     max_turns: int = 4
     tool_timeout: float = 10.0
     env_reward: Literal["sum", "last"] = "sum"
+    dynamic_sampling: bool = False
+    max_sampling_rounds: int = 10
 
     def __post_init__(self) -> None:
         self._check_names()

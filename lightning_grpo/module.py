@@ -23,14 +23,16 @@ from lightning_grpo.agents import EnvironmentFactory, ToolCallParser
 from lightning_grpo.algorithms import aggregate_loss, compute_advantages, kl_penalty, policy_loss
 from lightning_grpo.checkpoint import CHECKPOINT_KEY, describe_policy, install_checked_io
 from lightning_grpo.config import GRPOConfig
+from lightning_grpo.dynamic_sampling import check_datamodule, dynamic_sample
 from lightning_grpo.policy import PolicyConfig, export_adapter, load_policy, load_tokenizer, reference_mode
 from lightning_grpo.quantization import check_shardable
 from lightning_grpo.resume import check_resume, settings_of
-from lightning_grpo.rewards import RewardFunctions, RewardScores
+from lightning_grpo.rewards import RewardFunctions, RewardScores, TrainerState
 from lightning_grpo.rollout import Rollout, SamplingSettings, TokenLogProbs, completion_logprobs
 from lightning_grpo.rollout.multi_turn import AgentSettings, sample_rollout
 from lightning_grpo.timing import PhaseTimer
 from lightning_grpo.update import LossCounts, MetricSums, UpdateBatch, minibatch_indices
+from lightning_grpo.zero_signal import check_signal
 
 __all__ = ["GRPOModule", "StepOutput"]
 
@@ -134,6 +136,10 @@ class GRPOModule(LightningModule):
                 rollout = self.generate(batch)  # 1
             with timer("score"):
                 scores = self.score(rollout)  # 2
+            if self.config.dynamic_sampling:  # more prompts until groups carry signal (docs/dynamic-sampling.md)
+                rollout, scores = dynamic_sample(self, rollout, scores)
+            check_signal(self, rollout, scores)  # logs train/zero_std_frac; warns once on a zero-signal step
+            with timer("score"):
                 advantages = self.compute_advantages(scores.rewards, rollout)  # 3
             update = self.prepare_update(rollout, advantages)  # 4 (timed inside: old_logprobs, reference)
             with timer("update"):
@@ -178,11 +184,12 @@ class GRPOModule(LightningModule):
 
     def score(self, rollout: Rollout) -> RewardScores:
         """Step 2: every reward function, weighted; ``NaN`` where every function returned ``None``."""
-        lengths = rollout.completion_lengths.tolist()
-        scores = self.rewards(rollout.prompts, rollout.completions, rollout.columns, completion_lengths=lengths)
-        return RewardScores(
-            scores.rewards.to(self.device), {k: v.to(self.device) for k, v in scores.per_function.items()}
-        )
+        scores = self.rewards(
+            rollout.prompts, rollout.completions, rollout.columns, completion_ids=rollout.completion_token_ids,
+            completion_lengths=rollout.completion_lengths.tolist(), trainer_state=TrainerState.of(self._trainer),
+        )  # fmt: skip
+        per_function = {k: v.to(self.device) for k, v in scores.per_function.items()}
+        return RewardScores(scores.rewards.to(self.device), per_function, scores.seconds)
 
     def compute_advantages(self, rewards: Tensor, rollout: Rollout) -> Tensor:
         """Step 3: group-relative advantages ``(N,)`` (``(N, T)`` for token-level estimators)."""
@@ -352,8 +359,11 @@ class GRPOModule(LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler}}
 
     def on_fit_start(self) -> None:
-        """Time phases on the device the module runs on."""
+        """Time phases and score with reward models on the module's device; check what dynamic sampling needs."""
         self.timer.device = self.device
+        self.rewards.to(self.device, getattr(self.policy, "dtype", None))  # reward models are not in the policy
+        if self.config.dynamic_sampling:
+            check_datamodule(self.trainer.datamodule)
 
     def on_train_start(self) -> None:
         """Check the batch sizes against the data's before the first rollout is sampled."""

@@ -182,7 +182,7 @@ class ToolExecutor:
 
     async def _run_one(self, call: ToolCall) -> ToolResult:
         if call.error is not None:
-            return ToolResult(call, f"Error: {call.error}. Write one JSON object per call.", "parse_error")
+            return ToolResult(call, f"Error: {call.error}.", "parse_error")
         tool = self.tools.get(call.name)
         if tool is None:
             content = f"Error: unknown tool {call.name!r}; the tools are {', '.join(map(repr, self.tools.names))}."

@@ -25,7 +25,7 @@ def fused_head_logprobs(
     chunk_size: int = 1024,
     with_entropy: bool = False,
 ) -> tuple[Tensor, Tensor]:
-    """Log-probs ``(N, T)`` of ``targets`` and the entropy ``(N, T)`` under ``(hidden @ weight.T + bias) / temperature``.
+    """Log-probs ``(N, T)`` of ``targets`` and the entropy under ``(hidden @ weight.T + bias) / temperature``.
 
     Equal to :func:`~lightning_grpo.algorithms.selective_logprobs` and
     :func:`~lightning_grpo.algorithms.entropy_from_logits` of the explicit logits (to float32 rounding), with

@@ -9,6 +9,7 @@ from lightning_grpo.callbacks.clip_fraction import ClipFractionMonitor
 from lightning_grpo.callbacks.completion_stats import CompletionStats
 from lightning_grpo.callbacks.defaults import default_callbacks
 from lightning_grpo.callbacks.group_rewards import GroupRewardStats
+from lightning_grpo.callbacks.interrupt import SaveOnInterrupt
 from lightning_grpo.callbacks.sample_logger import SampleLogger
 from lightning_grpo.callbacks.throughput import ThroughputMonitor
 
@@ -18,6 +19,7 @@ __all__ = [
     "CompletionStats",
     "GroupRewardStats",
     "SampleLogger",
+    "SaveOnInterrupt",
     "ThroughputMonitor",
     "default_callbacks",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +10,7 @@ from lightning.pytorch import LightningModule, Trainer
 from typing_extensions import override
 
 from lightning_grpo.callbacks._outputs import IterationCounter, check_positive_int
+from lightning_grpo.callbacks._run_folder import choose_export_folder
 
 __all__ = ["AdapterExport"]
 
@@ -17,7 +19,14 @@ class AdapterExport(IterationCounter):
     r"""Write the adapter with ``pl_module.export_adapter(path)``, loadable by ``PeftModel.from_pretrained`` and vLLM.
 
     Exports go to ``<dirpath>/adapter/step-<global_step>`` after every ``every_n_steps`` iterations and to
-    ``<dirpath>/adapter/final`` when training ends. Iterations are ``training_step`` calls; the directory is named by
+    ``<dirpath>/adapter/final`` when training ends. Without ``dirpath`` they go to the run's own folder: the logger's
+    versioned ``log_dir`` (``runs/tiny/version_3/adapter/final``), or without a logger ``default_root_dir``, where a
+    rerun whose ``adapter`` folder already holds exports writes to ``adapter_1``, ``adapter_2``, ... instead. Exports
+    are never replaced silently: an explicit ``dirpath`` that already holds another run's exports is refused at fit
+    start unless ``overwrite=True`` (a resumed run continues in its folder). The folder is also checked for writing at
+    fit start, and an export that fails is written to a temporary folder instead, whose path the error gives.
+
+    Iterations are ``training_step`` calls; the directory is named by
     ``trainer.global_step`` (optimizer steps, of which an iteration may take several) so that it matches the step of
     the logged metrics and of Lightning's checkpoints. The iteration count is saved in checkpoints.
 
@@ -30,9 +39,12 @@ class AdapterExport(IterationCounter):
         dirpath: Root directory; ``None`` uses ``trainer.default_root_dir``.
         every_n_steps: Export after every this many iterations (the n-th, 2n-th, ...); ``None`` exports only the
             final adapter.
+        overwrite: Replace exports that ``<dirpath>/adapter`` already holds from an earlier run.
 
     Raises:
         ValueError: If ``every_n_steps`` is neither ``None`` nor an int >= 1.
+        FileExistsError: At fit start, if ``<dirpath>/adapter`` holds another run's exports and ``overwrite`` is off.
+        PermissionError: At fit start, if the export folder cannot be written.
 
     Example::
 
@@ -44,19 +56,47 @@ class AdapterExport(IterationCounter):
         'runs/demo/adapter/final'
     """
 
-    def __init__(self, dirpath: str | Path | None = None, every_n_steps: int | None = None) -> None:
+    def __init__(
+        self, dirpath: str | Path | None = None, every_n_steps: int | None = None, overwrite: bool = False
+    ) -> None:
         self.dirpath = dirpath
         self.every_n_steps = check_positive_int("every_n_steps", every_n_steps, allow_none=True)
+        self.overwrite = overwrite
+        self._directory: Path | None = None  # chosen at fit start
+        self._resumed = False
         super().__init__()
+
+    def directory(self, trainer: Trainer) -> Path:
+        """The folder of this run's exports (chosen at fit start; before that, where it would be)."""
+        if self._directory is not None:
+            return self._directory
+        if self.dirpath is not None:
+            return Path(self.dirpath) / "adapter"
+        root = trainer.log_dir if getattr(trainer, "loggers", None) else trainer.default_root_dir  # the run's folder
+        return Path(root) / "adapter"
 
     def path_for(self, trainer: Trainer, name: str) -> Path:
         """Where the export ``name`` (``step-<N>`` or ``final``) goes."""
-        return Path(self.dirpath if self.dirpath is not None else trainer.default_root_dir) / "adapter" / name
+        return self.directory(trainer) / name
 
     @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage == "fit" and not callable(getattr(pl_module, "export_adapter", None)):
             raise TypeError(f"AdapterExport needs a module with export_adapter(path), got {type(pl_module).__name__}")
+
+    @override
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._directory = None
+        choice = choose_export_folder(self, trainer) if trainer.is_global_zero else None
+        directory, error = trainer.strategy.broadcast(choice)  # every rank raises, or none
+        if error is not None:
+            raise error
+        self._directory = directory
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        self._resumed = True  # a resumed run goes on writing into its folder
 
     @override
     def on_train_batch_end(
@@ -71,7 +111,15 @@ class AdapterExport(IterationCounter):
         self._save(trainer, pl_module, "final")
 
     def _save(self, trainer: Trainer, pl_module: LightningModule, name: str) -> None:
-        self._export(trainer, pl_module, self.path_for(trainer, name))
+        path = self.path_for(trainer, name)
+        try:
+            self._export(trainer, pl_module, path)
+        except OSError as error:  # never lose the trained adapter: write it where we can, then say where
+            fallback = Path(tempfile.mkdtemp(prefix="lightning_grpo-adapter-")) / name
+            self._export(trainer, pl_module, fallback)
+            raise OSError(
+                f"AdapterExport could not write {path} ({error}); the adapter was saved to {fallback}"
+            ) from error
         trainer.strategy.barrier(f"AdapterExport.{name}")
 
     def _export(self, trainer: Trainer, pl_module: LightningModule, path: Path) -> None:

@@ -10,6 +10,7 @@ from lightning_grpo.callbacks.adapter_export import AdapterExport
 from lightning_grpo.callbacks.clip_fraction import ClipFractionMonitor
 from lightning_grpo.callbacks.completion_stats import CompletionStats
 from lightning_grpo.callbacks.group_rewards import GroupRewardStats
+from lightning_grpo.callbacks.interrupt import SaveOnInterrupt
 from lightning_grpo.callbacks.sample_logger import SampleLogger
 from lightning_grpo.callbacks.throughput import ThroughputMonitor
 
@@ -22,7 +23,7 @@ def default_callbacks(
     export_adapter: bool = False,
     adapter_dirpath: str | Path | None = None,
 ) -> list[Callback]:
-    """One of each monitoring callback with its defaults; an :class:`AdapterExport` only when asked.
+    """One of each monitoring callback with its defaults, :class:`SaveOnInterrupt`; an :class:`AdapterExport` if asked.
 
     Args:
         sample_every_n_steps: Iterations between two sample tables of the :class:`SampleLogger`.
@@ -32,8 +33,8 @@ def default_callbacks(
     Example::
 
         >>> from lightning.pytorch import Trainer
-        >>> [type(cb).__name__ for cb in default_callbacks()]
-        ['GroupRewardStats', 'ClipFractionMonitor', 'CompletionStats', 'ThroughputMonitor', 'SampleLogger']
+        >>> [type(cb).__name__ for cb in default_callbacks()][3:]
+        ['ThroughputMonitor', 'SaveOnInterrupt', 'SampleLogger']
         >>> trainer = Trainer(callbacks=default_callbacks(export_adapter=True), logger=False)
     """
     callbacks: list[Callback] = [
@@ -41,6 +42,7 @@ def default_callbacks(
         ClipFractionMonitor(),
         CompletionStats(),
         ThroughputMonitor(),
+        SaveOnInterrupt(),
         SampleLogger(every_n_steps=sample_every_n_steps),
     ]
     if export_adapter:

@@ -18,7 +18,7 @@ from lightning_grpo.data.prompts import (
     split_records,
     template_fields,
 )
-from lightning_grpo.data.sampler import ResumableSampler
+from lightning_grpo.data.sampler import ResumableSampler, StreamSampler
 from lightning_grpo.data.sources import _HF_PREFIX, PromptSource, load_records
 
 __all__ = ["PromptDataModule"]
@@ -106,6 +106,8 @@ class PromptDataModule(LightningDataModule):
         self.train_records: list[dict[str, Any]] | None = None
         self.tool_schemas: list[dict[str, Any]] | None = None
         self.val_records: list[dict[str, Any]] = []
+        self._stream: tuple[StreamSampler, Any] | None = None  # the training sampler and its collate function
+        self._stream_state: dict[str, Any] | None = None
 
     def prepare_data(self) -> None:
         """Download Hugging Face dataset sources into the local cache (called on one process per node)."""
@@ -136,8 +138,9 @@ class PromptDataModule(LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         """Batches of ``batch_size`` prompts in an order fixed by ``(seed, epoch)``; incomplete batches are dropped.
 
-        The sampler is a :class:`~lightning_grpo.data.sampler.ResumableSampler`: under DDP each rank takes its own
-        slice, and a run resumed in the middle of an epoch continues with the prompts it had not seen yet.
+        The sampler is a :class:`~lightning_grpo.data.sampler.StreamSampler`: under DDP each rank takes its own
+        slice, a run resumed in the middle of an epoch continues with the prompts it had not seen yet, and
+        :meth:`extra_batches` draws from the same order.
         """
         if self.train_records is None:
             self.setup("fit")
@@ -147,11 +150,40 @@ class PromptDataModule(LightningDataModule):
                 f"{len(self.train_records)} training prompts are fewer than batch_size={self.batch_size} x "
                 f"world_size={world_size}: no full batch; lower batch_size or add prompts"
             )
-        sampler = ResumableSampler(
-            len(self.train_records), num_replicas=world_size, rank=rank, shuffle=self.shuffle, seed=self.seed
-        )
+        sampler = StreamSampler(
+            len(self.train_records), batch_size=self.batch_size, num_replicas=world_size, rank=rank,
+            shuffle=self.shuffle, seed=self.seed,
+        )  # fmt: skip
         sampler.skip(self._batches_done_in_epoch(len(sampler) // self.batch_size) * self.batch_size)
-        return self._loader(self.train_records, self.batch_size, sampler=sampler, drop_last=True)
+        if self._stream_state is not None:  # restored from a checkpoint: supersedes the skip above
+            sampler.load_state_dict(self._stream_state)
+        loader = self._loader(self.train_records, self.batch_size, sampler=sampler, drop_last=True)
+        self._stream, self._stream_state = (sampler, loader.collate_fn), None
+        return loader
+
+    def extra_batches(self, num_batches: int = 1) -> list[dict[str, list[Any]]]:
+        """Up to ``num_batches`` more training batches, drawn from the training order (dynamic sampling).
+
+        They come from the same sampler stream as the training batches, so no prompt repeats within an epoch; fewer
+        (or none) are returned when the epoch has no full batch left. Counted in :meth:`state_dict` for resuming.
+        """
+        if self._stream is None:
+            raise RuntimeError("extra_batches needs the training dataloader: call it while fitting")
+        sampler, collate = self._stream
+        drawn = (sampler.draw() for _ in range(num_batches))
+        return [collate([self.train_records[i] for i in indices]) for indices in drawn if indices is not None]
+
+    def state_dict(self) -> dict[str, Any]:
+        """The training stream's position (saved in checkpoints; see :class:`~lightning_grpo.data.sampler.StreamSampler`)."""
+        if self._stream is None:
+            return {}
+        fit_loop = getattr(self.trainer, "fit_loop", None)
+        trained = fit_loop.epoch_loop.batch_progress.current.processed if fit_loop is not None else 0
+        return {"prompt_stream": self._stream[0].state_dict(trained=trained)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore the training stream's position for the next :meth:`train_dataloader`."""
+        self._stream_state = state_dict.get("prompt_stream")
 
     def val_dataloader(self) -> DataLoader | list[DataLoader]:
         """Validation batches in order, or ``[]`` when there is no validation data."""

@@ -24,7 +24,7 @@ from lightning_grpo.rewards._signature import KeywordSpec, unique_names
 from lightning_grpo.rewards._text import excerpt
 from lightning_grpo.rewards._validation import check_inputs, check_timeouts, check_weights, split_functions
 
-__all__ = ["RewardError", "RewardFunction", "RewardFunctions", "RewardScores"]
+__all__ = ["RewardError", "RewardFunction", "RewardFunctions", "RewardScores", "TrainerState"]
 
 
 class RewardFunction(Protocol):
@@ -35,6 +35,34 @@ class RewardFunction(Protocol):
     """
 
     def __call__(self, *, prompts: list[Any], completions: list[Any], **kwargs: Any) -> Sequence[float | None]: ...
+
+
+@dataclass(frozen=True)
+class TrainerState:
+    """Where training is, for reward functions that change with it: the ``trainer_state`` keyword (TRL's name).
+
+    Args:
+        global_step: Optimizer steps taken so far (Lightning's ``trainer.global_step``).
+        epoch: The current epoch.
+        max_steps: The step limit, ``-1`` when there is none.
+
+    Example::
+
+        >>> def curriculum(completions, trainer_state, **kwargs):
+        ...     strict = trainer_state.global_step >= 100
+        ...     return [float(len(c) < 10) if strict else 1.0 for c in completions]
+    """
+
+    global_step: int = 0
+    epoch: int = 0
+    max_steps: int = -1
+
+    @classmethod
+    def of(cls, trainer: Any) -> TrainerState:
+        """The state of a Lightning ``Trainer`` (any object with its attributes); zeros for ``None``."""
+        if trainer is None:
+            return cls()
+        return cls(int(trainer.global_step), int(trainer.current_epoch), int(getattr(trainer, "max_steps", -1)))
 
 
 class RewardError(RuntimeError):

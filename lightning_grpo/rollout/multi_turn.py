@@ -221,11 +221,11 @@ def _start(
     trajectories = []
     for b, prompt in enumerate(prompts):
         row = {"prompt": prompt, **{name: values[b] for name, values in columns.items()}}
-        for j in range(g):
+        for _ in range(g):
             if agent.environment_factory is None:
                 trajectories.append(_Trajectory(prompt=list(prompt)))
                 continue
-            episode = EnvironmentEpisode(agent.environment_factory, row, index=b * g + j)
+            episode = EnvironmentEpisode(agent.environment_factory, row, index=b)  # the batch row
             trajectories.append(_Trajectory(prompt=[*prompt, *episode.reset()], episode=episode))
     return trajectories
 

@@ -182,7 +182,7 @@ def test_bad_settings(timeout, max_workers):
 def test_long_outputs_are_truncated():
     with ToolExecutor(TOOLS, max_output_chars=20) as executor:
         long, short = executor.run([ToolCall("lookup", {"key": "k" * 50}), ToolCall("add", {"a": 1, "b": 2})])
-    assert long.content == '{"key"... [truncated]'
+    assert long.content == '{"key... [truncated]'  # 5 + 15 characters
     assert long.content.endswith("... [truncated]") and len(long.content) == 20
     assert short.content == "3"
     with pytest.raises(ValueError, match="max_output_chars"):

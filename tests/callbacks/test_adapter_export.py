@@ -88,3 +88,48 @@ def test_a_module_without_export_adapter_is_refused():
 def test_bad_every_n_steps_is_refused(every):
     with pytest.raises(ValueError, match=r"every_n_steps must be an int >= 1 or None, got"):
         AdapterExport(every_n_steps=every)
+
+
+def test_a_rerun_never_replaces_an_earlier_runs_adapter(make_module, tmp_path):
+    fit(make_module(), [AdapterExport()], iterations=1, default_root_dir=tmp_path)  # no logger: default_root_dir
+    fit(make_module(), [AdapterExport()], iterations=1, default_root_dir=tmp_path)  # the rerun goes beside it
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["adapter", "adapter_1"]
+    assert (tmp_path / "adapter_1" / "final" / "adapter_config.json").exists()
+    with pytest.raises(FileExistsError, match=rf"{tmp_path / 'adapter'} already holds adapter exports .*overwrite"):
+        fit(make_module(), [AdapterExport(dirpath=tmp_path)], iterations=1)  # a folder the user chose: refused
+    fit(make_module(), [AdapterExport(dirpath=tmp_path, overwrite=True)], iterations=1)
+
+
+def test_with_a_logger_exports_go_to_the_runs_versioned_folder(make_module, tmp_path):
+    from lightning.pytorch.loggers import CSVLogger
+
+    for version in (0, 1):
+        fit(make_module(), [AdapterExport()], iterations=1, logger=CSVLogger(tmp_path, name="run"))
+        assert (tmp_path / "run" / f"version_{version}" / "adapter" / "final" / "adapter_config.json").exists()
+
+
+def test_an_unwritable_folder_fails_before_the_first_iteration(make_module, tmp_path):
+    (tmp_path / "a_file").write_text("")
+    calls = []
+    module = make_module((lambda prompts, completions, **_: calls.append(1) or [0.0] * len(completions),))
+    with pytest.raises(PermissionError, match=r"AdapterExport cannot write to .*a_file/adapter.*set its dirpath"):
+        fit(module, [AdapterExport(dirpath=tmp_path / "a_file")], iterations=1)
+    assert not calls  # nothing was sampled or scored
+
+
+def test_a_failed_final_export_saves_the_adapter_elsewhere_and_says_where(make_module, tmp_path, monkeypatch):
+    module = make_module()
+    export = module.export_adapter
+
+    def fails_in_the_run_folder(path):
+        if str(path).startswith(str(tmp_path)):
+            raise PermissionError(13, "Permission denied", str(path))
+        return export(path)
+
+    monkeypatch.setattr(module, "export_adapter", fails_in_the_run_folder)
+    with pytest.raises(
+        OSError, match=r"could not write .*final \(.*Permission denied.*\); the adapter was saved to"
+    ) as error:
+        fit(module, [AdapterExport(dirpath=tmp_path)], iterations=1)
+    fallback = Path(str(error.value).rsplit(" saved to ", 1)[1])
+    assert (fallback / "adapter_config.json").exists() and not str(fallback).startswith(str(tmp_path))

@@ -117,6 +117,25 @@ def equivalence_case(strategy: str, case: str) -> tuple[GRPOModule, Any]:
     return module, trainer
 
 
+def qlora_case(strategy: str) -> GRPOModule:
+    """An NF4-quantized base (QLoRA): one SGD step on the injected rollout, as the equivalence cases take it."""
+    policy = PolicyConfig(lora_r=4, lora_alpha=8, quantization="nf4", dtype="float32")
+    module = build_module(RankSliceModule, lr=0.5, sgd=True, kl_coef=0.1, max_grad_norm=None, micro_batch_size=2,
+                          policy=policy)  # fmt: skip
+    module.fixed = fixed_rollout(module.tokenizer, PROMPTS, COMPLETIONS, group_size=G)
+    perturb_adapter(module)
+    trainer = make_trainer(devices=world_of(strategy), strategy=make_strategy(strategy), max_steps=1)
+    trainer.fit(module, train_dataloaders=prompt_loader(["1+1="] * world_of(strategy)))
+    return module
+
+
+def scenario_qlora(strategy: str, workdir: Path) -> None:
+    """:func:`qlora_case` on every rank; each rank writes its adapter (DDP keeps them equal)."""
+    module = qlora_case(strategy)
+    adapter = {n: p.detach().cpu() for n, p in module.policy.named_parameters() if p.requires_grad}
+    torch.save(adapter, workdir / f"qlora-rank{rank()}.pt")
+
+
 def save_adapter(module: GRPOModule, path: Path) -> None:
     """Gather the adapter (every rank calls) and save it on rank zero."""
     state = full_adapter_state_dict(module.policy)
@@ -259,6 +278,7 @@ SCENARIOS = {
     "uneven": scenario_uneven,
     "bf16": scenario_bf16,
     "tp-refused": scenario_tensor_parallel_refused,
+    "qlora": scenario_qlora,
 }
 
 

@@ -17,7 +17,7 @@ from peft import PeftModel
 from lightning_grpo import PolicyConfig, PromptDataModule
 from lightning_grpo import quantization as quantization_module
 from lightning_grpo.policy import load_policy
-from lightning_grpo.quantization import bnb_config, check_shardable, load_quantized
+from lightning_grpo.quantization import bnb_config, check_shardable, load_quantized, same_kernels_in_both_modes
 from lightning_grpo.rollout import completion_logprobs
 from lightning_grpo.rollout import logprobs as logprobs_module
 from lightning_grpo.testing import build_tiny_model
@@ -49,7 +49,9 @@ def _perturb(policy) -> None:
 def _quantized_base(tokenizer, quantization: str = "nf4"):
     dtype = getattr(torch, DTYPES[quantization])
     config = bnb_config(quantization, double_quantization=True, compute_dtype=dtype)
-    return load_quantized(build_tiny_model(tokenizer), config, dtype=dtype)
+    model = load_quantized(build_tiny_model(tokenizer), config, dtype=dtype)
+    same_kernels_in_both_modes(model)  # as load_policy does: without it, eval mode repacks 4-bit weights on CPU
+    return model
 
 
 @pytest.mark.parametrize("quantization", ["nf4", "int8"])
@@ -60,6 +62,7 @@ def test_fit_steps_change_only_adapter_weights_of_a_quantized_base(make_module, 
     assert type(layers.mlp.down_proj.base_layer) is LAYERS[quantization]
     assert type(module.policy.get_output_embeddings()) is torch.nn.Linear  # the head stays unquantized
     assert all(p.dtype == torch.float32 for p in module.policy.parameters() if p.requires_grad)  # the adapter
+    _perturb(module.policy)  # the KL term then gives every adapter weight a gradient
     before = {k: v.clone() for k, v in module.policy.state_dict().items()}
     make_trainer(max_steps=2).fit(module, PromptDataModule(prompt_records(2), batch_size=2))
     after = module.policy.state_dict()

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 import pytest
 
 from lightning_grpo.testing import demo
-from tests.cli.conftest import run_module
+from tests.cli.conftest import REPO, TINY, run_module
 
 LINE = re.compile(r"demo: mean reward (\d\.\d\d) -> (\d\.\d\d) over (\d+) steps \((\d+) s\)")
 
@@ -47,3 +52,46 @@ def test_the_full_demo_raises_the_reward(tmp_path, warm_tiny_cache, capsys):
     assert last - first >= 0.2, (first, last)
     assert LINE.fullmatch(capsys.readouterr().out.strip().splitlines()[-1])
     assert Path(tmp_path / "tiny" / "version_0" / "reward_curve.png").exists()
+
+
+def test_the_repository_config_is_the_packaged_one():
+    assert TINY.is_symlink() and TINY.resolve() == demo.DEFAULT_CONFIG
+    assert demo.DEFAULT_CONFIG.parent == Path(demo.__file__).resolve().parent
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """A wheel built from a copy of the package (so the shared checkout gets no build files)."""
+    root = tmp_path_factory.mktemp("wheel")
+    source = root / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
+    shutil.copytree(REPO / "lightning_grpo", source / "lightning_grpo", ignore=shutil.ignore_patterns("__pycache__"))
+    command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", root / "dist"]
+    result = subprocess.run([*command, source], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (path,) = (root / "dist").glob("lightning_grpo-*.whl")
+    return path
+
+
+def test_the_wheel_ships_the_demo_config(wheel):
+    with zipfile.ZipFile(wheel) as archive:
+        assert archive.read("lightning_grpo/testing/tiny.yaml") == demo.DEFAULT_CONFIG.read_bytes()
+        assert "lightning_grpo/testing/demo.py" in archive.namelist()
+
+
+@pytest.mark.slow
+def test_the_demo_runs_from_the_wheel_outside_the_repository(wheel, tmp_path, warm_tiny_cache):
+    site = tmp_path / "site"
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(site)
+    env = {**os.environ, "PYTHONPATH": str(site), "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
+    where = "import lightning_grpo.testing.demo as d; print(d.DEFAULT_CONFIG)"
+    found = subprocess.run([sys.executable, "-c", where], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert Path(found.stdout.strip()) == site / "lightning_grpo" / "testing" / "tiny.yaml"  # the wheel's copy runs
+    command = [sys.executable, "-m", "lightning_grpo", "demo", "--max-steps", "2", "--output-dir", str(tmp_path / "o")]
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert LINE.fullmatch(result.stdout.strip().splitlines()[-1])
+    assert f"metrics: {tmp_path / 'o'}" in result.stdout

@@ -1,0 +1,76 @@
+"""Cross-rank reductions of logged metrics, in one place, on torchmetrics.
+
+Every metric that GRPO logs is a global value over all ranks, computed here: a torchmetrics ``Metric`` whose state
+has a ``dist_reduce_fx`` (``"sum"``, ``"min"`` or ``"max"``) is updated with this rank's value and computed, which
+gathers the state of every rank and reduces it. Every rank then holds the same global value and logs it without
+Lightning's ``sync_dist``, whose mean of per-rank means is not the global mean when ranks hold different numbers of
+tokens or of valid rewards. Means and standard deviations come from global sums (counts, sums, sums of squares,
+:func:`~lightning_grpo.algorithms.statistics.mean_std`), so they are exact. In one process nothing is gathered.
+
+The sums that enter the loss and the advantages (global token counts, batch statistics) are part of the algorithm,
+not logged metrics: the module all-reduces them with ``trainer.strategy.reduce`` on the strategy's process group.
+docs/callbacks.md lists every metric with its owner and its reduction.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor
+from torchmetrics import Metric
+
+__all__ = ["RankReduction", "ReduceOp", "reduce_across_ranks"]
+
+ReduceOp = Literal["sum", "min", "max"]
+_START = {"sum": 0.0, "min": float("inf"), "max": float("-inf")}
+_COMBINE = {"sum": torch.add, "min": torch.minimum, "max": torch.maximum}
+
+
+class RankReduction(Metric):
+    """Element-wise sum, minimum or maximum of a float64 tensor over updates and, when computed, over all ranks.
+
+    Args:
+        shape: Shape of the values.
+        op: ``"sum"``, ``"min"`` or ``"max"``.
+
+    Raises:
+        ValueError: If ``op`` is not one of them.
+
+    Example::
+
+        >>> total = RankReduction((2,), "sum")
+        >>> total.update(torch.tensor([1.0, 2.0])); total.update(torch.tensor([3.0, 4.0]))
+        >>> total.compute()
+        tensor([4., 6.], dtype=torch.float64)
+    """
+
+    full_state_update = False
+
+    def __init__(self, shape: tuple[int, ...] | torch.Size, op: ReduceOp = "sum") -> None:
+        if op not in _START:
+            raise ValueError(f"op must be one of {', '.join(repr(o) for o in _START)}; got {op!r}")
+        super().__init__(compute_with_cache=False)
+        self.op = op
+        self.add_state("value", torch.full(tuple(shape), _START[op], dtype=torch.float64), dist_reduce_fx=op)
+
+    def update(self, value: Tensor) -> None:
+        """Combine ``value`` into the state (this rank only)."""
+        self.value = _COMBINE[self.op](self.value, value.detach().to(self.value))
+
+    def compute(self) -> Tensor:
+        """The state reduced over all ranks."""
+        return self.value
+
+
+def reduce_across_ranks(value: Tensor, op: ReduceOp = "sum") -> Tensor:
+    """``value`` reduced element-wise over all ranks, in float64 on its device; a collective: every rank calls it.
+
+    Example::
+
+        >>> reduce_across_ranks(torch.tensor([1.0, 2.0]))  # one process: the value itself
+        tensor([1., 2.], dtype=torch.float64)
+    """
+    metric = RankReduction(value.shape, op).to(value.device)
+    metric.update(value)
+    return metric.compute()
