@@ -17,10 +17,11 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from torchmetrics import Metric
+from torchmetrics.aggregation import MeanMetric
 
-__all__ = ["RankReduction", "ReduceOp", "reduce_across_ranks"]
+__all__ = ["RankReduction", "ReduceOp", "ValidationMetrics", "reduce_across_ranks"]
 
 ReduceOp = Literal["sum", "min", "max"]
 _START = {"sum": 0.0, "min": float("inf"), "max": float("-inf")}
@@ -74,3 +75,41 @@ def reduce_across_ranks(value: Tensor, op: ReduceOp = "sum") -> Tensor:
     metric = RankReduction(value.shape, op).to(value.device)
     metric.update(value)
     return metric.compute()
+
+
+class ValidationMetrics(nn.Module):
+    """``val/reward_mean``, ``val/accuracy`` and ``val/pass@k`` over every validation sample of every rank.
+
+    Each is a torchmetrics ``MeanMetric`` (sum and count states): logged as the metric object, Lightning computes it
+    at the end of the validation epoch, which sums the states over ranks, and resets it. The means are exact over
+    all samples, whatever each rank and batch holds.
+
+    Args:
+        k: Samples per prompt; ``val/pass@k`` is logged when ``k > 1``.
+        threshold: A sample counts as solved when its reward is at least this (NaN never does).
+
+    Example::
+
+        >>> metrics = ValidationMetrics(k=2, threshold=1.0)
+        >>> logged = metrics.update(torch.tensor([1.0, 0.0, 0.0, float("nan")]))
+        >>> {name: round(metric.compute().item(), 4) for name, metric in logged.items()}
+        {'val/reward_mean': 0.3333, 'val/accuracy': 0.25, 'val/pass@2': 0.5}
+    """
+
+    def __init__(self, k: int, threshold: float) -> None:
+        super().__init__()
+        self.k, self.threshold = k, threshold
+        self.reward_mean = MeanMetric(nan_strategy="ignore")  # rows no reward function applied to are left out
+        self.accuracy = MeanMetric()
+        self.pass_at_k = MeanMetric()
+
+    def update(self, rewards: Tensor) -> dict[str, Metric]:
+        """Add one batch's ``(B * k,)`` rewards (``k`` consecutive samples per prompt); the metrics to log by name."""
+        success = (rewards >= self.threshold).float()  # NaN compares False
+        self.reward_mean.update(rewards)
+        self.accuracy.update(success)
+        logged: dict[str, Metric] = {"val/reward_mean": self.reward_mean, "val/accuracy": self.accuracy}
+        if self.k > 1:
+            self.pass_at_k.update(success.view(-1, self.k).amax(-1))  # (B,) any success among the k samples
+            logged[f"val/pass@{self.k}"] = self.pass_at_k
+        return logged

@@ -7,7 +7,7 @@ Each numbered step of DESIGN.md §2 is one overridable method: :meth:`GRPOModule
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TypedDict
@@ -21,15 +21,19 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from lightning_grpo import distributed
 from lightning_grpo.agents import EnvironmentFactory, ToolCallParser
 from lightning_grpo.algorithms import aggregate_loss, compute_advantages, kl_penalty, policy_loss
+from lightning_grpo.algorithms.statistics import masked_mean
 from lightning_grpo.checkpoint import CHECKPOINT_KEY, describe_policy, install_checked_io
 from lightning_grpo.config import GRPOConfig
 from lightning_grpo.dynamic_sampling import check_datamodule, dynamic_sample
+from lightning_grpo.metrics import ValidationMetrics, reduce_across_ranks
 from lightning_grpo.policy import PolicyConfig, export_adapter, load_policy, load_tokenizer, reference_mode
 from lightning_grpo.quantization import check_shardable
 from lightning_grpo.resume import check_resume, settings_of
 from lightning_grpo.rewards import RewardFunctions, RewardScores, TrainerState
 from lightning_grpo.rollout import Rollout, SamplingSettings, TokenLogProbs, completion_logprobs
+from lightning_grpo.rollout.generation import eval_mode
 from lightning_grpo.rollout.multi_turn import AgentSettings, sample_rollout
+from lightning_grpo.seeding import seeded, step_seed
 from lightning_grpo.timing import PhaseTimer
 from lightning_grpo.update import LossCounts, MetricSums, UpdateBatch, minibatch_indices
 from lightning_grpo.zero_signal import check_signal
@@ -43,13 +47,14 @@ LRSchedulerCallable = Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler
 class StepOutput(TypedDict):
     """What ``training_step`` returns, for callbacks' ``on_train_batch_end``."""
 
-    loss: Tensor  # mean mini-batch loss, detached
+    loss: Tensor  # mean mini-batch loss over all ranks, detached
     rollout: Rollout  # texts, tokens, masks, truncation flags, group ids
     rewards: RewardScores  # combined and per-function rewards, (N,)
     advantages: Tensor  # (N,) or (N, T)
-    metrics: dict[str, Tensor]  # loss statistics (clip fractions, KL, entropy, ...), 0-dim tensors
+    metrics: dict[str, Tensor]  # update statistics (pg_loss, clip fractions, KL, entropy, ...), global, 0-dim
     loss_mask: Tensor  # (N, T) tokens that entered the loss
     timings: dict[str, float]  # seconds per phase: generate, score, old_logprobs, reference, update
+    ppo_epochs: int  # passes over the rollout: each loss token was trained on this many times
 
 
 class GRPOModule(LightningModule):
@@ -80,6 +85,9 @@ class GRPOModule(LightningModule):
         module = GRPOModule("Qwen/Qwen2.5-0.5B-Instruct", [math_answer], grpo=GRPOConfig(num_generations=8))
         Trainer(max_steps=100).fit(module, PromptDataModule("train.jsonl", batch_size=4))
     """
+
+    #: FLOPs per ``training_step``, read by Lightning's ``ThroughputMonitor`` for MFU; ``None``: not measured.
+    flops_per_batch: int | None = None
 
     def __init__(
         self,
@@ -116,6 +124,7 @@ class GRPOModule(LightningModule):
         )  # fmt: skip
         self.optimizer_factory, self.scheduler_factory, self.seed = optimizer, lr_scheduler, seed
         self.timer = PhaseTimer()
+        self.val_metrics = ValidationMetrics(self.config.val_num_generations, self.config.val_success_threshold)
         # Plain values only, so checkpoints load with ``torch.load(weights_only=True)``.
         hparams = {"model": str(name), "grpo": asdict(self.config), "policy": asdict(self.policy_config), "seed": seed}
         self.save_hyperparameters(hparams)
@@ -144,10 +153,10 @@ class GRPOModule(LightningModule):
             update = self.prepare_update(rollout, advantages)  # 4 (timed inside: old_logprobs, reference)
             with timer("update"):
                 loss, metrics = self.update_policy(update)  # 5
-        self._log_train(rollout, scores, loss, metrics)
+        self.log_dict({f"train/{name}": value for name, value in {"loss": loss, **metrics}.items()})  # global values
         return StepOutput(
             loss=loss, rollout=rollout, rewards=scores, advantages=advantages, metrics=metrics,
-            loss_mask=update.loss_mask, timings=dict(timer.seconds),
+            loss_mask=update.loss_mask, timings=dict(timer.seconds), ppo_epochs=self.config.ppo_epochs,
         )  # fmt: skip
 
     def generate(
@@ -254,12 +263,12 @@ class GRPOModule(LightningModule):
             norm=counts.norm,
         )  # fmt: skip
         pg_loss = agg(per_token)
-        metrics = {"pg_loss": pg_loss, **vars(stats), "entropy": _masked_mean(current.entropy, mask)}
+        metrics = {"pg_loss": pg_loss, **vars(stats), "entropy": masked_mean(current.entropy.detach(), mask)}
         loss = pg_loss
         if batch.ref_logprobs is not None:
             kl = kl_penalty(logprobs, batch.ref_logprobs, cfg.kl_estimator)  # (N, T)
             loss = loss + cfg.kl_coef * agg(kl)
-            metrics["kl"] = _masked_mean(kl, mask)
+            metrics["kl"] = masked_mean(kl.detach(), mask)
         if cfg.entropy_coef > 0:
             loss = loss - cfg.entropy_coef * agg(current.entropy)
         return loss, metrics
@@ -284,16 +293,17 @@ class GRPOModule(LightningModule):
         scheduler = self.lr_schedulers()
         if scheduler is not None:
             scheduler.step()
-        means = {name: torch.stack([s[name] for s in shares]).mean() for name in shares[0]}  # over mini-batches
-        return means.pop("loss"), {**means, **sums.means(self._sum_across_ranks)}
+        parts = torch.stack([torch.stack(list(s.values())) for s in shares]).mean(0)  # (loss, pg_loss), this rank
+        loss, pg_loss = reduce_across_ranks(parts).float()  # the ranks' parts add up to the global values
+        return loss, {"pg_loss": pg_loss, **sums.means(reduce_across_ranks)}
 
     def _accumulate(
         self, minibatch: UpdateBatch, counts: LossCounts, micro: int, optimizer: Any, sums: MetricSums
     ) -> dict[str, Tensor]:
         """Backward over the micro-batches of one mini-batch; gradients sync across ranks on the last one only.
 
-        Returns this rank's shares of the mini-batch ``loss`` and ``pg_loss``, scaled so that their mean over ranks
-        is the global value; the other metrics go to ``sums``, weighted by valid tokens.
+        Returns this rank's parts of the mini-batch ``loss`` and ``pg_loss`` (computed with global normalisers, so
+        the parts of all ranks add up to the global values); the other metrics go to ``sums``, weighted by tokens.
         """
         shares = {"loss": torch.zeros((), device=self.device), "pg_loss": torch.zeros((), device=self.device)}
         chunks = torch.arange(len(minibatch), device=self.device).split(micro)
@@ -304,26 +314,24 @@ class GRPOModule(LightningModule):
             with optimizer.toggle_model(sync_grad=last), distributed.gradient_sync(self.policy, last):
                 loss, metrics = self.compute_loss(part, counts)
                 self.manual_backward(loss * scale)
-            shares["loss"] += loss.detach() * scale
-            shares["pg_loss"] += metrics.pop("pg_loss").detach() * scale
+            shares["loss"] += loss.detach()
+            shares["pg_loss"] += metrics.pop("pg_loss").detach()
             sums.add(metrics, part.loss_mask.sum())
         return shares
 
     # ---------------------------------------------------------------- validation
 
-    def validation_step(self, batch: Mapping[str, Sequence[Any]], batch_idx: int) -> None:
-        """Sample ``val_num_generations`` completions per prompt; log reward mean, accuracy and pass@k."""
-        k, cfg = self.config.val_num_generations, self.config
+    def validation_step(self, batch: Mapping[str, Sequence[Any]], batch_idx: int) -> dict[str, Any]:
+        """Sample ``val_num_generations`` completions per prompt; log reward mean, accuracy and pass@k.
+
+        Returns the ``rollout`` and its ``rewards`` for callbacks' ``on_validation_batch_end``.
+        """
+        cfg = self.config
         with self._step_rng(offset=batch_idx + 1):
-            rollout = self.generate(batch, num_generations=k, temperature=cfg.val_temperature)
-        rewards = self.score(rollout).rewards
-        success = (rewards >= cfg.val_success_threshold).float()  # NaN compares False
-        size = len(batch["prompt"])
-        self.log("val/reward_mean", rewards.nanmean(), sync_dist=True, batch_size=size)
-        self.log("val/accuracy", success.mean(), sync_dist=True, batch_size=size)
-        if k > 1:
-            solved = success.view(-1, k).amax(-1)  # (B,) any success among the k samples
-            self.log(f"val/pass@{k}", solved.mean(), sync_dist=True, batch_size=size)
+            rollout = self.generate(batch, num_generations=cfg.val_num_generations, temperature=cfg.val_temperature)
+        scores = self.score(rollout)
+        self.log_dict(self.val_metrics.update(scores.rewards), batch_size=len(batch["prompt"]))  # exact, all ranks
+        return {"rollout": rollout, "rewards": scores}
 
     # ---------------------------------------------------------------- distributed set-up
 
@@ -402,7 +410,7 @@ class GRPOModule(LightningModule):
     def _fixed_logprobs(self, rollout: Rollout, *, reference: bool) -> Tensor:
         """Log-probs without gradient, in eval mode, micro-batch by micro-batch."""
         micro = self.config.micro_batch_size or len(rollout)
-        with torch.no_grad(), _eval_mode(self.policy):
+        with torch.no_grad(), eval_mode(self.policy):
             parts = [
                 self.compute_logprobs(rollout.select(rows), reference=reference).logprobs
                 for rows in torch.arange(len(rollout), device=self.device).split(micro)
@@ -410,6 +418,11 @@ class GRPOModule(LightningModule):
         return torch.cat(parts)
 
     def _sum_across_ranks(self, tensor: Tensor) -> Tensor:
+        """Sum over ranks of what enters the loss and the advantages (token counts, batch statistics).
+
+        One all-reduce on the strategy's own process group, mid-step; logged metrics go through
+        :mod:`lightning_grpo.metrics` instead.
+        """
         if self._trainer is None or self.trainer.world_size == 1:
             return tensor
         return self.trainer.strategy.reduce(tensor, reduce_op="sum")
@@ -427,55 +440,9 @@ class GRPOModule(LightningModule):
         return 1.0 if self._trainer is None else distributed.grad_scale(self.trainer.strategy, self.trainer.world_size)
 
     def _step_seed(self, offset: int = 0) -> int:
-        step = self.global_step if self._trainer is not None else 0
-        rank = self.global_rank if self._trainer is not None else 0
-        return (self.seed * 1_000_003 + step * 7_919 + rank * 104_729 + offset) % (2**63)
+        step, rank = (self.global_step, self.global_rank) if self._trainer is not None else (0, 0)
+        return step_seed(self.seed, step, rank, offset)
 
-    @contextmanager
-    def _step_rng(self, offset: int = 0) -> Any:
+    def _step_rng(self, offset: int = 0) -> AbstractContextManager[None]:
         """Sampling randomness that depends only on (seed, step, rank), so a resumed run samples the same."""
-        devices = [self.device] if self.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(self._step_seed(offset))
-            yield
-
-    def _log_train(self, rollout: Rollout, scores: RewardScores, loss: Tensor, metrics: dict[str, Tensor]) -> None:
-        """Log the step's metrics, each a global value over all ranks."""
-        size = len(rollout) // self.config.num_generations
-        per_rank = {  # a mean over ranks is the global value (equal sample counts; loss shares are pre-scaled)
-            "train/loss": loss,
-            "train/pg_loss": metrics.pop("pg_loss"),
-            "train/completion_length": rollout.completion_lengths.float().mean(),
-        }
-        reward_mean, reward_std = self._global_mean_std(scores.rewards)
-        global_values = {"train/reward_mean": reward_mean, "train/reward_std": reward_std}
-        global_values.update({f"train/{name}": value for name, value in metrics.items()})  # token-weighted globally
-        for name, value in {**per_rank, **global_values}.items():
-            shown = name in ("train/reward_mean", "train/kl")
-            self.log(name, value, sync_dist=name in per_rank, batch_size=size, prog_bar=shown, on_step=True)
-
-    def _global_mean_std(self, values: Tensor) -> tuple[Tensor, Tensor]:
-        """Mean and unbiased std of the non-NaN ``values`` of all ranks (0 where undefined)."""
-        valid = ~torch.isnan(values)
-        v = torch.where(valid, values, 0.0).double()
-        n, total, squares = self._sum_across_ranks(torch.stack([valid.double().sum(), v.sum(), (v * v).sum()]))
-        mean = total / n.clamp(min=1)
-        var = (squares - n * mean * mean).clamp(min=0) / (n - 1).clamp(min=1)
-        return mean.float(), var.sqrt().float()
-
-
-def _masked_mean(values: Tensor | None, mask: Tensor) -> Tensor:
-    if values is None:
-        return torch.zeros((), device=mask.device)
-    mask = mask.to(values.dtype)
-    return (values.detach() * mask).sum() / mask.sum().clamp(min=1)
-
-
-@contextmanager
-def _eval_mode(model: torch.nn.Module) -> Any:
-    was_training = model.training
-    model.eval()
-    try:
-        yield model
-    finally:
-        model.train(was_training)
+        return seeded(self._step_seed(offset), self.device)

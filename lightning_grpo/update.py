@@ -5,13 +5,14 @@ Pure torch; :class:`~lightning_grpo.module.GRPOModule` drives the loop.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
 
 from lightning_grpo.algorithms import count_sequences
+from lightning_grpo.algorithms.statistics import SumAcrossRanks
 from lightning_grpo.rollout import Rollout
 
 __all__ = ["LossCounts", "MetricSums", "UpdateBatch", "minibatch_indices"]
@@ -62,7 +63,7 @@ class LossCounts:
     norm: float
 
     @classmethod
-    def of(cls, loss_mask: Tensor, norm: float, sum_across_ranks: Callable[[Tensor], Tensor]) -> LossCounts:
+    def of(cls, loss_mask: Tensor, norm: float, sum_across_ranks: SumAcrossRanks) -> LossCounts:
         """Count ``loss_mask`` (the whole mini-batch on this rank) and sum the counts over ranks in one reduce."""
         local = torch.stack([loss_mask.sum(), count_sequences(loss_mask)]).float()
         num_tokens, num_sequences = sum_across_ranks(local).unbind()
@@ -89,8 +90,11 @@ class MetricSums:
             self._sums[name] = self._sums.get(name, torch.zeros_like(value)) + value * weight
             self._weights[name] = self._weights.get(name, torch.zeros_like(value)) + weight
 
-    def means(self, sum_across_ranks: Callable[[Tensor], Tensor] | None = None) -> dict[str, Tensor]:
-        """The weighted mean of each metric, over all ranks when ``sum_across_ranks`` is given (one reduce)."""
+    def means(self, sum_across_ranks: SumAcrossRanks | None = None) -> dict[str, Tensor]:
+        """The weighted mean of each metric (float32), over all ranks when ``sum_across_ranks`` is given (one reduce).
+
+        The module passes :func:`lightning_grpo.metrics.reduce_across_ranks`, so the means are exact global values.
+        """
         if not self._sums:
             return {}
         names = list(self._sums)
@@ -99,4 +103,4 @@ class MetricSums:
         )
         if sum_across_ranks is not None:
             stacked = sum_across_ranks(stacked)  # (2, M): weighted sums and weights
-        return {name: stacked[0, i] / stacked[1, i].clamp(min=1e-12) for i, name in enumerate(names)}
+        return {name: (stacked[0, i] / stacked[1, i].clamp(min=1e-12)).float() for i, name in enumerate(names)}

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-__all__ = ["SumAcrossRanks", "masked_mean", "mean_std", "moments"]
+__all__ = ["SumAcrossRanks", "masked_mean", "mean_std", "moments", "ratio"]
 
 #: Sums a tensor over data-parallel ranks (an all-reduce); the identity in one process.
 SumAcrossRanks = Callable[[Tensor], Tensor]
@@ -40,6 +40,11 @@ def moments(values: Tensor, weights: Tensor) -> Tensor:
     return torch.stack([w.sum(), (x * w).sum(), (x * x * w).sum()])
 
 
+def ratio(total: Tensor, count: Tensor) -> Tensor:
+    """``total / count``; NaN where ``count`` is 0 (a mean of nothing)."""
+    return torch.where(count > 0, total / count.clamp(min=1), torch.full_like(total, math.nan))
+
+
 def mean_std(count: Tensor, total: Tensor, squares: Tensor) -> tuple[Tensor, Tensor]:
     """Mean and unbiased std from :func:`moments`; NaN where undefined (no value; fewer than two for the std).
 
@@ -48,7 +53,7 @@ def mean_std(count: Tensor, total: Tensor, squares: Tensor) -> tuple[Tensor, Ten
         >>> mean_std(*moments(torch.tensor([1.0, 2.0, 3.0, float("nan")]), torch.tensor([1, 1, 1, 0])))
         (tensor(2., dtype=torch.float64), tensor(1., dtype=torch.float64))
     """
-    mean = torch.where(count > 0, total / count.clamp(min=1), torch.full_like(total, math.nan))
+    mean = ratio(total, count)
     variance = (squares - total * total / count.clamp(min=1)) / (count - 1).clamp(min=1)
     std = torch.where(count > 1, variance.clamp(min=0).sqrt(), torch.full_like(total, math.nan))
     return mean, std

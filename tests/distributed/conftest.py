@@ -15,8 +15,8 @@ import torch
 from tests.distributed.launch import run_ranks
 from tests.distributed.worker import EQUIVALENCE_CASES, build_module, equivalence_case, logged, perturb_adapter
 
-DDP_SCENARIOS = ["equivalence", "fit"]
-FSDP_SCENARIOS = ["equivalence", "fit", "resume-full", "uneven", "bf16", "tp-refused"]
+DDP_SCENARIOS = ["equivalence", "fit", "agents"]
+FSDP_SCENARIOS = ["equivalence", "fit", "resume-full", "uneven", "bf16", "tp-refused", "agents"]
 
 
 def _launch(tmp_path_factory: pytest.TempPathFactory, strategy: str, scenarios: list[str], timeout: float) -> Path:

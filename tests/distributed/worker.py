@@ -22,6 +22,7 @@ from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig, PromptDataModule, Rollout
 from lightning_grpo.distributed import full_adapter_state_dict
 from lightning_grpo.testing import build_tiny_model, build_tiny_tokenizer
+from lightning_grpo.testing.agents import CountdownEnv, short_turn_model
 from tests.conftest import count_a, make_trainer, prompt_loader, prompt_records
 from tests.module.helpers import FixedRolloutModule, fixed_rollout
 
@@ -271,7 +272,64 @@ def scenario_tensor_parallel_refused(strategy: str, workdir: Path) -> None:
     write_json(workdir / f"refused-rank{rank()}.json", {"message": message})
 
 
+def _rank_countdown(row: dict[str, Any]) -> CountdownEnv:
+    """Episodes of 1 turn on rank 0 and 3 turns on rank 1: ranks run different numbers of sampling calls."""
+    return CountdownEnv({"turns": 1 if rank() == 0 else 3})
+
+
+def _env_score(prompts: list, completions: list, env_reward: list, **_: Any) -> list[float]:
+    return [float(r) for r in env_reward]
+
+
+def agent_module() -> GRPOModule:
+    """A multi-turn policy (conversational prompts, an environment) with KL and several optimizer steps per rollout."""
+    tokenizer = build_tiny_tokenizer()
+    settings = {"num_generations": G, "max_new_tokens": 40, "max_prompt_length": 32, "max_turns": 3}
+    return GRPOModule(
+        short_turn_model(tokenizer), [_env_score], tokenizer=tokenizer, policy=PolicyConfig(lora_r=4, lora_alpha=8),
+        grpo=GRPOConfig(**settings, kl_coef=0.01, mini_batch_size=4, micro_batch_size=2),
+        optimizer=lambda params: torch.optim.AdamW(params, lr=1e-2), environment_factory=_rank_countdown,
+    )  # fmt: skip
+
+
+def agent_data() -> PromptDataModule:
+    """8 conversational prompts in batches of 2."""
+    rows = [{"prompt": [{"role": "user", "content": record["prompt"]}]} for record in prompt_records(8)]
+    return PromptDataModule(rows, batch_size=2, seed=1)
+
+
+class TurnRecorder(Callback):
+    """Records the turns per trajectory of every training batch of this rank."""
+
+    def __init__(self) -> None:
+        self.turns: list[list[int]] = []
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.turns.append(outputs["rollout"].turns.num_turns.tolist())
+
+
+def scenario_agents(strategy: str, workdir: Path) -> None:
+    """Multi-turn trajectories with 1 turn on rank 0 and 3 on rank 1: 2 iterations straight, then 1 + resume to 2."""
+    world, recorder = world_of(strategy), TurnRecorder()
+    trainer = make_trainer(devices=world, strategy=make_strategy(strategy), max_steps=4, callbacks=[recorder])
+    straight = agent_module()
+    trainer.fit(straight, agent_data())
+    save_adapter(straight, workdir / "agents-straight.pt")
+    checkpoint = ModelCheckpoint(dirpath=workdir / "agents-ckpt", save_last=True, every_n_train_steps=2)
+    first = make_trainer(
+        devices=world, strategy=make_strategy(strategy), max_steps=2, enable_checkpointing=True, callbacks=[checkpoint]
+    )
+    first.fit(agent_module(), agent_data())
+    resumed = agent_module()
+    make_trainer(devices=world, strategy=make_strategy(strategy), max_steps=4).fit(
+        resumed, agent_data(), ckpt_path=workdir / "agents-ckpt" / "last.ckpt"
+    )
+    save_adapter(resumed, workdir / "agents-resumed.pt")
+    write_json(workdir / f"agents-rank{rank()}.json", {"turns": recorder.turns})
+
+
 SCENARIOS = {
+    "agents": scenario_agents,
     "equivalence": scenario_equivalence,
     "fit": scenario_fit,
     "resume-full": scenario_resume_full,

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import importlib
 import logging
+from types import SimpleNamespace
 
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.strategies import ModelParallelStrategy
 from peft import PeftModel
 
 from lightning_grpo import PolicyConfig, PromptDataModule
@@ -236,10 +238,11 @@ def test_unknown_quantization_settings_list_the_valid_ones(settings, message):
         PolicyConfig(**settings)
 
 
-def test_fsdp2_refuses_a_quantized_base_and_names_what_to_use(tokenizer):
-    policy = load_policy(build_tiny_model(tokenizer), _policy("nf4"))
-    with pytest.raises(ValueError, match=r"FSDP2.*not supported.*DDP.*single GPU"):
-        check_shardable(policy)
+def test_fsdp2_refuses_a_quantized_base_at_setup_and_names_what_to_use(make_module, tokenizer):
+    module = make_module(policy=_policy("nf4"))
+    module.trainer = SimpleNamespace(strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1))
+    with pytest.raises(ValueError, match=r"FSDP2.*quantized base.*not supported.*DDP.*single GPU"):
+        module.setup("fit")
     check_shardable(load_policy(build_tiny_model(tokenizer), PolicyConfig(lora_r=4)))  # unquantized: fine
 
 
