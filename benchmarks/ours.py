@@ -132,6 +132,7 @@ def _module(work: Workload, model_dir: Path) -> BenchModule:
         lora_alpha=work.alpha,
         dtype=work.dtype,
         gradient_checkpointing=work.gradient_checkpointing,
+        quantization=None if work.quantization == "none" else work.quantization,
     )
     grpo = GRPOConfig(
         num_generations=work.num_generations,

@@ -124,6 +124,16 @@ class _StepClock(TrainerCallback):
         self._seconds = self._cpu_seconds = 0.0
 
 
+def _model_init_kwargs(work: Workload) -> dict[str, Any]:
+    """``from_pretrained`` arguments: the dtype and, with ``--quantization``, our side's ``BitsAndBytesConfig``."""
+    if work.quantization == "none":
+        return {"dtype": work.torch_dtype}
+    from lightning_grpo.quantization import bnb_config
+
+    config = bnb_config(work.quantization, double_quantization=True, compute_dtype=work.torch_dtype)
+    return {"dtype": work.torch_dtype, "quantization_config": config}
+
+
 def _config(work: Workload, output_dir: str) -> Any:
     from trl import GRPOConfig
 
@@ -131,7 +141,7 @@ def _config(work: Workload, output_dir: str) -> Any:
     return GRPOConfig(
         output_dir=output_dir, report_to="none", save_strategy="no", logging_steps=1, disable_tqdm=True,
         use_cpu=device == "cpu", bf16=work.dtype == "bfloat16", fp16=work.dtype == "float16",
-        model_init_kwargs={"dtype": work.torch_dtype}, seed=work.seed, data_seed=work.seed,
+        model_init_kwargs=_model_init_kwargs(work), seed=work.seed, data_seed=work.seed,
         max_steps=(work.warmup_steps + work.steps) * work.ppo_epochs,
         per_device_train_batch_size=work.micro, gradient_accumulation_steps=work.rows // work.micro,
         num_generations=work.num_generations, num_iterations=work.ppo_epochs, shuffle_dataset=False,

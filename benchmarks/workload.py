@@ -14,6 +14,7 @@ __all__ = ["Workload", "add_workload_arguments", "fraction_of_sevens", "make_pro
 
 DTypeName = Literal["float32", "bfloat16", "float16"]
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+QUANTIZATIONS = ["none", "nf4", "fp4", "int8"]
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,8 @@ class Workload:
     Attributes:
         model: ``"tiny"``, ``"small-30m"``, ``"qwen2.5-0.5b"`` or a local model directory.
         dtype: Weight dtype of the base model (the LoRA adapter stays float32 on both sides).
+        quantization: ``"none"``, or the base's linear layers in ``"nf4"``, ``"fp4"`` or ``"int8"`` (bitsandbytes,
+            QLoRA; both sides load the same files with the same ``BitsAndBytesConfig``).
         lora_r: LoRA rank; ``lora_alpha`` is ``2 * lora_r`` when 0.
         lora_alpha: LoRA alpha.
         prompts: Prompts per step (B).
@@ -52,6 +55,7 @@ class Workload:
 
     model: str = "tiny"
     dtype: DTypeName = "float32"
+    quantization: str = "none"
     lora_r: int = 16
     lora_alpha: int = 0
     prompts: int = 4
@@ -134,7 +138,8 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
         if isinstance(default, bool):
             parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default)
         else:
-            choices = {"dtype": list(_DTYPES), "sampler": ["multinomial", "inverse_cdf"]}.get(f.name)
+            choices = {"dtype": list(_DTYPES), "sampler": ["multinomial", "inverse_cdf"], "quantization": QUANTIZATIONS}
+            choices = choices.get(f.name)
             parser.add_argument(flag, dest=f.name, type=type(default), default=default, choices=choices)
 
 

@@ -5,18 +5,18 @@ Each reads the :class:`~lightning_grpo.module.StepOutput` that ``GRPOModule.trai
 """
 
 from lightning_grpo.callbacks.adapter_export import AdapterExport
-from lightning_grpo.callbacks.clip_fraction import ClipFractionMonitor
 from lightning_grpo.callbacks.completion_stats import CompletionStats
 from lightning_grpo.callbacks.defaults import default_callbacks
 from lightning_grpo.callbacks.group_rewards import GroupRewardStats
 from lightning_grpo.callbacks.interrupt import SaveOnInterrupt
+from lightning_grpo.callbacks.progress_bar import GRPOProgressBar
 from lightning_grpo.callbacks.sample_logger import SampleLogger
 from lightning_grpo.callbacks.throughput import ThroughputMonitor
 
 __all__ = [
     "AdapterExport",
-    "ClipFractionMonitor",
     "CompletionStats",
+    "GRPOProgressBar",
     "GroupRewardStats",
     "SampleLogger",
     "SaveOnInterrupt",

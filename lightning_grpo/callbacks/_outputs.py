@@ -5,12 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from lightning.pytorch import Callback, LightningModule
+from lightning.pytorch import Callback
 from typing_extensions import override
 
-from lightning_grpo.rollout import Rollout
-
-__all__ = ["IterationCounter", "check_positive_int", "check_prefix", "num_prompts", "step_output"]
+__all__ = ["IterationCounter", "check_positive_int", "check_prefix", "step_output"]
 
 
 def step_output(outputs: Any, callback: Callback, keys: tuple[str, ...]) -> Mapping[str, Any]:
@@ -28,13 +26,6 @@ def step_output(outputs: Any, callback: Callback, keys: tuple[str, ...]) -> Mapp
             f"{missing} (got {found})"
         )
     return outputs
-
-
-def num_prompts(rollout: Rollout, pl_module: LightningModule) -> int:
-    """Prompts in this rank's batch (``N / G``): the ``batch_size`` that ``GRPOModule`` logs with."""
-    config = getattr(pl_module, "config", None)
-    group_size = getattr(config, "num_generations", 1) or 1
-    return max(len(rollout) // group_size, 1)
 
 
 def check_prefix(prefix: Any) -> str:

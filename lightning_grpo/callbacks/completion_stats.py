@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from typing_extensions import override
 
-from lightning_grpo.callbacks._outputs import check_prefix, num_prompts, step_output
+from lightning_grpo.callbacks._outputs import check_prefix, step_output
+from lightning_grpo.metrics import reduce_across_ranks
 
 __all__ = ["CompletionStats"]
 
@@ -17,11 +19,13 @@ class CompletionStats(Callback):
 
     Metrics, each under ``<prefix>completion/``:
 
-    * ``length_mean``, ``length_min``, ``length_max``: completion length in tokens (EOS included), the mean averaged
-      across ranks, the minimum and maximum taken over all ranks.
+    * ``length_mean``, ``length_min``, ``length_max``: completion length in tokens (EOS included) over the
+      completions of all ranks.
     * ``truncated_frac``: fraction of completions without an EOS within ``max_new_tokens`` (``Rollout.truncated``).
       A rising value means the length budget is too small, or the model has started to ramble.
     * ``eos_frac``: fraction that ended with an EOS, ``1 - truncated_frac`` (completions end in no other way).
+
+    Every value is global: sums, minimum and maximum are reduced across ranks by :mod:`lightning_grpo.metrics`.
 
     Args:
         prefix: Prepended to every metric name: ``"train/"`` logs ``train/completion/length_mean``.
@@ -44,13 +48,17 @@ class CompletionStats(Callback):
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         rollout = step_output(outputs, self, ("rollout",))["rollout"]
-        lengths = rollout.completion_lengths.float()  # (N,)
-        truncated = rollout.truncated.float()  # (N,)
-        name = f"{self.prefix}completion/"
-        options: dict[str, Any] = {"on_step": True, "on_epoch": False, "sync_dist": True}
-        options["batch_size"] = num_prompts(rollout, pl_module)
-        pl_module.log(name + "length_mean", lengths.mean(), **options)
-        pl_module.log(name + "length_min", lengths.min(), reduce_fx="min", **options)
-        pl_module.log(name + "length_max", lengths.max(), reduce_fx="max", **options)
-        pl_module.log(name + "truncated_frac", truncated.mean(), **options)
-        pl_module.log(name + "eos_frac", 1.0 - truncated.mean(), **options)
+        lengths, truncated = rollout.completion_lengths.double(), rollout.truncated.double()  # (N,), (N,)
+        count, total, cut = reduce_across_ranks(
+            torch.stack([torch.ones_like(lengths).sum(), lengths.sum(), truncated.sum()])
+        )
+        negative_min, length_max = reduce_across_ranks(torch.stack([-lengths.min(), lengths.max()]), "max")
+        metrics = {
+            "length_mean": total / count,
+            "length_min": -negative_min,
+            "length_max": length_max,
+            "truncated_frac": cut / count,
+            "eos_frac": 1.0 - cut / count,
+        }
+        prefix = f"{self.prefix}completion/"
+        pl_module.log_dict({prefix + key: value.float() for key, value in metrics.items()})  # already global

@@ -7,7 +7,6 @@ from pathlib import Path
 from lightning.pytorch import Callback
 
 from lightning_grpo.callbacks.adapter_export import AdapterExport
-from lightning_grpo.callbacks.clip_fraction import ClipFractionMonitor
 from lightning_grpo.callbacks.completion_stats import CompletionStats
 from lightning_grpo.callbacks.group_rewards import GroupRewardStats
 from lightning_grpo.callbacks.interrupt import SaveOnInterrupt
@@ -33,13 +32,12 @@ def default_callbacks(
     Example::
 
         >>> from lightning.pytorch import Trainer
-        >>> [type(cb).__name__ for cb in default_callbacks()][3:]
+        >>> [type(cb).__name__ for cb in default_callbacks()][2:]
         ['ThroughputMonitor', 'SaveOnInterrupt', 'SampleLogger']
         >>> trainer = Trainer(callbacks=default_callbacks(export_adapter=True), logger=False)
     """
     callbacks: list[Callback] = [
         GroupRewardStats(),
-        ClipFractionMonitor(),
         CompletionStats(),
         ThroughputMonitor(),
         SaveOnInterrupt(),

@@ -22,6 +22,8 @@ class SaveOnInterrupt(Callback):
     scoring, the module still holds the last completed iteration, which is what is saved: resuming from the file
     repeats the interrupted iteration exactly. Stopped between two optimizer steps of one iteration (several
     mini-batches or ``ppo_epochs``), the adapter is half-updated: nothing is saved then, and a warning says so.
+    Runs of several processes (DDP, FSDP2) are not saved either: each rank stops at its own point, possibly inside a
+    collective, so they resume from their last periodic checkpoint.
     Resume with ``--ckpt_path <the file>`` (docs/distributed.md).
 
     Args:
@@ -54,6 +56,11 @@ class SaveOnInterrupt(Callback):
     @override
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         if not isinstance(exception, KeyboardInterrupt) or not trainer.training:
+            return
+        if trainer.world_size > 1:  # ranks stop at different points, possibly inside a collective: no safe save
+            rank_zero_warn(
+                "Interrupted: SaveOnInterrupt saves single-process runs only; resume from the last checkpoint."
+            )
             return
         started = self._step_at_batch_start
         if started is not None and trainer.global_step != started:

@@ -1,4 +1,4 @@
-"""Throughput, phase timings and peak memory of each GRPO iteration."""
+"""Throughput, phase timings and peak memory of each GRPO iteration, on Lightning's ``ThroughputMonitor``."""
 
 from __future__ import annotations
 
@@ -7,21 +7,37 @@ import time
 from typing import Any
 
 import torch
-from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.callbacks import ThroughputMonitor as LightningThroughputMonitor
 from typing_extensions import override
 
-from lightning_grpo.callbacks._outputs import check_prefix, num_prompts, step_output
+from lightning_grpo.callbacks._outputs import check_positive_int, check_prefix, step_output
+from lightning_grpo.metrics import reduce_across_ranks
+from lightning_grpo.rollout import Rollout
 
 __all__ = ["ThroughputMonitor", "peak_memory_mib"]
 
 
-class ThroughputMonitor(Callback):
-    r"""Log tokens per second, the seconds of each phase of the iteration, and peak memory.
+class ThroughputMonitor(LightningThroughputMonitor):
+    r"""Lightning's ``ThroughputMonitor`` over sampled completions, plus the phase timings and memory of GRPO.
 
-    Metrics, each under ``prefix``:
+    Lightning's part (:class:`lightning.fabric.utilities.throughput.Throughput`) counts a *batch* as one iteration,
+    a *sample* as one sampled completion and an *item* as one completion token (``Rollout.completion_mask``), in
+    training and in validation. On rank zero, at the trainer's logging steps, it sends to the loggers (not to the
+    progress bar) under ``train/`` (``validate/`` for validation):
 
-    * ``throughput/generated_tokens_per_sec``: valid completion tokens (``Rollout.completion_mask``) over the seconds
-      of the ``generate`` phase, summed across ranks (the job's rate).
+    * ``device/samples_per_sec``, ``device/items_per_sec``, ``device/batches_per_sec``: completions, completion
+      tokens and iterations per second of wall-clock time on rank zero, averaged over the last ``window_size``
+      iterations (so they appear from the ``window_size``-th iteration on; validation time is left out of training);
+    * with several devices, ``samples_per_sec``, ``items_per_sec``, ``batches_per_sec``: the same times the world size;
+    * ``time``, ``batches``, ``samples``, ``lengths``: totals since the start of the stage;
+    * ``device/flops_per_sec`` and ``device/mfu`` when the module sets ``flops_per_batch``.
+
+    GRPO's part, logged by every rank with ``pl_module.log`` as global values (:mod:`lightning_grpo.metrics`), each
+    under ``prefix``:
+
+    * ``throughput/generated_tokens_per_sec``: valid completion tokens over the seconds of the ``generate`` phase,
+      summed across ranks (the sampling rate of the job).
     * ``throughput/trained_tokens_per_sec``: loss tokens (``loss_mask``) times ``ppo_epochs`` over the seconds of the
       ``update`` phase, summed across ranks.
     * ``time/<phase>``: seconds of each phase ``GRPOModule`` timed (``generate``, ``score``, ``old_logprobs``,
@@ -32,23 +48,42 @@ class ThroughputMonitor(Callback):
       size of the process since it started (``ru_maxrss``; it cannot be reset).
 
     Args:
+        window_size: Iterations in Lightning's rolling average (at least 2).
         log_memory: Log ``memory/peak_mib``.
-        prefix: Prepended to every metric name.
+        prefix: Prepended to the names of GRPO's part.
 
     Raises:
+        ValueError: If ``window_size`` is not an int >= 2.
         TypeError: If ``prefix`` is not a string.
 
     Example::
 
         >>> from lightning.pytorch import Trainer
         >>> from lightning_grpo.callbacks import ThroughputMonitor
-        >>> trainer = Trainer(callbacks=[ThroughputMonitor(log_memory=False)], logger=False)
+        >>> trainer = Trainer(callbacks=[ThroughputMonitor(window_size=5, log_memory=False)], logger=False)
     """
 
-    def __init__(self, log_memory: bool = True, prefix: str = "train/") -> None:
+    def __init__(self, window_size: int = 10, log_memory: bool = True, prefix: str = "train/") -> None:
+        if check_positive_int("window_size", window_size) < 2:
+            raise ValueError(f"window_size must be an int >= 2 (a rate needs two points), got {window_size}")
+        super().__init__(batch_size_fn=self._completions, length_fn=self._completion_tokens, window_size=window_size)
         self.log_memory = log_memory
         self.prefix = check_prefix(prefix)
+        self._rollout: Rollout | None = None
         self._start: float | None = None
+
+    def _completions(self, batch: Any) -> int:
+        """Lightning's ``batch_size_fn``: the samples of the step are the completions of its rollout."""
+        return len(self._latest_rollout())
+
+    def _completion_tokens(self, batch: Any) -> int:
+        """Lightning's ``length_fn``: the items of the step are the completion tokens of its rollout."""
+        return int(self._latest_rollout().completion_mask.sum())
+
+    def _latest_rollout(self) -> Rollout:
+        if self._rollout is None:
+            raise TypeError("ThroughputMonitor counts the rollout of GRPOModule's training and validation steps")
+        return self._rollout
 
     @override
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
@@ -60,30 +95,42 @@ class ThroughputMonitor(Callback):
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        step = step_output(outputs, self, ("rollout", "loss_mask", "timings"))
-        rollout, timings = step["rollout"], step["timings"]
-        options: dict[str, Any] = {"on_step": True, "on_epoch": False, "sync_dist": True}
-        options["batch_size"] = num_prompts(rollout, pl_module)
-        epochs = getattr(getattr(pl_module, "config", None), "ppo_epochs", 1)
+        step = step_output(outputs, self, ("rollout", "loss_mask", "timings", "ppo_epochs"))
+        self._rollout = step["rollout"]
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)  # Lightning's part, rank zero
+        self._log_phases(pl_module, step)
+
+    @override
+    def on_validation_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:  # fmt: skip
+        if not trainer.sanity_checking:
+            self._rollout = step_output(outputs, self, ("rollout",))["rollout"]
+        super().on_validation_batch_end(trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
+
+    def _log_phases(self, pl_module: LightningModule, step: Any) -> None:
+        """Token rates per phase (summed across ranks), phase seconds and peak memory (maxima across ranks)."""
+        rollout, timings, device = step["rollout"], step["timings"], pl_module.device
         tokens = {
             "generated": (rollout.completion_mask.sum(), "generate"),
-            "trained": (step["loss_mask"].sum() * epochs, "update"),
+            "trained": (step["loss_mask"].sum() * step["ppo_epochs"], "update"),
         }
         rates = {
-            f"{self.prefix}throughput/{name}_tokens_per_sec": count.float() / timings[phase]
+            f"{self.prefix}throughput/{name}_tokens_per_sec": count.double() / timings[phase]
             for name, (count, phase) in tokens.items()
             if timings.get(phase, 0.0) > 0  # a subclass may skip or not time a phase
         }
-        pl_module.log_dict(rates, reduce_fx="sum", **options)
-        seconds = dict(timings)
+        seconds = {f"{self.prefix}time/{phase}": value for phase, value in timings.items()}
         if self._start is not None:
-            seconds["step"] = time.perf_counter() - self._start
-        device = pl_module.device
-        times = {f"{self.prefix}time/{phase}": torch.tensor(s, device=device) for phase, s in seconds.items()}
-        pl_module.log_dict(times, reduce_fx="max", **options)
+            seconds[f"{self.prefix}time/step"] = time.perf_counter() - self._start
         if self.log_memory:
-            peak = torch.tensor(peak_memory_mib(device), device=device)
-            pl_module.log(f"{self.prefix}memory/peak_mib", peak, reduce_fx="max", **options)
+            seconds[f"{self.prefix}memory/peak_mib"] = peak_memory_mib(device)
+        maxima = torch.tensor(list(seconds.values()), dtype=torch.float64, device=device)
+        logged = dict(zip(seconds, reduce_across_ranks(maxima, "max"), strict=True))
+        if rates:
+            logged.update(zip(rates, reduce_across_ranks(torch.stack(list(rates.values()))), strict=True))
+        pl_module.log_dict({name: value.float() for name, value in logged.items()})  # already global
 
 
 def peak_memory_mib(device: torch.device) -> float:

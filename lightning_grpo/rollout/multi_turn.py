@@ -309,11 +309,11 @@ def _take_turn(
     trajectory.tool_calls += len(turn.tool_calls) if agent.executor is not None else 0
     if end is None:  # the budget ran out inside the turn
         trajectory.stop(truncated=True)
+    elif turn.tool_calls and trajectory.turns >= agent.max_turns:  # no turn left to read the tools' answers
+        trajectory.stop(truncated=True, max_turns=True)
     elif not turn.tool_calls and trajectory.episode is None:  # answered without a call: the episode is over
         trajectory.stop()
-    elif trajectory.turns >= agent.max_turns:
-        trajectory.stop(truncated=True, max_turns=True)
-    return None if trajectory.done else turn
+    return None if trajectory.done else turn  # an environment still judges the last turn (and may end it)
 
 
 def _run_tools(

@@ -50,9 +50,8 @@ def test_no_checkpoint_from_a_half_updated_iteration(make_module, tmp_path):
     module = make_module(mini_batch_size=4)  # two optimizer steps per iteration
 
     class StopBetweenSteps(torch.optim.AdamW):
-        def step(self, closure=None):
-            super().step(closure)
-            raise KeyboardInterrupt  # after the first of the two steps
+        def zero_grad(self, set_to_none=True):
+            raise KeyboardInterrupt  # after the first of the two steps has completed
 
     module.optimizer_factory = lambda params: StopBetweenSteps(params, lr=1e-2)
     trainer = make_trainer(max_steps=4, default_root_dir=tmp_path, callbacks=[SaveOnInterrupt()])

@@ -1,0 +1,58 @@
+"""A progress bar that shows the GRPO metrics under short names and fits in 80 columns."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.callbacks import TQDMProgressBar
+from typing_extensions import override
+
+__all__ = ["SHORT_NAMES", "GRPOProgressBar"]
+
+#: Shown in the bar by default: short name -> the full name the loggers receive.
+SHORT_NAMES: Mapping[str, str] = MappingProxyType({"reward": "train/reward_mean", "kl": "train/kl"})
+
+
+class GRPOProgressBar(TQDMProgressBar):
+    r"""Lightning's ``TQDMProgressBar`` showing chosen metrics under short names, e.g. ``reward=0.625, kl=0.00132``.
+
+    Metrics are logged under their full names (``train/reward_mean``), which every logger receives, and without
+    ``prog_bar=True``; this bar reads them from ``trainer.callback_metrics`` and shows each under its short name, so
+    a line such as ``Epoch 3:  50%|█████     | 4/8 [00:09<00:09, 0.43it/s, reward=0.625, kl=0.00132]`` fits in
+    80 columns. A metric not logged yet is left out. Metrics that a module logs with ``prog_bar=True`` are shown too,
+    under their own names; the logger's version (``v_num``) is not. The bar of a ``max_steps`` run reads
+    ``Epoch N`` (the epoch over the prompt data), never ``Epoch N/-2``. ``lightning-grpo`` (the CLI) uses this bar
+    unless the config disables the progress bar or sets another one.
+
+    Args:
+        metrics: Short name to full name of the metrics to show; default :data:`SHORT_NAMES` (``reward`` for
+            ``train/reward_mean``, logged by :class:`~lightning_grpo.callbacks.GroupRewardStats`, and ``kl`` for
+            ``train/kl``, logged by ``GRPOModule`` when ``kl_coef > 0``).
+        refresh_rate: Update the bar every this many batches (Lightning's argument).
+
+    Example::
+
+        >>> from lightning.pytorch import Trainer
+        >>> from lightning_grpo.callbacks import GRPOProgressBar
+        >>> bar = GRPOProgressBar(metrics={"reward": "train/reward_mean", "len": "train/completion/length_mean"})
+        >>> trainer = Trainer(callbacks=[bar], logger=False)
+    """
+
+    def __init__(self, metrics: Mapping[str, str] = SHORT_NAMES, refresh_rate: int = 1) -> None:
+        bad = [f"{k!r}: {v!r}" for k, v in dict(metrics).items() if not (isinstance(k, str) and isinstance(v, str))]
+        if bad:
+            raise TypeError(f"metrics maps short names to metric names, both strings; got {', '.join(bad)}")
+        super().__init__(refresh_rate=refresh_rate)
+        self.metrics = dict(metrics)
+
+    @override
+    def get_metrics(self, trainer: Trainer, pl_module: LightningModule) -> dict[str, int | str | float | dict]:
+        items: dict[str, Any] = dict(trainer.progress_bar_metrics)  # what the module logs with prog_bar=True
+        for short, name in self.metrics.items():
+            value = trainer.callback_metrics.get(name)
+            if value is not None:
+                items[short] = value.item()
+        return items
