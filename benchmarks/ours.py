@@ -18,9 +18,8 @@ from torch.utils.data import DataLoader
 from benchmarks.models import load_tokenizer
 from benchmarks.workload import Workload, fraction_of_sevens, make_prompts
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig, Rollout
-from lightning_grpo.policy import reference_mode
 from lightning_grpo.rewards import RewardScores
-from lightning_grpo.rollout import SamplingSettings, TokenLogProbs, completion_logprobs
+from lightning_grpo.rollout import SamplingSettings, TokenLogProbs
 from lightning_grpo.update import UpdateBatch
 
 __all__ = ["BenchModule", "StepRecorder", "run_ours"]
@@ -31,9 +30,9 @@ PHASES = ("generate", "score", "old_logprobs", "reference", "update")
 class BenchModule(GRPOModule):
     """``GRPOModule`` with the benchmark's extra settings and per-phase CPU-time accounting.
 
-    :meth:`sampling_settings` and :meth:`compute_logprobs` are overridden only to pass settings ``GRPOConfig`` does
-    not expose (``min_new_tokens``; separate log-prob switches); :meth:`generate`, :meth:`score` and
-    :meth:`update_policy` only add CPU-time accounting.
+    :meth:`sampling_settings` and :meth:`logprob_settings` are overridden only to pass settings ``GRPOConfig`` does
+    not expose (``min_new_tokens``; separate log-prob switches); :meth:`generate`, :meth:`score`,
+    :meth:`compute_logprobs` and :meth:`update_policy` only add CPU-time accounting.
     """
 
     def __init__(self, *args: Any, sampling: Mapping[str, Any], logprob_options: Mapping[str, Any], **kwargs: Any):
@@ -52,15 +51,14 @@ class BenchModule(GRPOModule):
     def compute_logprobs(
         self, rollout: Rollout, *, reference: bool = False, with_entropy: bool = False
     ) -> TokenLogProbs:
-        """As :meth:`GRPOModule.compute_logprobs`, with the extra keyword switches."""
+        """As :meth:`GRPOModule.compute_logprobs` (CPU time of the fixed passes recorded)."""
         phase = "reference" if reference else ("old_logprobs" if not torch.is_grad_enabled() else None)
-        clock = self._cpu(phase) if phase else nullcontext()
-        with reference_mode(self.policy) if reference else nullcontext(), clock:
-            return completion_logprobs(
-                self.policy, rollout, temperature=self.config.temperature, with_entropy=with_entropy,
-                entropy_grad=self.config.entropy_coef > 0, chunk_size=self.config.logprob_chunk_size,
-                **self.logprob_options,
-            )  # fmt: skip
+        with self._cpu(phase) if phase else nullcontext():
+            return super().compute_logprobs(rollout, reference=reference, with_entropy=with_entropy)
+
+    def logprob_settings(self) -> dict[str, Any]:
+        """The module's settings with the benchmark's separate log-prob switches (``share_prompt``, ``fused_head``)."""
+        return {**super().logprob_settings(), **self.logprob_options}
 
     def sampling_settings(
         self, *, num_generations: int | None = None, temperature: float | None = None

@@ -1,6 +1,6 @@
 """Data-parallel glue: strategy checks, FSDP2 sharding of the policy, gradient scale, adapter export, checkpoints.
 
-Two multi-process strategies are supported (DESIGN.md §2; ``docs/distributed.md`` shows how to launch them):
+Two multi-process strategies are supported (``docs/distributed.md`` shows how to launch them):
 
 * ``DDPStrategy`` (``strategy: ddp``): every rank holds the whole model; adapter gradients are all-reduced.
 * FSDP2 through ``ModelParallelStrategy(data_parallel_size=N, tensor_parallel_size=1)``: :func:`shard_policy`
@@ -11,7 +11,7 @@ Lightning's FSDP1 ``FSDPStrategy`` cannot run manual optimization (Lightning iss
 :func:`check_strategy`.
 
 Both strategies *average* gradients over ranks, while the module's micro-batch loss is ``local sum / global count``
-(DESIGN.md §3), whose gradient over the whole batch is the *sum* of the ranks' gradients. :func:`grad_scale` is the
+(docs/math.md), whose gradient over the whole batch is the *sum* of the ranks' gradients. :func:`grad_scale` is the
 factor (the world size) that turns the average back into that sum.
 """
 

@@ -1,7 +1,8 @@
 """``GRPOModule``: one ``training_step`` is one GRPO iteration. Orchestration only; the math lives in ``algorithms``.
 
-Each numbered step of DESIGN.md §2 is one overridable method: :meth:`GRPOModule.generate`, :meth:`~GRPOModule.score`,
-:meth:`~GRPOModule.compute_advantages`, :meth:`~GRPOModule.compute_logprobs`, :meth:`~GRPOModule.compute_loss`.
+Each step of the iteration (docs/index.md) is one overridable method: :meth:`GRPOModule.generate`,
+:meth:`~GRPOModule.score`, :meth:`~GRPOModule.compute_advantages`, :meth:`~GRPOModule.prepare_update`,
+:meth:`~GRPOModule.compute_logprobs`, :meth:`~GRPOModule.compute_loss`, :meth:`~GRPOModule.update_policy`.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
 import torch
 from lightning.pytorch import LightningModule
@@ -25,7 +26,7 @@ from lightning_grpo.algorithms.statistics import masked_mean
 from lightning_grpo.checkpoint import CHECKPOINT_KEY, describe_policy, install_checked_io
 from lightning_grpo.config import GRPOConfig
 from lightning_grpo.dynamic_sampling import check_datamodule, dynamic_sample
-from lightning_grpo.metrics import ValidationMetrics, reduce_across_ranks
+from lightning_grpo.metrics import ValidationMetrics
 from lightning_grpo.policy import PolicyConfig, export_adapter, load_policy, load_tokenizer, reference_mode
 from lightning_grpo.quantization import check_shardable
 from lightning_grpo.resume import check_resume, settings_of
@@ -35,26 +36,13 @@ from lightning_grpo.rollout.generation import eval_mode
 from lightning_grpo.rollout.multi_turn import AgentSettings, sample_rollout
 from lightning_grpo.seeding import seeded, step_seed
 from lightning_grpo.timing import PhaseTimer
-from lightning_grpo.update import LossCounts, MetricSums, UpdateBatch, minibatch_indices
+from lightning_grpo.update import LossCounts, StepOutput, UpdateBatch, run_updates
 from lightning_grpo.zero_signal import check_signal
 
-__all__ = ["GRPOModule", "StepOutput"]
+__all__ = ["GRPOModule", "StepOutput"]  # StepOutput is defined in lightning_grpo.update
 
 OptimizerCallable = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
 LRSchedulerCallable = Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler]
-
-
-class StepOutput(TypedDict):
-    """What ``training_step`` returns, for callbacks' ``on_train_batch_end``."""
-
-    loss: Tensor  # mean mini-batch loss over all ranks, detached
-    rollout: Rollout  # texts, tokens, masks, truncation flags, group ids
-    rewards: RewardScores  # combined and per-function rewards, (N,)
-    advantages: Tensor  # (N,) or (N, T)
-    metrics: dict[str, Tensor]  # update statistics (pg_loss, clip fractions, KL, entropy, ...), global, 0-dim
-    loss_mask: Tensor  # (N, T) tokens that entered the loss
-    timings: dict[str, float]  # seconds per phase: generate, score, old_logprobs, reference, update
-    ppo_epochs: int  # passes over the rollout: each loss token was trained on this many times
 
 
 class GRPOModule(LightningModule):
@@ -156,7 +144,8 @@ class GRPOModule(LightningModule):
         self.log_dict({f"train/{name}": value for name, value in {"loss": loss, **metrics}.items()})  # global values
         return StepOutput(
             loss=loss, rollout=rollout, rewards=scores, advantages=advantages, metrics=metrics,
-            loss_mask=update.loss_mask, timings=dict(timer.seconds), ppo_epochs=self.config.ppo_epochs,
+            loss_mask=update.loss_mask, ppo_epochs=self.config.ppo_epochs,
+            timings={**timer.seconds, **{f"score/{name}": s for name, s in scores.seconds.items()}},  # per reward
         )  # fmt: skip
 
     def generate(
@@ -233,20 +222,21 @@ class GRPOModule(LightningModule):
         self, rollout: Rollout, *, reference: bool = False, with_entropy: bool = False
     ) -> TokenLogProbs:
         """Per-token log-probs ``(N, T)`` of the completions, of the reference policy when ``reference``."""
-        context = reference_mode(self.policy) if reference else nullcontext()
-        with context:
-            return completion_logprobs(
-                self.policy,
-                rollout,
-                temperature=self.config.temperature,
-                with_entropy=with_entropy,
-                entropy_grad=self.config.entropy_coef > 0,
-                chunk_size=self.config.logprob_chunk_size,
-                # FSDP2's hooks would miss a backward through the shared prompt's KV cache; every pass takes the
-                # same path so that old, reference and current log-probs agree to the last bit
-                share_prompt=self.config.share_prompt and not distributed.is_sharded(self.policy),
-                fused_head=self.config.fused_head,
-            )
+        settings = self.logprob_settings()
+        if distributed.is_sharded(self.policy):
+            # FSDP2's hooks would miss a backward through the shared prompt's KV cache; every pass takes the
+            # same path so that old, reference and current log-probs agree to the last bit
+            settings["share_prompt"] = False
+        with reference_mode(self.policy) if reference else nullcontext():
+            return completion_logprobs(self.policy, rollout, with_entropy=with_entropy, **settings)
+
+    def logprob_settings(self) -> dict[str, Any]:
+        """Keyword settings of :func:`~lightning_grpo.rollout.completion_logprobs`, from :attr:`config`."""
+        cfg = self.config
+        return {
+            "temperature": cfg.temperature, "entropy_grad": cfg.entropy_coef > 0, "chunk_size": cfg.logprob_chunk_size,
+            "share_prompt": cfg.share_prompt, "fused_head": cfg.fused_head,
+        }  # fmt: skip
 
     def compute_loss(self, batch: UpdateBatch, counts: LossCounts) -> tuple[Tensor, dict[str, Tensor]]:
         """Step 5 (per micro-batch): ``policy loss + β·KL − c_ent·entropy``, each aggregated with global counts."""
@@ -275,49 +265,7 @@ class GRPOModule(LightningModule):
 
     def update_policy(self, batch: UpdateBatch) -> tuple[Tensor, dict[str, Tensor]]:
         """``ppo_epochs`` passes over shuffled mini-batches; one optimizer step per mini-batch."""
-        cfg, optimizer = self.config, self.optimizers()
-        mini = cfg.mini_batch_size or len(batch)
-        micro = cfg.micro_batch_size or mini
-        generator = torch.Generator().manual_seed(self._step_seed())
-        norm = float(cfg.loss_agg_norm or cfg.max_new_tokens)
-        sums, shares = MetricSums(), []
-        for _ in range(cfg.ppo_epochs):
-            for rows in minibatch_indices(len(batch), mini, generator):
-                minibatch = batch.select(rows.to(self.device))
-                counts = LossCounts.of(minibatch.loss_mask, norm, self._sum_across_ranks)
-                shares.append(self._accumulate(minibatch, counts, micro, optimizer, sums))
-                if cfg.max_grad_norm is not None:
-                    self.clip_gradients(optimizer, gradient_clip_val=cfg.max_grad_norm, gradient_clip_algorithm="norm")
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-        scheduler = self.lr_schedulers()
-        if scheduler is not None:
-            scheduler.step()
-        parts = torch.stack([torch.stack(list(s.values())) for s in shares]).mean(0)  # (loss, pg_loss), this rank
-        loss, pg_loss = reduce_across_ranks(parts).float()  # the ranks' parts add up to the global values
-        return loss, {"pg_loss": pg_loss, **sums.means(reduce_across_ranks)}
-
-    def _accumulate(
-        self, minibatch: UpdateBatch, counts: LossCounts, micro: int, optimizer: Any, sums: MetricSums
-    ) -> dict[str, Tensor]:
-        """Backward over the micro-batches of one mini-batch; gradients sync across ranks on the last one only.
-
-        Returns this rank's parts of the mini-batch ``loss`` and ``pg_loss`` (computed with global normalisers, so
-        the parts of all ranks add up to the global values); the other metrics go to ``sums``, weighted by tokens.
-        """
-        shares = {"loss": torch.zeros((), device=self.device), "pg_loss": torch.zeros((), device=self.device)}
-        chunks = torch.arange(len(minibatch), device=self.device).split(micro)
-        scale = self._grad_scale()  # each rank's loss is its share of the global loss; ranks average gradients
-        for i, rows in enumerate(chunks):
-            part = minibatch.select(rows)
-            last = i == len(chunks) - 1
-            with optimizer.toggle_model(sync_grad=last), distributed.gradient_sync(self.policy, last):
-                loss, metrics = self.compute_loss(part, counts)
-                self.manual_backward(loss * scale)
-            shares["loss"] += loss.detach()
-            shares["pg_loss"] += metrics.pop("pg_loss").detach()
-            sums.add(metrics, part.loss_mask.sum())
-        return shares
+        return run_updates(self, batch)
 
     # ---------------------------------------------------------------- validation
 

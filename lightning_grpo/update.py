@@ -1,21 +1,42 @@
-"""Pieces of the policy-update pass: the per-sample training batch, its global counts, and metric sums.
+"""The policy-update pass: the per-sample training batch, its global counts, metric sums and the update loop.
 
-Pure torch; :class:`~lightning_grpo.module.GRPOModule` drives the loop.
+:meth:`GRPOModule.update_policy <lightning_grpo.module.GRPOModule.update_policy>` calls :func:`run_updates`; the
+loss of each micro-batch still comes from the module's overridable ``compute_loss`` (docs/index.md).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import torch
 from torch import Tensor
 
+from lightning_grpo import distributed
 from lightning_grpo.algorithms import count_sequences
 from lightning_grpo.algorithms.statistics import SumAcrossRanks
+from lightning_grpo.metrics import reduce_across_ranks
+from lightning_grpo.rewards import RewardScores
 from lightning_grpo.rollout import Rollout
 
-__all__ = ["LossCounts", "MetricSums", "UpdateBatch", "minibatch_indices"]
+if TYPE_CHECKING:
+    from lightning_grpo.module import GRPOModule
+
+__all__ = ["LossCounts", "MetricSums", "StepOutput", "UpdateBatch", "minibatch_indices", "run_updates"]
+
+
+class StepOutput(TypedDict):
+    """What ``training_step`` returns, for callbacks' ``on_train_batch_end``."""
+
+    loss: Tensor  # mean mini-batch loss over all ranks, detached
+    rollout: Rollout  # texts, tokens, masks, truncation flags, group ids
+    rewards: RewardScores  # combined and per-function rewards, (N,)
+    advantages: Tensor  # (N,) or (N, T)
+    metrics: dict[str, Tensor]  # update statistics (pg_loss, clip fractions, KL, entropy, ...), global, 0-dim
+    loss_mask: Tensor  # (N, T) tokens that entered the loss
+    timings: dict[str, float]  # seconds per phase: generate, score, old_logprobs, reference, update
+    ppo_epochs: int  # passes over the rollout: each loss token was trained on this many times
 
 
 @dataclass(frozen=True)
@@ -104,3 +125,56 @@ class MetricSums:
         if sum_across_ranks is not None:
             stacked = sum_across_ranks(stacked)  # (2, M): weighted sums and weights
         return {name: (stacked[0, i] / stacked[1, i].clamp(min=1e-12)).float() for i, name in enumerate(names)}
+
+
+def run_updates(module: GRPOModule, batch: UpdateBatch) -> tuple[Tensor, dict[str, Tensor]]:
+    """``ppo_epochs`` passes over shuffled mini-batches of ``batch``; one optimizer step per mini-batch.
+
+    Returns the global mean mini-batch loss and the metrics (``pg_loss`` and the token-weighted means of the
+    others), exact over all ranks.
+    """
+    cfg, optimizer = module.config, module.optimizers()
+    mini = cfg.mini_batch_size or len(batch)
+    micro = cfg.micro_batch_size or mini
+    generator = torch.Generator().manual_seed(module._step_seed())
+    norm = float(cfg.loss_agg_norm or cfg.max_new_tokens)
+    sums, shares = MetricSums(), []
+    for _ in range(cfg.ppo_epochs):
+        for rows in minibatch_indices(len(batch), mini, generator):
+            minibatch = batch.select(rows.to(module.device))
+            counts = LossCounts.of(minibatch.loss_mask, norm, module._sum_across_ranks)
+            shares.append(_accumulate(module, minibatch, counts, micro, optimizer, sums))
+            if cfg.max_grad_norm is not None:
+                module.clip_gradients(optimizer, gradient_clip_val=cfg.max_grad_norm, gradient_clip_algorithm="norm")
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    scheduler = module.lr_schedulers()
+    if scheduler is not None:
+        scheduler.step()
+    parts = torch.stack([torch.stack(list(s.values())) for s in shares]).mean(0)  # (loss, pg_loss), this rank
+    loss, pg_loss = reduce_across_ranks(parts).float()  # the ranks' parts add up to the global values
+    return loss, {"pg_loss": pg_loss, **sums.means(reduce_across_ranks)}
+
+
+def _accumulate(
+    module: GRPOModule, minibatch: UpdateBatch, counts: LossCounts, micro: int, optimizer: Any, sums: MetricSums
+) -> dict[str, Tensor]:
+    """Backward over the micro-batches of one mini-batch; gradients sync across ranks on the last one only.
+
+    Returns this rank's parts of the mini-batch ``loss`` and ``pg_loss`` (computed with global normalisers, so
+    the parts of all ranks add up to the global values); the other metrics go to ``sums``, weighted by tokens.
+    """
+    device = module.device
+    shares = {"loss": torch.zeros((), device=device), "pg_loss": torch.zeros((), device=device)}
+    chunks = torch.arange(len(minibatch), device=device).split(micro)
+    scale = module._grad_scale()  # each rank's loss is its share of the global loss; ranks average gradients
+    for i, rows in enumerate(chunks):
+        part = minibatch.select(rows)
+        last = i == len(chunks) - 1
+        with optimizer.toggle_model(sync_grad=last), distributed.gradient_sync(module.policy, last):
+            loss, metrics = module.compute_loss(part, counts)
+            module.manual_backward(loss * scale)
+        shares["loss"] += loss.detach()
+        shares["pg_loss"] += metrics.pop("pg_loss").detach()
+        sums.add(metrics, part.loss_mask.sum())
+    return shares

@@ -1,6 +1,6 @@
 """Reduce a per-token loss ``(N, T)`` to a scalar.
 
-Modes (``L`` per-token loss, ``M`` completion mask; see DESIGN.md §3 and verl's ``agg_loss``):
+Modes (``L`` per-token loss, ``M`` completion mask; see docs/math.md and verl's ``agg_loss``):
 
 * ``token-mean``: ``sum(L*M) / num_tokens`` — every valid token of the mini-batch weighs the same (DAPO, Yu et al.,
   2025, arXiv:2503.14476).

@@ -60,7 +60,7 @@ class GroupRewardStats(Callback):
         step = step_output(outputs, self, ("rollout", "rewards", "advantages"))
         rollout = step["rollout"]
         stats = group_reward_stats(
-            step["rewards"], rollout.group_ids, step["advantages"], rollout.completion_mask, reduce_across_ranks
+            step["rewards"], rollout.group_ids, step["advantages"], rollout.sampled_mask, reduce_across_ranks
         )
         pl_module.log_dict({self.prefix + name: value for name, value in stats.items()})  # already global
 
@@ -78,7 +78,7 @@ def group_reward_stats(
         scores: Combined ``(N,)`` rewards (NaN where skipped) and raw rewards per function.
         group_ids: ``(N,)`` the group of each row.
         advantages: ``(N,)`` or ``(N, T)``.
-        completion_mask: ``(N, T)``, the valid tokens of token-level advantages.
+        completion_mask: ``(N, T)``, the tokens of token-level advantages (the module passes ``Rollout.sampled_mask``).
         sum_across_ranks: Sums a tensor over ranks (e.g. an all-reduce); ``None`` for one process.
 
     Example::

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any
 
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import TQDMProgressBar
 from typing_extensions import override
 
-__all__ = ["SHORT_NAMES", "GRPOProgressBar"]
+__all__ = ["SHORT_NAMES", "WHILE_NONZERO", "GRPOProgressBar"]
 
 #: Shown in the bar by default: short name -> the full name the loggers receive.
 SHORT_NAMES: Mapping[str, str] = MappingProxyType({"reward": "train/reward_mean", "kl": "train/kl"})
+
+#: Shown only while non-zero: warnings that need the user's eye (docs/rewards.md, "no silent zero-signal runs").
+WHILE_NONZERO: Mapping[str, str] = MappingProxyType({"zero_std": "train/zero_std_frac"})
 
 
 class GRPOProgressBar(TQDMProgressBar):
@@ -22,10 +24,12 @@ class GRPOProgressBar(TQDMProgressBar):
     Metrics are logged under their full names (``train/reward_mean``), which every logger receives, and without
     ``prog_bar=True``; this bar reads them from ``trainer.callback_metrics`` and shows each under its short name, so
     a line such as ``Epoch 3:  50%|█████     | 4/8 [00:09<00:09, 0.43it/s, reward=0.625, kl=0.00132]`` fits in
-    80 columns. A metric not logged yet is left out. Metrics that a module logs with ``prog_bar=True`` are shown too,
-    under their own names; the logger's version (``v_num``) is not. The bar of a ``max_steps`` run reads
-    ``Epoch N`` (the epoch over the prompt data), never ``Epoch N/-2``. ``lightning-grpo`` (the CLI) uses this bar
-    unless the config disables the progress bar or sets another one.
+    80 columns. A metric not logged yet is left out. The bar shows exactly ``metrics``: what is logged with
+    ``prog_bar=True`` under a long name, and the logger's version (``v_num``), is not shown; map a short name to a
+    metric to show it. :data:`WHILE_NONZERO` metrics (``zero_std``: the fraction of groups without reward signal)
+    appear only while they are non-zero. The bar of a ``max_steps`` run reads ``Epoch N`` (the epoch over the prompt data), never
+    ``Epoch N/-2``. Add it as the last of ``trainer.callbacks`` (it shows what the callbacks before it logged in
+    the same step) to replace Lightning's default bar (docs/callbacks.md).
 
     Args:
         metrics: Short name to full name of the metrics to show; default :data:`SHORT_NAMES` (``reward`` for
@@ -50,9 +54,7 @@ class GRPOProgressBar(TQDMProgressBar):
 
     @override
     def get_metrics(self, trainer: Trainer, pl_module: LightningModule) -> dict[str, int | str | float | dict]:
-        items: dict[str, Any] = dict(trainer.progress_bar_metrics)  # what the module logs with prog_bar=True
-        for short, name in self.metrics.items():
-            value = trainer.callback_metrics.get(name)
-            if value is not None:
-                items[short] = value.item()
-        return items
+        logged = trainer.callback_metrics
+        shown = {short: logged[name].item() for short, name in self.metrics.items() if name in logged}
+        warnings = {short: logged[name].item() for short, name in WHILE_NONZERO.items() if name in logged}
+        return {**shown, **{short: value for short, value in warnings.items() if value != 0}}

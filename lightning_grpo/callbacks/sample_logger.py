@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing_extensions import override
 
 from lightning_grpo.callbacks._outputs import IterationCounter, check_positive_int, step_output
 
-__all__ = ["SampleLogger", "markdown_table"]
+__all__ = ["SampleLogger", "conversation_text", "markdown_table"]
 
 COLUMNS = ("step", "prompt", "completion", "reward", "advantage")
 
@@ -26,7 +27,9 @@ class SampleLogger(IterationCounter):
     The table holds the first ``num_samples`` rows of the rank-zero rollout (samples of a group are consecutive, so
     with ``num_samples <= G`` it shows one prompt's group side by side) with columns ``step``, ``prompt``,
     ``completion``, ``reward`` (NaN where every reward function skipped the row) and ``advantage`` (the mean over the
-    row's valid tokens for token-level advantages). It goes, on rank zero only, to:
+    row's valid tokens for token-level advantages). Conversational prompts and multi-turn completions (lists of chat
+    messages) are shown whole, one message per line with its role, tool calls included (:func:`conversation_text`).
+    It goes, on rank zero only, to:
 
     * a logger with a ``log_table`` method (``WandbLogger``): ``log_table(key, columns, data, step)``;
     * a ``CSVLogger``: rows appended to ``samples.csv`` in its ``log_dir``, full texts;
@@ -111,7 +114,42 @@ def sample_rows(step: Mapping[str, Any], num_samples: int) -> list[list[Any]]:
         advantages = (advantages[:n] * mask).sum(-1) / mask.sum(-1).clamp(min=1)
     rewards = step["rewards"].rewards[:n].float().tolist()
     advantages = advantages[:n].float().tolist()
-    return [[rollout.prompts[i], rollout.completions[i], rewards[i], advantages[i]] for i in range(n)]
+    return [
+        [conversation_text(rollout.prompts[i]), conversation_text(rollout.completions[i]), rewards[i], advantages[i]]
+        for i in range(n)
+    ]
+
+
+def conversation_text(value: Any) -> Any:
+    r"""A list of chat messages as text, one ``[role] content`` line per message; anything else unchanged.
+
+    Tool calls of assistant messages follow their content as ``name(arguments)``.
+
+    Example::
+
+        >>> call = {"type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}
+        >>> print(conversation_text([
+        ...     {"role": "assistant", "content": "", "tool_calls": [call]},
+        ...     {"role": "tool", "name": "add", "content": "5"},
+        ...     {"role": "assistant", "content": "5"},
+        ... ]))
+        [assistant] add({"a": 2, "b": 3})
+        [tool] 5
+        [assistant] 5
+    """
+    if not isinstance(value, list | tuple) or not all(isinstance(m, Mapping) for m in value):
+        return value
+    return "\n".join(_message_text(message) for message in value)
+
+
+def _message_text(message: Mapping[str, Any]) -> str:
+    parts = [str(message.get("content") or "")]
+    for call in message.get("tool_calls") or []:
+        function = call.get("function", call) if isinstance(call, Mapping) else {}
+        arguments = function.get("arguments", {})
+        arguments = arguments if isinstance(arguments, str) else json.dumps(arguments)
+        parts.append(f"{function.get('name', '?')}({arguments})")
+    return f"[{message.get('role', '?')}] " + " ".join(part for part in parts if part)
 
 
 def append_csv(path: Path, columns: Sequence[str], data: list[list[Any]]) -> None:

@@ -22,9 +22,10 @@ class ThroughputMonitor(LightningThroughputMonitor):
     r"""Lightning's ``ThroughputMonitor`` over sampled completions, plus the phase timings and memory of GRPO.
 
     Lightning's part (:class:`lightning.fabric.utilities.throughput.Throughput`) counts a *batch* as one iteration,
-    a *sample* as one sampled completion and an *item* as one completion token (``Rollout.completion_mask``), in
-    training and in validation. On rank zero, at the trainer's logging steps, it sends to the loggers (not to the
-    progress bar) under ``train/`` (``validate/`` for validation):
+    a *sample* as one sampled completion and an *item* as one token the policy sampled (``Rollout.sampled_mask``;
+    tool and environment tokens of multi-turn trajectories are not counted), in training and in validation.
+    On rank zero, at the trainer's logging steps, it sends to the loggers (not to the progress bar) under ``train/``
+    (``validate/`` for validation):
 
     * ``device/samples_per_sec``, ``device/items_per_sec``, ``device/batches_per_sec``: completions, completion
       tokens and iterations per second of wall-clock time on rank zero, averaged over the last ``window_size``
@@ -70,15 +71,15 @@ class ThroughputMonitor(LightningThroughputMonitor):
         self.log_memory = log_memory
         self.prefix = check_prefix(prefix)
         self._rollout: Rollout | None = None
-        self._start: float | None = None
+        self._step_started: float | None = None
 
     def _completions(self, batch: Any) -> int:
         """Lightning's ``batch_size_fn``: the samples of the step are the completions of its rollout."""
         return len(self._latest_rollout())
 
     def _completion_tokens(self, batch: Any) -> int:
-        """Lightning's ``length_fn``: the items of the step are the completion tokens of its rollout."""
-        return int(self._latest_rollout().completion_mask.sum())
+        """Lightning's ``length_fn``: the items of the step are the tokens the policy sampled in its rollout."""
+        return int(self._latest_rollout().sampled_mask.sum())
 
     def _latest_rollout(self) -> Rollout:
         if self._rollout is None:
@@ -89,7 +90,7 @@ class ThroughputMonitor(LightningThroughputMonitor):
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         if self.log_memory and pl_module.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(pl_module.device)
-        self._start = time.perf_counter()
+        self._step_started = time.perf_counter()
 
     @override
     def on_train_batch_end(
@@ -113,7 +114,7 @@ class ThroughputMonitor(LightningThroughputMonitor):
         """Token rates per phase (summed across ranks), phase seconds and peak memory (maxima across ranks)."""
         rollout, timings, device = step["rollout"], step["timings"], pl_module.device
         tokens = {
-            "generated": (rollout.completion_mask.sum(), "generate"),
+            "generated": (rollout.sampled_mask.sum(), "generate"),  # not tool or environment tokens
             "trained": (step["loss_mask"].sum() * step["ppo_epochs"], "update"),
         }
         rates = {
@@ -122,8 +123,8 @@ class ThroughputMonitor(LightningThroughputMonitor):
             if timings.get(phase, 0.0) > 0  # a subclass may skip or not time a phase
         }
         seconds = {f"{self.prefix}time/{phase}": value for phase, value in timings.items()}
-        if self._start is not None:
-            seconds[f"{self.prefix}time/step"] = time.perf_counter() - self._start
+        if self._step_started is not None:
+            seconds[f"{self.prefix}time/step"] = time.perf_counter() - self._step_started
         if self.log_memory:
             seconds[f"{self.prefix}memory/peak_mib"] = peak_memory_mib(device)
         maxima = torch.tensor(list(seconds.values()), dtype=torch.float64, device=device)

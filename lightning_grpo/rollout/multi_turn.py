@@ -11,8 +11,8 @@ continuation_ids`) and appended as context. Sampled tokens are kept as sampled, 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from dataclasses import replace
+from typing import Any
 
 import torch
 from torch import nn
@@ -20,17 +20,12 @@ from transformers import PreTrainedTokenizerBase
 
 from lightning_grpo.agents import (
     EnvironmentEpisode,
-    EnvironmentFactory,
-    HermesToolCallParser,
     ParsedTurn,
-    ToolCallParser,
-    ToolExecutor,
-    ToolSet,
     assistant_message,
-    check_chat_template_supports_tools,
     step_episodes,
     validate_messages,
 )
+from lightning_grpo.rollout.agent import AgentSettings, Trajectory
 from lightning_grpo.rollout.batch import Rollout, TurnStats
 from lightning_grpo.rollout.chat import continuation_ids, render_messages
 from lightning_grpo.rollout.generation import (
@@ -45,88 +40,6 @@ from lightning_grpo.rollout.generation import (
 __all__ = ["AgentSettings", "generate_conversations", "sample_rollout"]
 
 _ERRORS = ("error", "unknown_tool", "parse_error")
-
-
-@dataclass(frozen=True)
-class AgentSettings:
-    """How a conversational rollout runs its turns.
-
-    Attributes:
-        executor: Runs the policy's tool calls (concurrently, each with a timeout); ``None`` without tools.
-        parser: Reads the content and tool calls of an assistant turn.
-        environment_factory: Makes one environment per sample from its dataset row; ``None`` without one.
-        max_turns: Most policy turns per trajectory; a trajectory that still calls a tool (or whose environment is
-            not done) at the last turn is cut and flagged truncated.
-        env_reward: How the per-turn environment rewards become the ``env_reward`` keyword of reward functions:
-            their ``"sum"`` or the ``"last"`` one.
-    """
-
-    executor: ToolExecutor | None = None
-    parser: ToolCallParser = field(default_factory=HermesToolCallParser)
-    environment_factory: EnvironmentFactory | None = None
-    max_turns: int = 1
-    env_reward: Literal["sum", "last"] = "sum"
-
-    @classmethod
-    def build(
-        cls,
-        tokenizer: PreTrainedTokenizerBase,
-        *,
-        tools: Sequence[Callable[..., Any]] | None = None,
-        tool_parser: ToolCallParser | None = None,
-        environment_factory: EnvironmentFactory | None = None,
-        max_turns: int = 1,
-        tool_timeout: float = 10.0,
-        env_reward: Literal["sum", "last"] = "sum",
-    ) -> AgentSettings:
-        """Settings from the module's arguments; tools are checked (schemas) and so is the tokenizer's template.
-
-        Raises:
-            ValueError: A tool lacks type hints or a docstring, or the chat template does not render tools.
-        """
-        executor = None
-        if tools:
-            executor = ToolExecutor(ToolSet(tools), timeout=tool_timeout)
-            check_chat_template_supports_tools(tokenizer)
-        if environment_factory is not None and not callable(environment_factory):
-            raise TypeError(f"environment_factory must be callable (row -> Environment), got {environment_factory!r}")
-        parser = tool_parser if tool_parser is not None else HermesToolCallParser()
-        return cls(executor, parser, environment_factory, max_turns, env_reward)
-
-    @property
-    def multi_turn(self) -> bool:
-        """Whether trajectories can have several turns (tools or an environment are set)."""
-        return self.executor is not None or self.environment_factory is not None
-
-    @property
-    def tool_schemas(self) -> list[dict[str, Any]] | None:
-        """The tools' JSON schemas for the chat template, or ``None`` without tools."""
-        return self.executor.tools.schemas if self.executor is not None else None
-
-
-@dataclass
-class _Trajectory:
-    """One sample's conversation while it runs."""
-
-    prompt: list[dict[str, Any]]
-    episode: EnvironmentEpisode | None = None
-    messages: list[dict[str, Any]] = field(default_factory=list)
-    tokens: list[int] = field(default_factory=list)
-    sampled: list[int] = field(default_factory=list)
-    turns: int = 0
-    tool_calls: int = 0
-    tool_errors: int = 0
-    tool_timeouts: int = 0
-    done: bool = False
-    truncated: bool = False
-    max_turns_reached: bool = False
-
-    def extend(self, ids: Sequence[int], *, sampled: bool) -> None:
-        self.tokens.extend(ids)
-        self.sampled.extend([int(sampled)] * len(ids))
-
-    def stop(self, *, truncated: bool = False, max_turns: bool = False) -> None:
-        self.done, self.truncated, self.max_turns_reached = True, truncated, max_turns
 
 
 def sample_rollout(
@@ -216,17 +129,17 @@ def generate_conversations(
 
 def _start(
     prompts: Sequence[list[dict[str, Any]]], columns: dict[str, list[Any]], g: int, agent: AgentSettings
-) -> list[_Trajectory]:
+) -> list[Trajectory]:
     """``B * G`` trajectories; with an environment, each gets its own instance and its first observation."""
     trajectories = []
     for b, prompt in enumerate(prompts):
         row = {"prompt": prompt, **{name: values[b] for name, values in columns.items()}}
         for _ in range(g):
             if agent.environment_factory is None:
-                trajectories.append(_Trajectory(prompt=list(prompt)))
+                trajectories.append(Trajectory(prompt=list(prompt)))
                 continue
             episode = EnvironmentEpisode(agent.environment_factory, row, index=b)  # the batch row
-            trajectories.append(_Trajectory(prompt=[*prompt, *episode.reset()], episode=episode))
+            trajectories.append(Trajectory(prompt=[*prompt, *episode.reset()], episode=episode))
     return trajectories
 
 
@@ -235,7 +148,7 @@ def _sample_turn(
     tokenizer: PreTrainedTokenizerBase,
     prompt_ids: torch.Tensor,
     prompt_mask: torch.Tensor,
-    trajectories: list[_Trajectory],
+    trajectories: list[Trajectory],
     active: list[int],
     settings: SamplingSettings,
     turn: int,
@@ -270,7 +183,7 @@ def _left_pad(rows: list[list[int]], pad_id: int, device: torch.device) -> tuple
 
 def _react(
     tokenizer: PreTrainedTokenizerBase,
-    running: list[_Trajectory],
+    running: list[Trajectory],
     sampled: list[list[int]],
     budget: int,
     agent: AgentSettings,
@@ -292,7 +205,7 @@ def _react(
 
 def _take_turn(
     tokenizer: PreTrainedTokenizerBase,
-    trajectory: _Trajectory,
+    trajectory: Trajectory,
     tokens: list[int],
     eos: set[int],
     budget: int,
@@ -317,7 +230,7 @@ def _take_turn(
 
 
 def _run_tools(
-    running: list[_Trajectory], turns: dict[int, ParsedTurn], agent: AgentSettings
+    running: list[Trajectory], turns: dict[int, ParsedTurn], agent: AgentSettings
 ) -> dict[int, list[dict[str, Any]]]:
     """Every tool call of the turn, concurrently; the tool messages of each trajectory."""
     if not turns:
@@ -333,7 +246,7 @@ def _run_tools(
 
 
 def _step_environments(
-    running: list[_Trajectory], messages: dict[int, dict[str, Any]], agent: AgentSettings
+    running: list[Trajectory], messages: dict[int, dict[str, Any]], agent: AgentSettings
 ) -> dict[int, list[dict[str, Any]]]:
     """Every environment step of the turn, concurrently; the observations of the episodes that go on."""
     if not messages:
@@ -354,7 +267,7 @@ def _step_environments(
 
 def _insert(
     tokenizer: PreTrainedTokenizerBase,
-    trajectory: _Trajectory,
+    trajectory: Trajectory,
     messages: list[dict[str, Any]],
     budget: int,
     agent: AgentSettings,
@@ -372,7 +285,7 @@ def _rollout(
     tokenizer: PreTrainedTokenizerBase,
     prompt_ids: torch.Tensor,
     prompt_mask: torch.Tensor,
-    trajectories: list[_Trajectory],
+    trajectories: list[Trajectory],
     g: int,
     columns: dict[str, list[Any]],
     agent: AgentSettings,
@@ -415,7 +328,7 @@ def _repeat_columns(columns: dict[str, list[Any]], g: int) -> dict[str, list[Any
 
 
 def _environment_columns(
-    trajectories: list[_Trajectory], columns: dict[str, list[Any]], agent: AgentSettings
+    trajectories: list[Trajectory], columns: dict[str, list[Any]], agent: AgentSettings
 ) -> dict[str, list[Any]]:
     """``turn_rewards`` and ``env_reward`` for reward functions, when an environment ran."""
     if agent.environment_factory is None:

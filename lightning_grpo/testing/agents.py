@@ -13,16 +13,29 @@ Example::
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase, Qwen2ForCausalLM
 
-from lightning_grpo.agents import EnvStep
+from lightning_grpo.agents import EnvStep, HermesToolCallParser, ToolSet, assistant_message
+from lightning_grpo.rollout.chat import continuation_ids, render_messages
+from lightning_grpo.testing.chat_template import TINY_CHAT_TEMPLATE
 from lightning_grpo.testing.model import build_tiny_model
+from lightning_grpo.testing.tokenizer import TinyTokenizer, build_tiny_tokenizer
 
-__all__ = ["CountdownEnv", "add", "short_turn_model"]
+__all__ = [
+    "CountdownEnv",
+    "add",
+    "add_records",
+    "called_add_right",
+    "short_turn_model",
+    "tool_name_tokenizer",
+    "tool_trace",
+    "warm_up_tool_use",
+]
 
 
 def short_turn_model(tokenizer: PreTrainedTokenizerBase, *, eos_bias: float = 4.0, seed: int = 0) -> Qwen2ForCausalLM:
@@ -70,3 +83,99 @@ def add(a: int, b: int) -> int:
         b: The second integer.
     """
     return a + b
+
+
+def tool_name_tokenizer() -> TinyTokenizer:
+    """The tiny tokenizer with a chat template that lists tools by name only (short prompts for learning tests).
+
+    Otherwise the tiny template (:data:`~lightning_grpo.testing.chat_template.TINY_CHAT_TEMPLATE`): a full JSON schema
+    would make the tiny model's prompts four times longer.
+    """
+    tokenizer = build_tiny_tokenizer()
+    full = (
+        "{{ dict(name=fn.name, description=fn.description, parameters=fn.parameters) | tojson(separators=[',', ':']) }}"
+    )
+    if full not in TINY_CHAT_TEMPLATE:
+        raise RuntimeError("the tiny chat template no longer renders tool schemas as expected; update this helper")
+    tokenizer.chat_template = TINY_CHAT_TEMPLATE.replace(full, "{{ fn.name }}")
+    return tokenizer
+
+
+def add_records(num: int, *, seed: int = 0) -> list[dict[str, Any]]:
+    """Rows ``{"prompt": [user message "a+b?"], "a": a, "b": b}`` with one-digit ``a`` and ``b``."""
+    rng = random.Random(seed)
+    rows = [(rng.randint(1, 9), rng.randint(1, 9)) for _ in range(num)]
+    return [{"prompt": [{"role": "user", "content": f"{a}+{b}?"}], "a": a, "b": b} for a, b in rows]
+
+
+def called_add_right(completions: list[list[dict[str, Any]]], a: list[int], b: list[int], **_: Any) -> list[float]:
+    """Reward: 1.0 when the trajectory holds a tool message with the row's sum (``add`` was called with its numbers)."""
+    return [
+        float(any(m["role"] == "tool" and m["content"].strip() == str(x + y) for m in messages))
+        for messages, x, y in zip(completions, a, b, strict=True)
+    ]
+
+
+def tool_trace(
+    tokenizer: PreTrainedTokenizerBase, row: dict[str, Any], *, call: bool, guess: str = "0"
+) -> tuple[list[int], list[int]]:
+    """Token ids and labels of one conversation laid out as a rollout lays it out (tools: ``[add]``).
+
+    With ``call``, the assistant calls ``add`` with the row's numbers and copies the result; otherwise it answers
+    ``guess``. Labels are the ids on the assistant's tokens and ``-100`` on the prompt and the tool's tokens.
+    """
+    tools = ToolSet([add]).schemas
+    ids = tokenizer(render_messages(tokenizer, row["prompt"], tools=tools), add_special_tokens=False)["input_ids"]
+    labels = [-100] * len(ids)
+    call_text = f'<tool_call>{{"name": "add", "arguments": {{"a": {row["a"]}, "b": {row["b"]}}}}}</tool_call>'
+    history = list(row["prompt"])
+    for content in [call_text, str(row["a"] + row["b"])] if call else [guess]:
+        sampled = [*tokenizer(content, add_special_tokens=False)["input_ids"], tokenizer.eos_token_id]
+        ids, labels = ids + sampled, labels + sampled
+        history.append(assistant_message(HermesToolCallParser().parse(content)))
+        if content == call_text:
+            result = [{"role": "tool", "name": "add", "content": str(add(row["a"], row["b"]))}]
+            inserted = continuation_ids(tokenizer, history, result, tools=tools)
+            ids, labels, history = ids + inserted, labels + [-100] * len(inserted), history + result
+    return ids, labels
+
+
+def warm_up_tool_use(
+    model: Qwen2ForCausalLM,
+    tokenizer: PreTrainedTokenizerBase,
+    rows: list[dict[str, Any]],
+    *,
+    call_fraction: float = 0.3,
+    steps: int = 200,
+    batch_size: int = 16,
+    lr: float = 3e-3,
+    seed: int = 0,
+) -> Qwen2ForCausalLM:
+    """Supervised warm-up on :func:`tool_trace` conversations: ``call_fraction`` of them call ``add``.
+
+    The others answer a random one-digit guess, so the warm model calls the tool about ``call_fraction`` of the time:
+    a policy that sometimes uses its tool, for GRPO to make it a habit. Deterministic for a given ``seed``.
+    """
+    rng = random.Random(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    model.train()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for _ in range(steps):
+            traces = [
+                tool_trace(
+                    tokenizer, rng.choice(rows), call=rng.random() < call_fraction, guess=str(rng.randint(2, 18))
+                )
+                for _ in range(batch_size)
+            ]
+            width = max(len(ids) for ids, _ in traces)
+            input_ids = torch.full((batch_size, width), tokenizer.pad_token_id)
+            labels = torch.full((batch_size, width), -100)
+            mask = torch.zeros((batch_size, width), dtype=torch.long)
+            for i, (ids, target) in enumerate(traces):
+                input_ids[i, : len(ids)], labels[i, : len(ids)] = torch.tensor(ids), torch.tensor(target)
+                mask[i, : len(ids)] = 1
+            model(input_ids=input_ids, attention_mask=mask, labels=labels).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    return model

@@ -1,7 +1,7 @@
 """Worked examples for ``compute_advantages``: every expected value is derived by hand in the comments.
 
 Notation: ``mean_g`` / ``std_g`` are the group mean and the *unbiased* (n-1) group std; ``EPS = 1e-6`` is added to
-the std before dividing (DESIGN.md §3).
+the std before dividing (docs/math.md).
 """
 
 import math

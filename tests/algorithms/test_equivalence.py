@@ -1,4 +1,4 @@
-"""Micro-batch independence of the loss (DESIGN.md §2 "Global loss normalization", §3 aggregation).
+"""Micro-batch independence of the loss (docs/math.md, global loss normalization and aggregation).
 
 A mini-batch is shuffled and cut into micro-batches of random, uneven sizes. Each micro-batch
 loss is aggregated with the *global* counts of the whole mini-batch (num_tokens = Σ M,

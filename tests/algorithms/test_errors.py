@@ -141,7 +141,9 @@ def test_policy_loss_invalid_clip_range(kind, clip_low, clip_high):
 @pytest.mark.parametrize("dual_clip", [1.0, 0.5, 0.0, -3.0])
 def test_policy_loss_invalid_dual_clip(dual_clip):
     # the dual clip bound -A c must lie above the clipped surrogate: c > 1
-    with pytest.raises(ValueError, match=re.escape(f"dual_clip must be a finite number > 1.0 or None, got {dual_clip}")):
+    with pytest.raises(
+        ValueError, match=re.escape(f"dual_clip must be a finite number > 1.0 or None, got {dual_clip}")
+    ):
         policy_loss(LP, LP, ADV, MASK, dual_clip=dual_clip)
 
 

@@ -11,7 +11,9 @@ from lightning_grpo.algorithms.fused_head import _blocks, _tiles
 
 def _explicit(hidden, weight, bias, targets, temperature):
     logits = hidden @ weight.t() + (0 if bias is None else bias)
-    return selective_logprobs(logits, targets, temperature=temperature), entropy_from_logits(logits, temperature=temperature)
+    return selective_logprobs(logits, targets, temperature=temperature), entropy_from_logits(
+        logits, temperature=temperature
+    )
 
 
 def _values_and_grads(compute, hidden, weight, bias, targets, g_lp, g_ent):

@@ -1,4 +1,4 @@
-"""Property tests for ``lightning_grpo.algorithms``, derived from DESIGN.md §3 alone.
+"""Property tests for ``lightning_grpo.algorithms``, derived from docs/math.md alone.
 
 Each test states a property of the formulas and, in comments, the hand derivation that makes it
 hold. Tensors that only need to be "generic" come from a seeded ``torch.Generator`` (hypothesis
@@ -72,7 +72,7 @@ def prefix_mask(lengths: list[int], t: int) -> torch.Tensor:
 
 
 def reference_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, estimator: str, scale: str) -> torch.Tensor:
-    """Scalar-by-scalar float64 transcription of the DESIGN.md §3 table (grpo and rloo)."""
+    """Scalar-by-scalar float64 transcription of the docs/math.md table (grpo and rloo)."""
     r, g = rewards.double().tolist(), group_ids.tolist()
     members = defaultdict(list)
     for x, gid in zip(r, g, strict=False):
@@ -391,7 +391,7 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def clip_reference(logprobs, old, adv, clip_low, clip_high, dual_clip, delta):
-    """The DESIGN.md §3 clipped surrogate, term by term (value only)."""
+    """The docs/math.md clipped surrogate, term by term (value only)."""
     ratio = torch.exp(torch.clamp(logprobs - old, -20, 20))
     unclipped_ratio = ratio if delta is None else torch.clamp(ratio, max=delta)
     loss = torch.maximum(-adv * unclipped_ratio, -adv * torch.clamp(ratio, 1 - clip_low, 1 + clip_high))
@@ -552,7 +552,7 @@ MODES = ["token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum",
 
 
 def reference_aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str) -> float:
-    """The DESIGN.md §3 aggregation table with default counts, as plain Python sums."""
+    """The docs/math.md aggregation table with default counts, as plain Python sums."""
     rows = [
         [v for v, m in zip(vrow, mrow, strict=False) if m]
         for vrow, mrow in zip(values.tolist(), mask.bool().tolist(), strict=False)

@@ -24,7 +24,7 @@ def test_worked_example_with_skipped_rows():
     #   g0 = [1, 1, 1, 1]        constant                      -> zero variance
     #   g1 = [0, 1, NaN, 1]      valid (0, 1, 1): mean 2/3, unbiased var = (4/9 + 1/9 + 1/9) / 2 = 1/3
     #   g2 = [NaN, 2, NaN, NaN]  one valid reward              -> zero variance, no variance estimate
-    # zero_var_frac = 2/3; within_var = mean(0, 1/3) = 1/6 (g2 has no variance).
+    # within_var = mean(0, 1/3) = 1/6 (g2 has no variance); the zero-spread fraction is the module's zero_std_frac.
     # valid rewards (1, 1, 1, 1, 0, 1, 1, 2): mean 1, deviations (0, 0, 0, 0, -1, 0, 0, 1) -> std = sqrt(2 / 7).
     rewards = [1, 1, 1, 1, 0, 1, NAN, 1, NAN, 2, NAN, NAN]
     scores = _scores(rewards, f=rewards, g=[NAN] * 4 + [3, 5, NAN, NAN] + [NAN] * 4, h=[NAN] * 12)
@@ -32,10 +32,9 @@ def test_worked_example_with_skipped_rows():
     advantages = torch.tensor([0.0, 0, 0, 0, -2, 1, 0, 1, 0, 0, 0, 0])  # the NaN rows (6, 8, 10, 11) are left out
     stats = group_reward_stats(scores, group_ids, advantages, torch.ones(12, 3))
     expected = {
-        "group/reward_mean": 1.0,
-        "group/reward_std": math.sqrt(2 / 7),
+        "reward_mean": 1.0,
+        "reward_std": math.sqrt(2 / 7),
         "group/within_var": 1 / 6,
-        "group/zero_var_frac": 2 / 3,
         "group/adv_mean": 0.0,  # (-2 + 1 + 1) / 8
         "group/adv_std": math.sqrt(6 / 7),  # (4 + 1 + 1) / (8 - 1)
         "reward/f": 1.0,
@@ -44,6 +43,7 @@ def test_worked_example_with_skipped_rows():
     for name, value in expected.items():
         torch.testing.assert_close(stats[name], torch.tensor(value), msg=name)
     assert math.isnan(stats["reward/h"])  # never applied: no data, NaN rather than a made-up 0
+    assert set(stats) == {*expected, "reward/h"}  # one owner per metric: nothing the module already logs
 
 
 def test_token_level_advantages_use_valid_tokens_of_valid_rows():
@@ -101,9 +101,9 @@ def _by_hand(out: dict) -> dict[str, float]:
     valid_adv = adv[~torch.isnan(out["rewards"].rewards)]
     spread = [torch.tensor(v).var().item() for v in groups.values() if len(v) >= 2]
     expected = {
-        "group/reward_mean": valid.mean().item(),
-        "group/reward_std": valid.std().item(),
-        "group/zero_var_frac": sum(len(set(v)) <= 1 for v in groups.values()) / len(groups),
+        "reward_mean": valid.mean().item(),
+        "reward_std": valid.std().item(),
+        "zero_std_frac": sum(len(set(v)) <= 1 for v in groups.values()) / len(groups),  # logged by the module
         "group/within_var": sum(spread) / len(spread),
         "group/adv_mean": valid_adv.mean().item(),
         "group/adv_std": valid_adv.std().item(),
@@ -118,7 +118,7 @@ def test_logged_values_match_a_hand_computation_in_a_fit(make_module):
     _, recorder = fit(module, [GroupRewardStats()], iterations=2)
     for out, logged in zip(recorder.outputs, recorder.metrics, strict=True):
         expected = _by_hand(out)
-        assert expected["group/zero_var_frac"] >= 0.5  # the first group is constant by construction
+        assert expected["zero_std_frac"] >= 0.5  # the first group is constant by construction
         assert torch.isnan(out["rewards"].rewards[5])  # the skipped row
         for name, value in expected.items():
             torch.testing.assert_close(logged[f"train/{name}"], torch.tensor(value), msg=name)

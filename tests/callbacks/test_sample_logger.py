@@ -124,3 +124,38 @@ def test_nan_rewards_show_as_nan():
 def test_bad_arguments_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SampleLogger(**kwargs)
+
+
+def test_conversations_are_shown_whole_with_their_roles(tmp_path):
+    import torch
+
+    from lightning_grpo.rollout.batch import Rollout
+
+    call = {"type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}
+    prompt = [{"role": "system", "content": "Use tools."}, {"role": "user", "content": "2+3?"}]
+    completion = [
+        {"role": "assistant", "content": "Let me add.", "tool_calls": [call]},
+        {"role": "tool", "name": "add", "content": "5"},
+        {"role": "assistant", "content": "5"},
+    ]
+    rollout = Rollout(
+        prompt_ids=torch.ones(2, 1, dtype=torch.long), prompt_mask=torch.ones(2, 1, dtype=torch.long),
+        completion_ids=torch.ones(2, 3, dtype=torch.long), completion_mask=torch.ones(2, 3, dtype=torch.long),
+        truncated=torch.tensor([False, False]), group_ids=torch.tensor([0, 0]),
+        prompts=[prompt, prompt], completions=[completion, [{"role": "assistant", "content": "7"}]],
+    )  # fmt: skip
+    outputs = {"rollout": rollout, "rewards": SimpleNamespace(rewards=torch.tensor([1.0, 0.0])),
+               "advantages": torch.tensor([0.5, -0.5])}  # fmt: skip
+    table, csv_logger = TableLogger(), CSVLogger(tmp_path)
+    trainer = SimpleNamespace(is_global_zero=True, loggers=[table, csv_logger], global_step=0)
+    SampleLogger(every_n_steps=1, num_samples=2, console=False).on_train_batch_end(trainer, None, outputs, {}, 0)
+    shown_prompt = "[system] Use tools.\n[user] 2+3?"
+    shown = '[assistant] Let me add. add({"a": 2, "b": 3})\n[tool] 5\n[assistant] 5'
+    assert table.tables[0]["data"] == [
+        [0, shown_prompt, shown, 1.0, 0.5],
+        [0, shown_prompt, "[assistant] 7", 0.0, -0.5],
+    ]
+    with (Path(csv_logger.log_dir) / "samples.csv").open(encoding="utf-8") as file:
+        rows = list(csv.DictReader(file))
+    assert [row["completion"] for row in rows] == [shown, "[assistant] 7"] and rows[0]["prompt"] == shown_prompt
+    assert sample_logger_module.conversation_text("plain text") == "plain text"  # string prompts are unchanged

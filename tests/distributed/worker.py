@@ -328,8 +328,16 @@ def scenario_agents(strategy: str, workdir: Path) -> None:
     write_json(workdir / f"agents-rank{rank()}.json", {"turns": recorder.turns})
 
 
+def scenario_rewards(strategy: str, workdir: Path) -> None:
+    """A reward model and dynamic sampling (see :mod:`tests.distributed.rewards_scenario`)."""
+    from tests.distributed.rewards_scenario import scenario_rewards as run
+
+    run(strategy, workdir)
+
+
 SCENARIOS = {
     "agents": scenario_agents,
+    "rewards": scenario_rewards,
     "equivalence": scenario_equivalence,
     "fit": scenario_fit,
     "resume-full": scenario_resume_full,

@@ -21,10 +21,11 @@ WITH_EXAMPLES = {
     *(f"lightning_grpo.rewards.{name}" for name in ("base", "format", "math_answer", "overlong")),
     *(
         f"lightning_grpo.callbacks.{name}"
-        for name in ("adapter_export", "clip_fraction", "completion_stats", "defaults", "group_rewards")
+        for name in ("adapter_export", "completion_stats", "defaults", "group_rewards", "progress_bar")
     ),
     "lightning_grpo.callbacks.sample_logger",
     "lightning_grpo.callbacks.throughput",
+    "lightning_grpo.validation",
 }
 
 

@@ -63,7 +63,7 @@ def test_informative_groups_flags_equal_and_skipped_groups():
 
 
 def test_steps_hold_only_informative_groups_drawn_in_stream_order_without_repeats(make_module):
-    reward, recorder, trainer = _fit(make_module, steps=3)
+    reward, recorder, _ = _fit(make_module, steps=3)
     for prompts in recorder.prompts:  # 2 informative groups per step: prompts 00, 03, 06, 09, 12, 15
         assert len(prompts) == 2 and all(int(p[:2]) % 3 == 0 for p in prompts)
     assert [p for step in recorder.prompts for p in step] == ["00=", "03=", "06=", "09=", "12=", "15="]
@@ -107,3 +107,16 @@ def test_a_plain_dataloader_is_refused_at_fit_start(make_module):
 def test_max_sampling_rounds_below_one_is_refused(make_module, value, error):
     with pytest.raises(error, match="max_sampling_rounds must be an integer >= 1"):
         make_module(max_sampling_rounds=value)
+
+
+@pytest.mark.slow
+def test_learns_faster_per_generated_token_when_most_groups_start_all_wrong():
+    """The benchmark of docs/benchmarks.md ("Dynamic sampling"), one seed: ~2 min on one CPU core."""
+    from benchmarks.dynamic_sampling import rate_at, run_arm
+
+    budget = 120_000
+    baseline, dynamic = run_arm(False, seed=0, budget=budget, lr=3e-3), run_arm(True, seed=0, budget=budget, lr=3e-3)
+    assert baseline["start_all_wrong_frac"] > 0.5  # most groups of the first 10 steps have no right answer
+    last = [rate_at(run["curve"], 0.75 * budget, budget) for run in (baseline, dynamic)]
+    assert last[1] > last[0] + 0.05  # success rate over the last quarter of the same token budget
+    assert dynamic["steps"] < baseline["steps"]  # fewer, fuller optimizer steps for the same tokens

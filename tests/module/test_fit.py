@@ -55,7 +55,7 @@ def test_fit_runs_with_every_setting(make_module, name):
     trainer = make_trainer(max_steps=4, callbacks=[record])
     trainer.fit(module, PromptDataModule(prompt_records(8), batch_size=3))
     metrics = trainer.callback_metrics
-    for key in ("train/loss", "train/reward_mean", "train/reward_std", "train/clip_frac", "train/entropy"):
+    for key in ("train/loss", "train/pg_loss", "train/zero_std_frac", "train/clip_frac", "train/entropy"):
         assert key in metrics and torch.isfinite(metrics[key]), key
     assert ("train/kl" in metrics) == (module.config.kl_coef > 0)
     out = record.outputs[-1]

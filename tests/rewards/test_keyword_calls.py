@@ -101,7 +101,9 @@ def test_conversational_completions_reach_functions_and_builtins_read_the_last_a
 
 def test_error_excerpt_copes_with_message_lists():
     prompts = [[{"role": "user", "content": "hi"}]]
-    with pytest.raises(RewardError, match=r"row 0 \(prompt '\[\.\.\. user: hi\]', completion '\[\.\.\. assistant: ok\]'"):
+    with pytest.raises(
+        RewardError, match=r"row 0 \(prompt '\[\.\.\. user: hi\]', completion '\[\.\.\. assistant: ok\]'"
+    ):
         RewardFunctions([lambda prompts, completions: ["x"]])(prompts, [[{"role": "assistant", "content": "ok"}]])
 
 

@@ -226,7 +226,10 @@ def test_prompts_and_completions_are_passed_positionally_under_any_parameter_nam
 
 
 def test_missing_required_keyword_names_the_function_and_the_keyword():
-    with pytest.raises(RewardError, match=r"'exact' needs keyword\(s\) \['answer'\]; the batch offers \['completions', 'level', 'prompts'\]"):
+    with pytest.raises(
+        RewardError,
+        match=r"'exact' needs keyword\(s\) \['answer'\]; the batch offers \['completions', 'level', 'prompts'\]",
+    ):
         RewardFunctions([exact])(["p"], ["c"], {"level": [1]})
 
 
@@ -281,7 +284,13 @@ def test_single_parameter_function_is_called_by_keyword():
             r"column 'answer' must have one value per completion \(2\); got 1",
         ),
         (["a", "b"], ["x", "y"], {"answer": "12"}, {}, "column 'answer' must be a sequence of 2 values; got str"),
-        (["a", "b"], ["x", "y"], {"prompts": ["a", "b"]}, {}, "'prompts' is passed to reward functions by RewardFunctions"),
+        (
+            ["a", "b"],
+            ["x", "y"],
+            {"prompts": ["a", "b"]},
+            {},
+            "'prompts' is passed to reward functions by RewardFunctions",
+        ),
         (["a", "b"], ["x", "y"], {"level": [1, 2]}, {"level": [1, 2]}, r"\['level'\] are given both as columns"),
     ],
 )

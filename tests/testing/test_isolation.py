@@ -70,3 +70,32 @@ def test_the_scan_finds_an_import_of_the_fixtures():
     source = "import os\nfrom lightning_grpo.testing import TinyModel\ndef f():\n    import lightning_grpo.testing\n"
     tree = ast.parse(source)
     assert _fixture_imports(tree) == [(2, None), (4, "f")]
+
+
+#: Libraries the pure-torch math in ``lightning_grpo.algorithms`` must not import (the HF glue lives in rollout/).
+HF_LIBRARIES = ("transformers", "peft", "datasets", "accelerate", "bitsandbytes")
+
+
+def _imported_roots(tree: ast.AST) -> set[str]:
+    """The top-level package of every import in a module's syntax tree (relative imports excluded)."""
+    roots = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            roots |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+def test_the_algorithms_import_no_hugging_face_library():
+    files = sorted((PACKAGE / "algorithms").glob("*.py"))
+    assert {"fused_head.py", "logprobs.py", "advantages.py"} <= {p.name for p in files}
+    offenders = {
+        p.name: sorted(_imported_roots(ast.parse(p.read_text(encoding="utf-8"))) & set(HF_LIBRARIES)) for p in files
+    }
+    assert {name: libs for name, libs in offenders.items() if libs} == {}
+
+
+def test_the_import_scan_finds_a_hugging_face_import():
+    tree = ast.parse("import torch\nfrom transformers.cache_utils import DynamicCache\ndef f():\n    import peft\n")
+    assert _imported_roots(tree) & set(HF_LIBRARIES) == {"transformers", "peft"}

@@ -1,0 +1,108 @@
+"""Agent settings of a conversational rollout (tools, parser, environment, ``max_turns``) and one running trajectory.
+
+See ``docs/agents.md`` for what each setting does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from transformers import PreTrainedTokenizerBase
+
+from lightning_grpo.agents import (
+    EnvironmentEpisode,
+    EnvironmentFactory,
+    HermesToolCallParser,
+    ToolCallParser,
+    ToolExecutor,
+    ToolSet,
+    check_chat_template_supports_tools,
+)
+
+__all__ = ["AgentSettings", "Trajectory"]
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """How a conversational rollout runs its turns.
+
+    Attributes:
+        executor: Runs the policy's tool calls (concurrently, each with a timeout); ``None`` without tools.
+        parser: Reads the content and tool calls of an assistant turn.
+        environment_factory: Makes one environment per sample from its dataset row; ``None`` without one.
+        max_turns: Most policy turns per trajectory; a trajectory that still calls a tool (or whose environment is
+            not done) at the last turn is cut and flagged truncated.
+        env_reward: How the per-turn environment rewards become the ``env_reward`` keyword of reward functions:
+            their ``"sum"`` or the ``"last"`` one.
+    """
+
+    executor: ToolExecutor | None = None
+    parser: ToolCallParser = field(default_factory=HermesToolCallParser)
+    environment_factory: EnvironmentFactory | None = None
+    max_turns: int = 1
+    env_reward: Literal["sum", "last"] = "sum"
+
+    @classmethod
+    def build(
+        cls,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        tools: Sequence[Callable[..., Any]] | None = None,
+        tool_parser: ToolCallParser | None = None,
+        environment_factory: EnvironmentFactory | None = None,
+        max_turns: int = 1,
+        tool_timeout: float = 10.0,
+        env_reward: Literal["sum", "last"] = "sum",
+    ) -> AgentSettings:
+        """Settings from the module's arguments; tools are checked (schemas) and so is the tokenizer's template.
+
+        Raises:
+            ValueError: A tool lacks type hints or a docstring, or the chat template does not render tools.
+        """
+        executor = None
+        if tools:
+            executor = ToolExecutor(ToolSet(tools), timeout=tool_timeout)
+            check_chat_template_supports_tools(tokenizer)
+        if environment_factory is not None and not callable(environment_factory):
+            raise TypeError(f"environment_factory must be callable (row -> Environment), got {environment_factory!r}")
+        parser = tool_parser if tool_parser is not None else HermesToolCallParser()
+        return cls(executor, parser, environment_factory, max_turns, env_reward)
+
+    @property
+    def multi_turn(self) -> bool:
+        """Whether trajectories can have several turns (tools or an environment are set)."""
+        return self.executor is not None or self.environment_factory is not None
+
+    @property
+    def tool_schemas(self) -> list[dict[str, Any]] | None:
+        """The tools' JSON schemas for the chat template, or ``None`` without tools."""
+        return self.executor.tools.schemas if self.executor is not None else None
+
+
+@dataclass
+class Trajectory:
+    """One sample's conversation while it runs (the mutable state of the turn loop)."""
+
+    prompt: list[dict[str, Any]]
+    episode: EnvironmentEpisode | None = None
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    sampled: list[int] = field(default_factory=list)
+    turns: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    tool_timeouts: int = 0
+    done: bool = False
+    truncated: bool = False
+    max_turns_reached: bool = False
+
+    def extend(self, ids: Sequence[int], *, sampled: bool) -> None:
+        """Append tokens, marked as sampled by the policy or inserted as context."""
+        self.tokens.extend(ids)
+        self.sampled.extend([int(sampled)] * len(ids))
+
+    def stop(self, *, truncated: bool = False, max_turns: bool = False) -> None:
+        """End the trajectory, flagged truncated (and cut by ``max_turns``) when asked."""
+        self.done, self.truncated, self.max_turns_reached = True, truncated, max_turns
