@@ -27,9 +27,9 @@ class GRPOProgressBar(TQDMProgressBar):
     80 columns. A metric not logged yet is left out. The bar shows exactly ``metrics``: what is logged with
     ``prog_bar=True`` under a long name, and the logger's version (``v_num``), is not shown; map a short name to a
     metric to show it. :data:`WHILE_NONZERO` metrics (``zero_std``: the fraction of groups without reward signal)
-    appear only while they are non-zero. The bar of a ``max_steps`` run reads ``Epoch N`` (the epoch over the prompt data), never
-    ``Epoch N/-2``. Add it as the last of ``trainer.callbacks`` (it shows what the callbacks before it logged in
-    the same step) to replace Lightning's default bar (docs/callbacks.md).
+    appear only while they are non-zero. The bar of a ``max_steps`` run reads ``Epoch N`` (the epoch over the prompt
+    data), never ``Epoch N/-2``. Add it as the last of ``trainer.callbacks`` (it shows what the callbacks before it
+    logged in the same step) to replace Lightning's default bar (docs/callbacks.md).
 
     Args:
         metrics: Short name to full name of the metrics to show; default :data:`SHORT_NAMES` (``reward`` for

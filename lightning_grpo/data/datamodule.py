@@ -174,7 +174,7 @@ class PromptDataModule(LightningDataModule):
         return [collate([self.train_records[i] for i in indices]) for indices in drawn if indices is not None]
 
     def state_dict(self) -> dict[str, Any]:
-        """The training stream's position (saved in checkpoints; see :class:`~lightning_grpo.data.sampler.StreamSampler`)."""
+        """The training stream's position, saved in checkpoints (``data.sampler.StreamSampler``)."""
         if self._stream is None:
             return {}
         fit_loop = getattr(self.trainer, "fit_loop", None)

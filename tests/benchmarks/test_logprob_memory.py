@@ -19,8 +19,7 @@ import pytest
 import torch
 
 from benchmarks.measure import profiled_peak_bytes
-from lightning_grpo.algorithms import entropy_from_logits, selective_logprobs
-from lightning_grpo.algorithms import FusedHeadLogProbs
+from lightning_grpo.algorithms import FusedHeadLogProbs, entropy_from_logits, selective_logprobs
 
 pytest.importorskip("torch.profiler._memory_profiler")
 

@@ -137,7 +137,10 @@ def test_conversational_prompts_are_filtered_by_their_rendered_length(chat_token
 @pytest.mark.parametrize(
     ("prompt", "match"),
     [
-        ([{"role": "robot", "content": "hi"}], r"row 0: prompt field 'prompt'\[0\] has role 'robot'; the allowed roles are system, user"),
+        (
+            [{"role": "robot", "content": "hi"}],
+            r"row 0: prompt field 'prompt'\[0\] has role 'robot'; the allowed roles are system, user",
+        ),
         ([{"role": "user"}], r"row 0: prompt field 'prompt'\[0\].*content"),
         (42, r"must be a string or a list of chat messages"),
     ],
