@@ -272,12 +272,16 @@ def _insert(
     budget: int,
     agent: AgentSettings,
 ) -> None:
-    """Append tool/environment messages as context tokens; a trajectory without room left for a turn is cut."""
+    """Append tool/environment messages as context tokens; a trajectory without room left for a turn is cut.
+
+    A cut trajectory keeps neither the messages nor their tokens: its messages and tokens always agree, so a reward
+    function never sees a tool result the policy did not read.
+    """
     ids = continuation_ids(tokenizer, [*trajectory.prompt, *trajectory.messages], messages, tools=agent.tool_schemas)
-    trajectory.messages.extend(messages)
     if len(trajectory.tokens) + len(ids) >= budget:
         trajectory.stop(truncated=True)
         return
+    trajectory.messages.extend(messages)
     trajectory.extend(ids, sampled=False)
 
 

@@ -97,6 +97,10 @@ def test_max_turns_and_the_token_budget_truncate(tokenizer):
     short = _env_rollout(tokenizer, model, turns=(9, 9), max_turns=9, budget=12)
     assert short.completion_ids.shape[1] <= 12 and short.truncated.all()
     assert not short.turns.max_turns_reached.any()
+    for i in range(len(short)):  # an observation that did not fit is in neither the tokens nor the messages
+        text = tokenizer.decode(short.completion_token_ids[i])
+        users = [m for m in short.completions[i] if m["role"] == "user"]
+        assert text.count("U:\n") == len(users)
 
 
 def test_groups_with_different_first_observations_sample_each_row(tokenizer):
