@@ -30,6 +30,7 @@ tiny models on a small machine).
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -186,6 +187,7 @@ def main(args: Sequence[str] | None = None) -> None:
             that do not parse.
     """
     argv = list(sys.argv[1:] if args is None else args)
+    _import_from_working_directory()
     prog = "python -m lightning_grpo" if Path(sys.argv[0]).name == "__main__.py" else "lightning-grpo"
     if argv[:1] == ["demo"]:  # the offline demo lives with the test fixtures, imported only when asked for
         from lightning_grpo.testing.demo import main as demo
@@ -200,6 +202,16 @@ def main(args: Sequence[str] | None = None) -> None:
     except _USER_ERRORS as error:  # the message says what to do; the traceback would only bury it
         print(f"{prog}: error: {error}", file=sys.stderr)
         sys.exit(1)
+
+
+def _import_from_working_directory() -> None:
+    """Let configs name modules of the current folder (``examples.tool_calling.calc``), as ``python -m`` does.
+
+    The ``lightning-grpo`` script's ``sys.path`` starts with the script's folder, not the working directory, so
+    import paths of a project's own tools and reward functions would not resolve there (``docs/agents.md``).
+    """
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
 
 
 def _root_cause(error: BaseException, kinds: tuple[type[BaseException], ...]) -> BaseException | None:
