@@ -22,7 +22,7 @@ def test_fit_with_the_tiny_config_from_the_command_line(tmp_path, warm_tiny_cach
     model = saved["model"]["init_args"]["model"]
     assert model["class_path"] == "lightning_grpo.testing.TinyModel" and model["init_args"]["task"] == "addition"
     assert saved["torch_num_threads"] == 1
-    assert (tmp_path / "adapter" / "final" / "adapter_config.json").exists()  # AdapterExport's final export
+    assert (run_dir / "adapter" / "final" / "adapter_config.json").exists()  # beside the run, never overwritten
 
 
 def test_console_script_entry_point_is_the_cli():

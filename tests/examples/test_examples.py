@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 from types import ModuleType
 
@@ -59,3 +60,13 @@ def test_gsm8k_lora_with_the_tiny_model_and_a_local_jsonl(tmp_path):
     assert "val/accuracy" in trainer.callback_metrics
     assert (tmp_path / "runs" / "adapter").is_dir()
     assert trainer.lightning_module.rewards.names == ("math_answer", "format_reward")
+
+
+def test_tool_calling_runs_and_prints_its_line(tmp_path, capsys):
+    example = load_example("tool_calling")
+    assert example.calc("(2+3)*4") == "20" and example.calc("7/2") == "3.5"
+    args = ["--max-steps", "2", "--warmup-steps", "20", "--num-generations", "4", "--output-dir", str(tmp_path)]
+    first, last, steps = example.main([*args, "--no-progress-bar"])
+    assert steps == 2 and 0.0 <= first <= 1.0 and 0.0 <= last <= 1.0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert re.fullmatch(r"tool_calling: mean reward \d\.\d\d -> \d\.\d\d over 2 steps \(\d+ s\)", line), line

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -22,16 +24,16 @@ from tests.conftest import make_trainer, prompt_loader
         ({"loss_agg_mode": "mean"}, r"loss_agg_mode='mean' is not valid; choose one of 'token-mean'"),
         ({"advantage_estimator": "gae"}, r"advantage_estimator='gae' is not valid; choose one of 'grpo', 'rloo'"),
         ({"advantage_scale": "global"}, r"advantage_scale='global' is not valid; choose one of 'group', 'batch'"),
-        ({"ppo_epochs": 0}, r"ppo_epochs must be >= 1, got 0"),
-        ({"max_new_tokens": 0}, r"max_new_tokens must be >= 1"),
-        ({"temperature": 0.0}, r"temperature and val_temperature must be > 0"),
-        ({"top_p": 1.5}, r"top_p must be in \(0, 1\]"),
-        ({"clip_low": 1.0}, r"need 0 <= clip_low < 1"),
-        ({"dual_clip": 0.5}, r"dual_clip must be > 1 or None"),
-        ({"delta": 1.1}, r"delta must be > 1 \+ clip_high"),
-        ({"kl_coef": -1.0}, r"kl_coef, entropy_coef and advantage_eps must be >= 0"),
-        ({"max_grad_norm": 0.0}, r"max_grad_norm must be > 0 or None"),
-        ({"micro_batch_size": 0}, r"micro_batch_size must be >= 1 or None"),
+        ({"ppo_epochs": 0}, r"ppo_epochs must be an integer >= 1, got 0"),
+        ({"max_new_tokens": 0}, r"max_new_tokens must be an integer >= 1, got 0"),
+        ({"temperature": 0.0}, r"temperature must be a finite number > 0.0, got 0.0"),
+        ({"top_p": 1.5}, r"top_p must be a finite number in \(0.0, 1.0\], got 1.5"),
+        ({"clip_low": 1.0}, r"clip_low must be a finite number in \[0.0, 1.0\), got 1.0"),
+        ({"dual_clip": 0.5}, r"dual_clip must be a finite number > 1.0 or None, got 0.5"),
+        ({"delta": 1.1}, r"delta must be a finite number > 1.2 or None, got 1.1"),
+        ({"kl_coef": -1.0}, r"kl_coef must be a finite number >= 0.0, got -1.0"),
+        ({"max_grad_norm": 0.0}, r"max_grad_norm must be a finite number > 0.0 or None, got 0.0"),
+        ({"micro_batch_size": 0}, r"micro_batch_size must be an integer >= 1 or None, got 0"),
     ],
 )
 def test_invalid_settings_fail_at_construction(settings, message):
@@ -42,8 +44,8 @@ def test_invalid_settings_fail_at_construction(settings, message):
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
-        ({"lora_r": 0}, r"policy.lora_r must be >= 1"),
-        ({"lora_dropout": 1.0}, r"policy.lora_dropout must be in \[0, 1\)"),
+        ({"lora_r": 0}, r"policy.lora_r must be an integer >= 1, got 0"),
+        ({"lora_dropout": 1.0}, r"policy.lora_dropout must be a finite number in \[0.0, 1.0\), got 1.0"),
         ({"dtype": "int8"}, r"policy.dtype must be one of 'auto', 'float32', 'bfloat16', 'float16'; got 'int8'"),
     ],
 )
@@ -108,6 +110,30 @@ def test_a_reward_of_the_wrong_length_names_the_function(make_module):
 def test_a_batch_without_prompts_is_an_error(make_module):
     module = make_module()
     with pytest.raises(
-        KeyError, match=r"a batch must have a 'prompt' key \(list of strings\); got keys \['question'\]"
+        KeyError, match=r"a batch must have a 'prompt' key \(strings or chat messages\); got keys \['question'\]"
     ):
         module.generate({"question": ["1+1="]})
+
+
+def _float_settings(config_class) -> list[str]:
+    """Every setting of ``config_class`` whose default is a float (not a bool)."""
+    return [f.name for f in dataclasses.fields(config_class) if type(f.default) is float]
+
+
+@pytest.mark.parametrize("name", _float_settings(GRPOConfig))
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_every_float_setting_refuses_nan_and_infinity_naming_it(name, bad):
+    with pytest.raises(ValueError, match=rf"{name}\b.*must be .*got {bad}"):
+        GRPOConfig(**{name: bad})
+
+
+@pytest.mark.parametrize("name", _float_settings(PolicyConfig))
+def test_every_float_policy_setting_refuses_nan(name):
+    with pytest.raises(ValueError, match=rf"{name}\b.*must be .*got nan"):
+        PolicyConfig(**{name: float("nan")})
+
+
+@pytest.mark.parametrize(("name", "value"), [("num_generations", "8"), ("kl_coef", "0.1"), ("max_new_tokens", 2.5)])
+def test_a_setting_of_the_wrong_type_is_named(name, value):
+    with pytest.raises((TypeError, ValueError), match=rf"{name}\b.*must be"):
+        GRPOConfig(**{name: value})

@@ -172,7 +172,7 @@ def test_a_tiny_model_learns_to_call_the_add_tool():
         seen.append((completions, completion_ids))
         return called_add_right(completions, **columns)
 
-    options = {"num_generations": 8, "max_new_tokens": 72, "max_prompt_length": 64, "max_turns": 2}
+    options = {"num_generations": 8, "max_new_tokens": 128, "max_prompt_length": 64, "max_turns": 2}
     module = GRPOModule(
         model, [right_call], tokenizer=tokenizer, tools=[add], policy=PolicyConfig(lora_r=8, lora_alpha=16),
         grpo=GRPOConfig(**options, kl_coef=0.0), optimizer=lambda params: torch.optim.AdamW(params, lr=1e-2),
