@@ -38,9 +38,11 @@ from typing import Any
 
 import torch
 from jsonargparse import Namespace
-from lightning.pytorch import LightningDataModule
+from lightning.pytorch import Callback, LightningDataModule, Trainer
+from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+from lightning_grpo.callbacks import GRPOProgressBar
 from lightning_grpo.checkpoint import CheckpointMismatchError, UnreadableCheckpointError
 from lightning_grpo.hub import ModelLoadError
 from lightning_grpo.module import GRPOModule
@@ -129,6 +131,15 @@ class GRPOCLI(LightningCLI):
             if cause is None:
                 raise
             raise cause from None
+
+    def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:
+        """Lightning's, with :class:`~lightning_grpo.callbacks.GRPOProgressBar` unless disabled or set by the config."""
+        configured = config.get("callbacks") or []
+        configured = configured if isinstance(configured, list) else [configured]
+        chosen = any(isinstance(callback, ProgressBar) for callback in [*configured, *callbacks])
+        if config.get("enable_progress_bar") is not False and not chosen:
+            callbacks = [*callbacks, GRPOProgressBar()]  # last: it shows what the other callbacks logged in the step
+        return super()._instantiate_trainer(config, callbacks)
 
     def before_instantiate_classes(self) -> None:
         """Apply ``torch_num_threads`` before the model is built."""
