@@ -130,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> Trainer:
         torch.set_num_threads(options.num_threads)
     trainer = build_trainer(options)
     trainer.fit(build_module(options), build_data(options))
-    print(f"metrics: {trainer.logger.log_dir}/metrics.csv; adapter: {options.output_dir}/adapter")
+    print(f"metrics: {trainer.logger.log_dir}/metrics.csv; adapter: {trainer.logger.log_dir}/adapter")
     return trainer
 
 

@@ -14,6 +14,7 @@ Example::
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -34,6 +35,7 @@ __all__ = [
     "short_turn_model",
     "tool_name_tokenizer",
     "tool_trace",
+    "warm_up_on_traces",
     "warm_up_tool_use",
 ]
 
@@ -157,17 +159,35 @@ def warm_up_tool_use(
     a policy that sometimes uses its tool, for GRPO to make it a habit. Deterministic for a given ``seed``.
     """
     rng = random.Random(seed)
+
+    def trace() -> tuple[list[int], list[int]]:
+        row, call = rng.choice(rows), rng.random() < call_fraction
+        return tool_trace(tokenizer, row, call=call, guess=str(rng.randint(2, 18)))
+
+    return warm_up_on_traces(model, tokenizer, trace, steps=steps, batch_size=batch_size, lr=lr, seed=seed)
+
+
+def warm_up_on_traces(
+    model: Qwen2ForCausalLM,
+    tokenizer: PreTrainedTokenizerBase,
+    trace: Callable[[], tuple[list[int], list[int]]],
+    *,
+    steps: int = 200,
+    batch_size: int = 16,
+    lr: float = 3e-3,
+    seed: int = 0,
+) -> Qwen2ForCausalLM:
+    """Supervised steps on conversations from ``trace()`` (token ids, and labels that are ``-100`` off the policy).
+
+    Used to warm-start tiny models for agent examples and learning tests; deterministic for a given ``trace`` and
+    ``seed``.
+    """
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     model.train()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         for _ in range(steps):
-            traces = [
-                tool_trace(
-                    tokenizer, rng.choice(rows), call=rng.random() < call_fraction, guess=str(rng.randint(2, 18))
-                )
-                for _ in range(batch_size)
-            ]
+            traces = [trace() for _ in range(batch_size)]
             width = max(len(ids) for ids, _ in traces)
             input_ids = torch.full((batch_size, width), tokenizer.pad_token_id)
             labels = torch.full((batch_size, width), -100)

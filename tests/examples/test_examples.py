@@ -8,6 +8,8 @@ import re
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 from lightning_grpo.testing import build_tiny_model, build_tiny_tokenizer
 from tests.cli.conftest import REPO
 
@@ -58,7 +60,7 @@ def test_gsm8k_lora_with_the_tiny_model_and_a_local_jsonl(tmp_path):
     )  # fmt: skip
     assert trainer.global_step == 2
     assert "val/accuracy" in trainer.callback_metrics
-    assert (tmp_path / "runs" / "adapter").is_dir()
+    assert (Path(trainer.logger.log_dir) / "adapter").is_dir()  # beside the run: runs/gsm8k_lora/version_0/adapter
     assert trainer.lightning_module.rewards.names == ("math_answer", "format_reward")
 
 
@@ -70,3 +72,22 @@ def test_tool_calling_runs_and_prints_its_line(tmp_path, capsys):
     assert steps == 2 and 0.0 <= first <= 1.0 and 0.0 <= last <= 1.0
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert re.fullmatch(r"tool_calling: mean reward \d\.\d\d -> \d\.\d\d over 2 steps \(\d+ s\)", line), line
+
+
+def test_multi_turn_env_game_and_a_short_run(tmp_path, capsys):
+    example = load_example("multi_turn_env")
+    env = example.GuessEnv({"secret": 5})
+    assert env.reset() is None
+    assert example_step(env, "3") == ("higher", 0.0, False)
+    assert example_step(env, "x") == ("a number 1-8", 0.0, False)
+    assert example_step(env, "7") == ("lower", 0.0, False)
+    assert example_step(env, "5") == (None, pytest.approx(0.4), True)  # right on the 4th guess: 1 - 3 * 0.2
+    args = ["--max-steps", "2", "--warmup-steps", "10", "--num-generations", "4", "--output-dir", str(tmp_path)]
+    _, _, steps = example.main([*args, "--no-progress-bar"])
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert steps == 2 and re.fullmatch(r"multi_turn_env: mean reward \d\.\d\d -> \d\.\d\d over 2 steps \(\d+ s\)", line)
+
+
+def example_step(env, text: str) -> tuple[object, float, bool]:
+    step = env.step({"role": "assistant", "content": text})
+    return step.observation, step.reward, step.done

@@ -83,6 +83,19 @@ def test_rollout_that_mini_batches_do_not_divide_fails_at_the_first_step(make_mo
         make_trainer(max_steps=1).fit(module, train_dataloaders=prompt_loader(["1+1=", "2+2="]))
 
 
+def test_a_batch_size_mismatch_fails_at_fit_start_before_any_rollout(make_module):
+    scored: list[int] = []
+
+    def record(completions, **_):
+        scored.append(len(completions))
+        return [0.0] * len(completions)
+
+    module = make_module((record,), num_generations=3, mini_batch_size=4)  # batch of 2 prompts x 3 = 6
+    with pytest.raises(ValueError, match=r"6 completions .* multiple of mini_batch_size=4"):
+        make_trainer(max_steps=1).fit(module, train_dataloaders=prompt_loader(["1+1=", "2+2="]))
+    assert scored == []  # found from the data's batch size, before sampling and scoring
+
+
 def test_a_failing_reward_function_stops_training_with_its_name(make_module):
     def flaky(prompts, completions, **_):
         raise ZeroDivisionError("boom")

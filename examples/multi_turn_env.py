@@ -1,0 +1,160 @@
+"""Multi-turn environment: GRPO teaches a policy to play guess-the-number from "higher"/"lower" feedback.
+
+Each row holds a secret number from 1 to 8. One :class:`GuessEnv` per sample reads the policy's guesses and answers
+"higher" or "lower" until the guess is right or ``max_turns`` guesses were made::
+
+    U: guess 1-8
+    A: 4
+    U: higher
+    A: 6
+    U: lower
+    A: 5
+
+The environment's reward for a turn is 1.0 on the right guess, minus 0.2 for each earlier guess, and 0 otherwise; the
+reward function passes the episode's sum (``env_reward``) on. The tiny model (2 layers, 64 wide) is first warmed up for
+a few seconds on games of random guesses, so it answers a digit each turn but ignores the feedback. Environment
+messages are context (no loss); see ``docs/agents.md``.
+
+Status: the game, the environment and the run work, but with these settings the tiny model does not yet learn to use
+the feedback (measured on 2 CPU cores: 0.30 -> 0.29 over 30 steps; 0.30 -> 0.27 over 60 steps with 8 prompts per step
+and lr 5e-3; lr 3e-2 collapses to 0). Finding settings (or a warm-up) under which the reward genuinely rises is open.
+
+    python examples/multi_turn_env.py                   # tiny model, CPU, offline
+    python examples/multi_turn_env.py --max-steps 10    # shorter
+
+The last line reads ``multi_turn_env: mean reward A -> B over N steps (S s)``: the mean reward of the first and the
+last tenth of the iterations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning import Trainer
+from lightning.pytorch.loggers import CSVLogger
+from transformers import PreTrainedTokenizerBase
+
+from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig, PromptDataModule
+from lightning_grpo.agents import EnvStep
+from lightning_grpo.callbacks import AgentStats, GroupRewardStats
+from lightning_grpo.rollout.chat import continuation_ids, render_messages
+from lightning_grpo.testing import build_tiny_model, build_tiny_tokenizer
+from lightning_grpo.testing.agents import warm_up_on_traces
+from lightning_grpo.testing.demo import read_rewards, summarize
+
+LOW, HIGH = 1, 8
+PROMPT = [{"role": "user", "content": f"guess {LOW}-{HIGH}"}]
+
+
+class GuessEnv:
+    """Guess-the-number for one sample: "higher" or "lower" after a wrong guess; done when right (reward > 0)."""
+
+    def __init__(self, row: dict[str, Any]) -> None:
+        self.secret, self.guesses = int(row["secret"]), 0
+
+    def reset(self) -> None:
+        """No first observation: the prompt is the task."""
+        return None
+
+    def step(self, message: dict[str, Any]) -> EnvStep:
+        """Judge one guess; text that is not a number counts as a wrong guess and is told so."""
+        self.guesses += 1
+        text = (message.get("content") or "").strip()
+        if not text.isdigit():
+            return EnvStep(observation=f"a number {LOW}-{HIGH}", reward=0.0)
+        guess = int(text)
+        if guess == self.secret:
+            return EnvStep(reward=max(1.0 - 0.2 * (self.guesses - 1), 0.1), done=True)
+        return EnvStep(observation="higher" if guess < self.secret else "lower", reward=0.0)
+
+
+def episode_reward(env_reward: list[float], **_: Any) -> list[float]:
+    """The sum of the environment's per-turn rewards (``env_reward``, chosen by ``GRPOConfig.env_reward``)."""
+    return [float(value) for value in env_reward]
+
+
+def random_game(tokenizer: PreTrainedTokenizerBase, rng: random.Random, max_turns: int) -> tuple[list[int], list[int]]:
+    """Token ids and labels of one game of uniformly random guesses, laid out as the rollout lays out its tokens."""
+    env, history = GuessEnv({"secret": rng.randint(LOW, HIGH)}), list(PROMPT)
+    ids = tokenizer(render_messages(tokenizer, history), add_special_tokens=False)["input_ids"]
+    labels = [-100] * len(ids)
+    for _ in range(max_turns):
+        guess = str(rng.randint(LOW, HIGH))
+        sampled = [*tokenizer(guess, add_special_tokens=False)["input_ids"], tokenizer.eos_token_id]
+        ids, labels = ids + sampled, labels + sampled
+        history.append({"role": "assistant", "content": guess})
+        step = env.step(history[-1])
+        if step.done:
+            break
+        feedback = [{"role": "user", "content": step.observation}]
+        inserted = continuation_ids(tokenizer, history, feedback)
+        ids, labels, history = ids + inserted, labels + [-100] * len(inserted), history + feedback
+    return ids, labels
+
+
+def build(options: argparse.Namespace) -> tuple[GRPOModule, PromptDataModule, Trainer]:
+    """The module (one :class:`GuessEnv` per sample), the data module (secrets) and the trainer."""
+    tokenizer, rng = build_tiny_tokenizer(), random.Random(options.seed)
+    game = lambda: random_game(tokenizer, rng, options.max_turns)  # noqa: E731
+    model = warm_up_on_traces(
+        build_tiny_model(tokenizer, seed=options.seed), tokenizer, game, steps=options.warmup_steps, seed=options.seed
+    )
+    module = GRPOModule(
+        model, [episode_reward], tokenizer=tokenizer, environment_factory=GuessEnv,
+        policy=PolicyConfig(lora_r=8, lora_alpha=16, dtype="float32"),
+        grpo=GRPOConfig(
+            num_generations=options.num_generations, max_turns=options.max_turns, max_new_tokens=96,
+            max_prompt_length=32, kl_coef=0.0, env_reward="sum",
+        ),
+        optimizer=lambda params: torch.optim.AdamW(params, lr=options.lr),
+        seed=options.seed,
+    )  # fmt: skip
+    rows = [{"prompt": PROMPT, "secret": random.Random(i).randint(LOW, HIGH)} for i in range(64)]
+    data = PromptDataModule(rows, batch_size=options.batch_size, seed=options.seed)
+    trainer = Trainer(
+        accelerator="cpu", devices=1, max_steps=options.max_steps, log_every_n_steps=1,
+        logger=CSVLogger(options.output_dir, name="multi_turn_env"), enable_checkpointing=False,
+        enable_progress_bar=options.progress_bar, enable_model_summary=False,
+        callbacks=[GroupRewardStats(), AgentStats()],  # train/reward_mean (read below) and train/agent/*
+    )  # fmt: skip
+    return module, data, trainer
+
+
+def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Command-line flags."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--max-steps", type=int, default=30, help="GRPO iterations")
+    parser.add_argument("--max-turns", type=int, default=4, help="guesses per game")
+    parser.add_argument("--num-generations", type=int, default=8, help="G, games per prompt")
+    parser.add_argument("--batch-size", type=int, default=4, help="prompts per iteration")
+    parser.add_argument("--lr", type=float, default=1e-2)
+    parser.add_argument("--warmup-steps", type=int, default=200, help="supervised steps on random games")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output-dir", default="runs")
+    parser.add_argument("--no-progress-bar", dest="progress_bar", action="store_false")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> tuple[float, float, int]:
+    """Warm up, train, and print the mean reward of the first and last tenth of the iterations."""
+    start = time.perf_counter()
+    options = parse(argv)
+    torch.set_num_threads(1)  # tiny models run fastest on one thread
+    torch.manual_seed(options.seed)
+    module, data, trainer = build(options)
+    trainer.fit(module, data)
+    rewards = read_rewards(Path(trainer.logger.log_dir) / "metrics.csv")
+    first, last = summarize(rewards)
+    seconds = time.perf_counter() - start
+    print(f"multi_turn_env: mean reward {first:.2f} -> {last:.2f} over {len(rewards)} steps ({seconds:.0f} s)")
+    return first, last, len(rewards)
+
+
+if __name__ == "__main__":
+    main()
