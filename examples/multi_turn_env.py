@@ -30,9 +30,7 @@ from __future__ import annotations
 
 import argparse
 import random
-import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -46,7 +44,7 @@ from lightning_grpo.callbacks import AgentStats, GroupRewardStats
 from lightning_grpo.rollout.chat import continuation_ids, render_messages
 from lightning_grpo.testing import build_tiny_model, build_tiny_tokenizer
 from lightning_grpo.testing.agents import warm_up_on_traces
-from lightning_grpo.testing.demo import read_rewards, summarize
+from lightning_grpo.testing.demo import fit_and_report
 
 LOW, HIGH = 1, 8
 PROMPT = [{"role": "user", "content": f"guess {LOW}-{HIGH}"}]
@@ -143,17 +141,8 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> tuple[float, float, int]:
     """Warm up, train, and print the mean reward of the first and last tenth of the iterations."""
-    start = time.perf_counter()
     options = parse(argv)
-    torch.set_num_threads(1)  # tiny models run fastest on one thread
-    torch.manual_seed(options.seed)
-    module, data, trainer = build(options)
-    trainer.fit(module, data)
-    rewards = read_rewards(Path(trainer.logger.log_dir) / "metrics.csv")
-    first, last = summarize(rewards)
-    seconds = time.perf_counter() - start
-    print(f"multi_turn_env: mean reward {first:.2f} -> {last:.2f} over {len(rewards)} steps ({seconds:.0f} s)")
-    return first, last, len(rewards)
+    return fit_and_report("multi_turn_env", lambda: build(options), seed=options.seed)
 
 
 if __name__ == "__main__":

@@ -26,9 +26,7 @@ from __future__ import annotations
 import argparse
 import ast
 import operator
-import time
 from collections.abc import Sequence
-from pathlib import Path
 
 import torch
 from lightning import Trainer
@@ -38,7 +36,7 @@ from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig, PromptDataModul
 from lightning_grpo.callbacks import AgentStats, GroupRewardStats
 from lightning_grpo.testing import build_tiny_model
 from lightning_grpo.testing.agents import add, add_records, called_add_right, tool_name_tokenizer, warm_up_tool_use
-from lightning_grpo.testing.demo import read_rewards, summarize
+from lightning_grpo.testing.demo import fit_and_report
 
 _OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
 
@@ -115,18 +113,9 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> tuple[float, float, int]:
-    """Warm up (or load), train, and print the mean reward of the first and last tenth of the iterations."""
-    start = time.perf_counter()
+    """Warm up, train, and print the mean reward of the first and last tenth of the iterations."""
     options = parse(argv)
-    torch.set_num_threads(1)  # tiny models run fastest on one thread
-    torch.manual_seed(options.seed)
-    module, data, trainer = build(options)
-    trainer.fit(module, data)
-    rewards = read_rewards(Path(trainer.logger.log_dir) / "metrics.csv")
-    first, last = summarize(rewards)
-    seconds = time.perf_counter() - start
-    print(f"tool_calling: mean reward {first:.2f} -> {last:.2f} over {len(rewards)} steps ({seconds:.0f} s)")
-    return first, last, len(rewards)
+    return fit_and_report("tool_calling", lambda: build(options), seed=options.seed)
 
 
 if __name__ == "__main__":
