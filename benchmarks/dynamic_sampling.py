@@ -27,7 +27,7 @@ from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig
 from lightning_grpo.rewards import math_answer
 from lightning_grpo.testing import TinyTaskDataModule, WarmupSettings, build_tiny_tokenizer, load_tiny_model
 
-__all__ = ["main", "run_arm"]
+__all__ = ["last_quarter_rates", "main", "run_arm"]
 
 WARMUP = WarmupSettings(label_accuracy=0.03)
 
@@ -94,6 +94,12 @@ def rate_at(curve: list[tuple[int, float]], lo: float, hi: float) -> float:
     """Mean success rate of the samples drawn while the token count was in ``(lo, hi]``."""
     values = [rate for tokens, rate in curve if lo < tokens <= hi]
     return sum(values) / max(len(values), 1)
+
+
+def last_quarter_rates(seed: int, budget: int = 120_000, lr: float = 3e-3) -> tuple[float, float]:
+    """Success rate over the last quarter of the token budget: ``(dynamic sampling, baseline)`` for one seed."""
+    runs = [run_arm(dynamic, seed=seed, budget=budget, lr=lr) for dynamic in (True, False)]
+    return tuple(rate_at(run["curve"], 0.75 * budget, budget) for run in runs)  # type: ignore[return-value]
 
 
 def summarize(runs: list[dict[str, Any]], budget: int, bins: int = 4) -> dict[str, list[float]]:

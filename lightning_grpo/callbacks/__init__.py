@@ -6,6 +6,7 @@ Each reads the :class:`~lightning_grpo.module.StepOutput` that ``GRPOModule.trai
 
 from lightning_grpo.callbacks.adapter_export import AdapterExport
 from lightning_grpo.callbacks.agent_stats import AgentStats
+from lightning_grpo.callbacks.collapse_monitor import CollapseMonitor
 from lightning_grpo.callbacks.completion_stats import CompletionStats
 from lightning_grpo.callbacks.defaults import default_callbacks
 from lightning_grpo.callbacks.group_rewards import GroupRewardStats
@@ -17,6 +18,7 @@ from lightning_grpo.callbacks.throughput import ThroughputMonitor
 __all__ = [
     "AdapterExport",
     "AgentStats",
+    "CollapseMonitor",
     "CompletionStats",
     "GRPOProgressBar",
     "GroupRewardStats",

@@ -8,6 +8,7 @@ from lightning.pytorch import Callback
 
 from lightning_grpo.callbacks.adapter_export import AdapterExport
 from lightning_grpo.callbacks.agent_stats import AgentStats
+from lightning_grpo.callbacks.collapse_monitor import CollapseMonitor
 from lightning_grpo.callbacks.completion_stats import CompletionStats
 from lightning_grpo.callbacks.group_rewards import GroupRewardStats
 from lightning_grpo.callbacks.interrupt import SaveOnInterrupt
@@ -34,13 +35,14 @@ def default_callbacks(
 
         >>> from lightning.pytorch import Trainer
         >>> [type(cb).__name__ for cb in default_callbacks()][2:]
-        ['AgentStats', 'ThroughputMonitor', 'SaveOnInterrupt', 'SampleLogger']
+        ['AgentStats', 'CollapseMonitor', 'ThroughputMonitor', 'SaveOnInterrupt', 'SampleLogger']
         >>> trainer = Trainer(callbacks=default_callbacks(export_adapter=True), logger=False)
     """
     callbacks: list[Callback] = [
         GroupRewardStats(),
         CompletionStats(),
         AgentStats(),  # logs nothing for single-turn rollouts
+        CollapseMonitor(),  # warns once when the reward falls to a floor with no signal left
         ThroughputMonitor(),
         SaveOnInterrupt(),
         SampleLogger(every_n_steps=sample_every_n_steps),

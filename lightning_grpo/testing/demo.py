@@ -99,8 +99,10 @@ def plot_rewards(rewards: Sequence[float], path: Path, title: str = "") -> Path 
     return path
 
 
-def _cli_args(config: Path, max_steps: int | None, output_dir: Path | None) -> list[str]:
+def _cli_args(config: Path, max_steps: int | None, output_dir: Path | None, seed: int | None = None) -> list[str]:
     args = ["fit", "--config", str(config)]
+    if seed is not None:  # sampling, data order and everything seeded by seed_everything; the warm-up stays
+        args += [f"--seed_everything={seed}", f"--model.init_args.seed={seed}", f"--data.init_args.seed={seed}"]
     if max_steps is not None:
         args.append(f"--trainer.max_steps={max_steps}")
     if output_dir is not None:
@@ -113,6 +115,7 @@ def _parse(argv: Sequence[str] | None, prog: str) -> argparse.Namespace:
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="config to run (default: %(default)s)")
     parser.add_argument("--max-steps", type=int, default=None, help="GRPO iterations (default: the config's)")
     parser.add_argument("--output-dir", type=Path, default=None, help="where runs go (default: the config's)")
+    parser.add_argument("--seed", type=int, default=None, help="seed of the GRPO run (default: the config's)")
     return parser.parse_args(argv)
 
 
@@ -120,7 +123,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "lightning-grpo demo") -
     """Run the demo.
 
     Args:
-        argv: Arguments instead of ``sys.argv[1:]``: ``--config``, ``--max-steps``, ``--output-dir``.
+        argv: Arguments instead of ``sys.argv[1:]``: ``--config``, ``--max-steps``, ``--output-dir``, ``--seed``.
         prog: The command's name in the help text.
 
     Returns:
@@ -136,7 +139,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "lightning-grpo demo") -
     warnings.filterwarnings("ignore", message="Total length of `list` across ranks is zero")
     from lightning_grpo.cli import GRPOCLI  # after the environment is set
 
-    cli = GRPOCLI(args=_cli_args(options.config, options.max_steps, options.output_dir))
+    cli = GRPOCLI(args=_cli_args(options.config, options.max_steps, options.output_dir, options.seed))
     seconds = time.perf_counter() - start
     log_dir = Path(cli.trainer.logger.log_dir)
     rewards = read_rewards(log_dir / "metrics.csv")

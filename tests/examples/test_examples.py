@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import random
 import re
 from pathlib import Path
 from types import ModuleType
@@ -81,11 +82,24 @@ def test_multi_turn_env_game_and_a_short_run(tmp_path, capsys):
     assert example_step(env, "3") == ("higher", 0.0, False)
     assert example_step(env, "x") == ("a number 1-8", 0.0, False)
     assert example_step(env, "7") == ("lower", 0.0, False)
-    assert example_step(env, "5") == (None, pytest.approx(0.4), True)  # right on the 4th guess: 1 - 3 * 0.2
+    assert example_step(env, "5") == (None, pytest.approx(0.7), True)  # right on the 4th guess: 1 - 3 * 0.1
     args = ["--max-steps", "2", "--warmup-steps", "10", "--num-generations", "4", "--output-dir", str(tmp_path)]
     _, _, steps = example.main([*args, "--no-progress-bar"])
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert steps == 2 and re.fullmatch(r"multi_turn_env: mean reward \d\.\d\d -> \d\.\d\d over 2 steps \(\d+ s\)", line)
+
+
+def test_multi_turn_env_warm_up_games_that_follow_the_feedback_are_a_binary_search():
+    example = load_example("multi_turn_env")
+    tokenizer = build_tiny_tokenizer()
+    for seed in range(6):
+        ids, _ = example.warm_up_game(tokenizer, random.Random(seed), 4, follow_fraction=1.0)
+        turns = re.findall(r"A:\n(\d+)<eos>(?:\nU:\n(\w+)<eos>)?", tokenizer.decode(ids))
+        low, high = 1, 8
+        for guess, feedback in turns:  # each guess is the middle of what the feedback so far leaves possible
+            assert int(guess) == (low + high) // 2, turns
+            low, high = (int(guess) + 1, high) if feedback == "higher" else (low, int(guess) - 1)
+        assert turns and turns[-1][1] == ""  # the last guess was right (binary search finds 1-8 in 4)
 
 
 def example_step(env, text: str) -> tuple[object, float, bool]:

@@ -10,7 +10,7 @@ from lightning.pytorch.callbacks import Callback
 
 from lightning_grpo import PolicyConfig, PromptDataModule
 from lightning_grpo.rewards import math_answer
-from tests.conftest import count_a, make_trainer, prompt_records
+from tests.conftest import make_trainer, prompt_records
 
 SETTINGS = {
     "clip-defaults": {},
@@ -89,14 +89,17 @@ def test_validation_logs_reward_accuracy_and_pass_at_k(make_module):
     assert float(metrics["val/pass@3"]) >= float(metrics["val/accuracy"])
 
 
-def test_mean_reward_rises_on_a_tiny_task(make_module):
-    """Learning test: reward = fraction of 'a' in the completion; a random tiny model starts near 1/96."""
-    module = make_module(reward_funcs=[count_a], num_generations=8, max_new_tokens=8, lr=2e-2, kl_coef=0.0)
-    record = Record()
-    steps = 30
-    make_trainer(max_steps=steps, callbacks=[record]).fit(module, PromptDataModule(prompt_records(64), batch_size=4))
-    curve = [float(out["rewards"].rewards.mean()) for out in record.outputs]
+@pytest.mark.learning
+def test_mean_reward_rises_on_a_tiny_task():
+    """Learning test: reward = fraction of 'a' in the completion; a random tiny model starts near 1/96.
+
+    ``python -m benchmarks.learning --cases count_a`` runs the same function for 3 seeds under 3 CPU capabilities
+    (docs/benchmarks.md, "Learning"): the rise is 0.74-0.82 there, so 0.3 leaves a wide margin.
+    """
+    from benchmarks.learning import count_a_curve
+
+    curve = count_a_curve(seed=0)
     first, last = sum(curve[:5]) / 5, sum(curve[-5:]) / 5
-    print(f"learning curve: {first:.3f} -> {last:.3f} over {steps} steps")
+    print(f"learning curve: {first:.3f} -> {last:.3f} over {len(curve)} steps")
     assert last > first + 0.3, f"mean reward should rise by > 0.3: {first:.3f} -> {last:.3f}"
     assert not math.isnan(last)

@@ -45,11 +45,15 @@ def test_the_demo_refuses_a_missing_config(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.learning
 def test_the_full_demo_raises_the_reward(tmp_path, warm_tiny_cache, capsys):
-    """The whole demo (300 iterations, about 20-60 s on two cores): the exact-answer rate rises by 0.2 or more."""
+    """The whole demo (300 iterations, about 20-60 s on two cores): the exact-answer rate rises by 0.3 or more.
+
+    ``python -m benchmarks.learning --cases demo`` (3 seeds x 3 CPU capabilities, docs/benchmarks.md): 0.50-0.51.
+    """
     first, last, steps = demo.main(["--output-dir", str(tmp_path)])
     assert steps == 300
-    assert last - first >= 0.2, (first, last)
+    assert last - first >= 0.3, (first, last)
     assert LINE.fullmatch(capsys.readouterr().out.strip().splitlines()[-1])
     assert Path(tmp_path / "tiny" / "version_0" / "reward_curve.png").exists()
 

@@ -1,0 +1,201 @@
+"""The learning matrix: every learning claim of the project, over seeds and CPU instruction sets.
+
+A learning result is chaotic: one seed on one CPU proves nothing (``docs/benchmarks.md``, "Learning"). Each case
+below is one claim (a learning test, an example, the demo, a documented figure); this runs it for every seed under
+every ``ATEN_CPU_CAPABILITY`` (torch picks its CPU kernels by that variable, so it emulates other machines), each run
+in a fresh process with a fresh warm-up cache per capability, and prints one table row per figure: median, min–max
+and whether the worst run clears the claim::
+
+    python -m benchmarks.learning                                  # every case, 3 seeds x 3 capabilities
+    python -m benchmarks.learning --cases tool_calling --seeds 0   # one case, one seed
+    python -m benchmarks.learning --run demo --seed 1              # one run in this process (prints its JSON)
+
+``native`` is the machine's own level (the variable unset). Results go to ``--out`` (``results.json``, ``table.md``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["CASES", "Case", "count_a_curve", "main", "run_case"]
+
+CAPABILITIES = ("native", "avx2", "default")
+_RESULT = "LEARNING_RESULT "
+
+
+@dataclass(frozen=True)
+class Case:
+    """One learning claim: ``run(seed, output_dir)`` returns named figures; ``claims`` maps a figure to its minimum.
+
+    Attributes:
+        run: Trains and returns figures, e.g. ``{"first": 0.1, "last": 0.8, "rise": 0.7}``.
+        claims: The minimum each named figure must reach in every run (what tests and docs assert).
+        where: The test, example or page that makes the claim.
+    """
+
+    run: Callable[[int, Path], dict[str, float]]
+    claims: dict[str, float]
+    where: str
+
+
+def _rise(first: float, last: float, **extra: float) -> dict[str, float]:
+    return {"first": first, "last": last, "rise": last - first, **extra}
+
+
+def _example(name: str) -> Callable[[int, Path], dict[str, float]]:
+    def run(seed: int, out: Path) -> dict[str, float]:
+        module = __import__(f"examples.{name}", fromlist=["main"])
+        first, last, _ = module.main(["--seed", str(seed), "--output-dir", str(out), "--no-progress-bar"])
+        return _rise(first, last)
+
+    return run
+
+
+def _demo(seed: int, out: Path) -> dict[str, float]:
+    from lightning_grpo.testing import demo
+
+    first, last, _ = demo.main(["--seed", str(seed), "--output-dir", str(out)])
+    return _rise(first, last)
+
+
+def count_a_curve(seed: int, steps: int = 30, lr: float = 1e-2) -> list[float]:
+    """Mean reward per step of a random tiny model rewarded for the fraction of ``a`` in 8-token completions."""
+    import lightning as L
+    import torch
+
+    from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig, PromptDataModule
+    from lightning_grpo.testing import build_tiny_model, build_tiny_tokenizer
+
+    def count_a(completions: list[str], **_: Any) -> list[float]:
+        return [c.count("a") / max(len(c), 1) for c in completions]
+
+    tokenizer, curve = build_tiny_tokenizer(), []
+    module = GRPOModule(
+        build_tiny_model(tokenizer, seed=seed), [count_a], tokenizer=tokenizer, seed=seed,
+        policy=PolicyConfig(lora_r=4, lora_alpha=8),
+        grpo=GRPOConfig(num_generations=8, max_new_tokens=8, max_prompt_length=16, kl_coef=0.0),
+        optimizer=lambda params: torch.optim.AdamW(params, lr=lr),
+    )  # fmt: skip
+    record = L.pytorch.callbacks.LambdaCallback(
+        on_train_batch_end=lambda trainer, module, out, *_: curve.append(float(out["rewards"].rewards.mean()))
+    )
+    rows = [{"prompt": f"{i % 10}+{(i * 3) % 10}="} for i in range(64)]
+    L.Trainer(
+        accelerator="cpu", max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, callbacks=[record],
+    ).fit(module, PromptDataModule(rows, batch_size=4, seed=seed))  # fmt: skip
+    return curve
+
+
+def _count_a(seed: int, out: Path) -> dict[str, float]:
+    curve = count_a_curve(seed)
+    return _rise(sum(curve[:5]) / 5, sum(curve[-5:]) / 5)
+
+
+def _dynamic_sampling(seed: int, out: Path) -> dict[str, float]:
+    from benchmarks.dynamic_sampling import last_quarter_rates
+
+    dynamic, baseline = last_quarter_rates(seed)
+    return {"dynamic": dynamic, "baseline": baseline, "gain": dynamic - baseline}
+
+
+#: The claims. Thresholds are what the tests and docs assert; the table says whether the worst run clears them.
+CASES: dict[str, Case] = {
+    "count_a": Case(_count_a, {"rise": 0.3}, "tests/module/test_fit.py::test_mean_reward_rises_on_a_tiny_task"),
+    "demo": Case(_demo, {"rise": 0.3}, "README, tests/testing/test_demo.py::test_the_full_demo_raises_the_reward"),
+    "tool_calling": Case(
+        _example("tool_calling"),
+        {"rise": 0.2},
+        "examples/tool_calling.py, docs/agents.md, tests/module",
+    ),
+    "multi_turn_env": Case(_example("multi_turn_env"), {"rise": 0.2}, "examples/multi_turn_env.py, docs/agents.md"),
+    "dynamic_sampling": Case(
+        _dynamic_sampling, {}, "docs/benchmarks.md (Dynamic sampling), tests/module/test_dynamic_sampling.py (mean)"
+    ),
+}
+
+
+def run_case(name: str, seed: int, out: Path) -> dict[str, float]:
+    """Run case ``name`` once, in this process, on one thread; its figures and the seconds it took."""
+    import torch
+
+    torch.set_num_threads(1)
+    start = time.perf_counter()
+    figures = CASES[name].run(seed, out)
+    return {**figures, "seconds": time.perf_counter() - start}
+
+
+def _spawn(name: str, seed: int, capability: str, out: Path) -> dict[str, Any]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "LIGHTNING_GRPO_CACHE": str(out / f"cache-{capability}")}
+    env.pop("ATEN_CPU_CAPABILITY", None)
+    if capability != "native":
+        env["ATEN_CPU_CAPABILITY"] = capability
+    run_dir = out / f"{name}-{capability}-{seed}"
+    command = [sys.executable, "-m", "benchmarks.learning", "--run", name, "--seed", str(seed), "--out", str(run_dir)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    lines = [line for line in done.stdout.splitlines() if line.startswith(_RESULT)]
+    if done.returncode or not lines:
+        raise RuntimeError(f"{name} seed {seed} ({capability}) failed:\n{done.stderr[-3000:]}")
+    result = json.loads(lines[-1][len(_RESULT) :])
+    figures = ", ".join(f"{key} {value:.3f}" for key, value in result.items())
+    print(f"{name:16s} {capability:8s} seed {seed}: {figures}", flush=True)
+    return {"case": name, "seed": seed, "capability": capability, **result}
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    """One markdown row per case and figure: median over runs, min–max, runs, and whether the worst clears the claim."""
+    rows = ["| case | figure | median | min–max | runs | claim (every run) |", "| --- | --- | --- | --- | --- | --- |"]
+    for name, case in CASES.items():
+        runs = [r for r in results if r["case"] == name]
+        if not runs:
+            continue
+        for figure in [k for k in runs[0] if k not in ("case", "seed", "capability")]:
+            values = [r[figure] for r in runs]
+            claim = case.claims.get(figure)
+            verdict = "" if claim is None else f"≥ {claim}: {'holds' if min(values) >= claim else 'FAILS'}"
+            rows.append(f"| {name} | {figure} | {statistics.median(values):.2f} | {min(values):.2f}–{max(values):.2f} "
+                        f"| {len(values)} | {verdict} |")  # fmt: skip
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    """Run the matrix (or, with ``--run``, one run in this process) and print the table."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--capabilities", nargs="+", choices=CAPABILITIES, default=list(CAPABILITIES))
+    parser.add_argument("--jobs", type=int, default=2, help="runs at a time (each on one thread)")
+    parser.add_argument("--out", type=Path, default=None, help="results folder (default: a temporary one)")
+    parser.add_argument("--run", choices=list(CASES), help="run one case in this process and print its figures")
+    parser.add_argument("--seed", type=int, default=0, help="with --run")
+    args = parser.parse_args(argv)
+    out = args.out or Path(tempfile.mkdtemp(prefix="learning-"))
+    if args.run:
+        result = run_case(args.run, args.seed, out)
+        print(_RESULT + json.dumps(result), flush=True)
+        return [result]
+    jobs = [(c, s, cap, out) for c in args.cases for cap in args.capabilities for s in args.seeds]
+    with ThreadPoolExecutor(args.jobs) as pool:
+        results = list(pool.map(lambda job: _spawn(*job), jobs))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    (out / "table.md").write_text(table(results) + "\n")
+    print(table(results))
+    print(f"results: {out / 'results.json'}")
+    return results
+
+
+if __name__ == "__main__":
+    main()
