@@ -25,11 +25,12 @@ lint: install
 docs: install
 	NO_MKDOCS_2_WARNING=1 $(PYTHON) -m mkdocs build --strict --site-dir build/site
 
-# The learning tests run twice: natively, then with torch's portable kernels (ATEN_CPU_CAPABILITY=default), as a CI
-# machine with another CPU would run them (docs/benchmarks.md, "Learning").
+# The learning tests run twice: natively, then with torch's portable kernels (ATEN_CPU_CAPABILITY=default) and a fresh
+# warm-up cache, as a machine with another CPU would run them (docs/benchmarks.md, "Learning").
 test: lint docs
 	$(PYTHON) -m pytest -q
-	ATEN_CPU_CAPABILITY=default $(PYTHON) -m pytest -q -m learning -p no:cacheprovider
+	rm -rf build/learning-cache
+	ATEN_CPU_CAPABILITY=default LIGHTNING_GRPO_CACHE=build/learning-cache $(PYTHON) -m pytest -q -m learning -p no:cacheprovider
 
 demo: install
 	@$(PIP) install -q -e ".[plot]"

@@ -73,6 +73,7 @@ def test_the_policy_takes_the_tiny_model_and_tokenizer_as_objects():
     assert isinstance(module.policy.get_base_model(), TinyModel)
 
 
+@pytest.mark.learning
 def test_warmed_up_addition_model_is_right_about_a_third_of_the_time(warm_tiny_cache):
     """The demo's premise: the format is learnt and the sampled answer is right sometimes, not always."""
     model, tokenizer = TinyModel("addition").eval(), build_tiny_tokenizer()
