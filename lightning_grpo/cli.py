@@ -44,8 +44,8 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from lightning_grpo.callbacks import GRPOProgressBar
 from lightning_grpo.checkpoint import CheckpointMismatchError, UnreadableCheckpointError
-from lightning_grpo.hub import ModelLoadError
 from lightning_grpo.module import GRPOModule
+from lightning_grpo.policy import ModelLoadError
 
 __all__ = ["GRPOCLI", "main", "parse_config"]
 

@@ -14,7 +14,7 @@ from lightning_grpo.algorithms.aggregation import LossAggMode
 from lightning_grpo.algorithms.kl import KLEstimator
 from lightning_grpo.algorithms.policy_losses import PolicyLossKind, check_clip_args
 from lightning_grpo.rollout.generation import SAMPLERS, Sampler
-from lightning_grpo.validation import check_number
+from lightning_grpo.settings_checks import check_number
 
 __all__ = ["GRPOConfig"]
 

@@ -8,8 +8,9 @@ Each step of the iteration (docs/index.md) is one overridable method: :meth:`GRP
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import nullcontext
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,23 +24,29 @@ from lightning_grpo import distributed
 from lightning_grpo.agents import EnvironmentFactory, ToolCallParser
 from lightning_grpo.algorithms import aggregate_loss, compute_advantages, kl_penalty, policy_loss
 from lightning_grpo.algorithms.statistics import masked_mean
-from lightning_grpo.checkpoint import CHECKPOINT_KEY, describe_policy, install_checked_io
+from lightning_grpo.checkpoint import CHECKPOINT_KEY, check_resume, describe_policy, install_checked_io, settings_of
 from lightning_grpo.config import GRPOConfig
-from lightning_grpo.dynamic_sampling import check_datamodule, dynamic_sample
 from lightning_grpo.metrics import ValidationMetrics
 from lightning_grpo.policy import PolicyConfig, export_adapter, load_policy, load_tokenizer, reference_mode
-from lightning_grpo.quantization import check_shardable
-from lightning_grpo.resume import check_resume, settings_of
+from lightning_grpo.policy.quantization import check_shardable
 from lightning_grpo.rewards import RewardFunctions, RewardScores, TrainerState
-from lightning_grpo.rollout import Rollout, SamplingSettings, TokenLogProbs, completion_logprobs
+from lightning_grpo.rollout import (
+    AgentSettings,
+    Rollout,
+    SamplingSettings,
+    TokenLogProbs,
+    completion_logprobs,
+    sample_rollout,
+)
 from lightning_grpo.rollout.generation import eval_mode
-from lightning_grpo.rollout.multi_turn import AgentSettings, sample_rollout
-from lightning_grpo.seeding import seeded, step_seed
-from lightning_grpo.timing import PhaseTimer
-from lightning_grpo.update import LossCounts, StepOutput, UpdateBatch, run_updates
-from lightning_grpo.zero_signal import check_signal
+from lightning_grpo.step import LossCounts, PhaseTimer, StepContext, StepOutput, UpdateBatch
+from lightning_grpo.step.context import any_rank
+from lightning_grpo.step.dynamic_sampling import check_datamodule, dynamic_sample
+from lightning_grpo.step.seeding import seeded, step_seed
+from lightning_grpo.step.update import run_updates
+from lightning_grpo.step.zero_signal import check_signal
 
-__all__ = ["GRPOModule", "StepOutput"]  # StepOutput is defined in lightning_grpo.update
+__all__ = ["GRPOModule", "StepOutput"]  # StepOutput is defined in lightning_grpo.step
 
 OptimizerCallable = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
 LRSchedulerCallable = Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler]
@@ -112,6 +119,7 @@ class GRPOModule(LightningModule):
         )  # fmt: skip
         self.optimizer_factory, self.scheduler_factory, self.seed = optimizer, lr_scheduler, seed
         self.timer = PhaseTimer()
+        self._warned: set[str] = set()  # warnings given in this run, shared by every step's context
         self.val_metrics = ValidationMetrics(self.config.val_num_generations, self.config.val_success_threshold)
         # Plain values only, so checkpoints load with ``torch.load(weights_only=True)``.
         hparams = {"model": str(name), "grpo": asdict(self.config), "policy": asdict(self.policy_config), "seed": seed}
@@ -126,16 +134,17 @@ class GRPOModule(LightningModule):
 
     def training_step(self, batch: Mapping[str, Sequence[Any]], batch_idx: int) -> StepOutput:
         """One GRPO iteration: sample, score, advantages, fixed log-probs, then ``ppo_epochs`` of updates."""
-        timer = self.timer
+        context = self.step_context()
+        timer = context.timer
         timer.reset()
-        with self._step_rng():
+        with seeded(context.seed, self.device):  # depends only on (seed, step, rank): a resumed run samples the same
             with timer("generate"):
                 rollout = self.generate(batch)  # 1
             with timer("score"):
                 scores = self.score(rollout)  # 2
             if self.config.dynamic_sampling:  # more prompts until groups carry signal (docs/dynamic-sampling.md)
-                rollout, scores = dynamic_sample(self, rollout, scores)
-            check_signal(self, rollout, scores)  # logs train/zero_std_frac; warns once on a zero-signal step
+                rollout, scores = dynamic_sample(self, context, rollout, scores)
+            check_signal(context, rollout, scores)  # logs train/zero_std_frac; warns once on a zero-signal step
             with timer("score"):
                 advantages = self.compute_advantages(scores.rewards, rollout)  # 3
             update = self.prepare_update(rollout, advantages)  # 4 (timed inside: old_logprobs, reference)
@@ -163,7 +172,8 @@ class GRPOModule(LightningModule):
             raise KeyError(f"a batch must have a 'prompt' key (strings or chat messages); got keys {sorted(batch)}")
         settings = self.sampling_settings(num_generations=num_generations, temperature=temperature)
         columns = {key: list(values) for key, values in batch.items() if key != "prompt"}
-        sync = self._any_rank_active if settings.synced_gpus else None
+        sync = partial(any_rank, sum_across_ranks=self._sum_across_ranks, device=self.device)
+        sync = sync if settings.synced_gpus else None
         return sample_rollout(
             self.policy, self.tokenizer, list(batch["prompt"]), settings, self.agent,
             max_prompt_length=self.config.max_prompt_length, columns=columns, any_rank_active=sync,
@@ -265,7 +275,15 @@ class GRPOModule(LightningModule):
 
     def update_policy(self, batch: UpdateBatch) -> tuple[Tensor, dict[str, Tensor]]:
         """``ppo_epochs`` passes over shuffled mini-batches; one optimizer step per mini-batch."""
-        return run_updates(self, batch)
+        return run_updates(self, self.step_context(), batch)
+
+    def step_context(self) -> StepContext:
+        """What the phases of this step take from the module (:class:`~lightning_grpo.step.StepContext`)."""
+        return StepContext(
+            device=self.device, global_step=self.global_step if self._trainer is not None else 0,
+            seed=self._step_seed(), grad_scale=self._grad_scale(), sum_across_ranks=self._sum_across_ranks,
+            log=self.log, timer=self.timer, warned=self._warned,
+        )  # fmt: skip
 
     # ---------------------------------------------------------------- validation
 
@@ -275,7 +293,7 @@ class GRPOModule(LightningModule):
         Returns the ``rollout`` and its ``rewards`` for callbacks' ``on_validation_batch_end``.
         """
         cfg = self.config
-        with self._step_rng(offset=batch_idx + 1):
+        with seeded(self._step_seed(offset=batch_idx + 1), self.device):
             rollout = self.generate(batch, num_generations=cfg.val_num_generations, temperature=cfg.val_temperature)
         scores = self.score(rollout)
         self.log_dict(self.val_metrics.update(scores.rewards), batch_size=len(batch["prompt"]))  # exact, all ranks
@@ -375,10 +393,6 @@ class GRPOModule(LightningModule):
             return tensor
         return self.trainer.strategy.reduce(tensor, reduce_op="sum")
 
-    def _any_rank_active(self, active: bool) -> bool:
-        """Whether any rank still samples (a collective: every rank calls it once per turn)."""
-        return bool(self._sum_across_ranks(torch.tensor(float(active), device=self.device)) > 0)
-
     def _synced_gpus(self) -> bool:
         """FSDP shards parameters: every rank must keep stepping until all ranks finish sampling."""
         return self._trainer is not None and distributed.is_fsdp2(self.trainer.strategy)
@@ -388,9 +402,6 @@ class GRPOModule(LightningModule):
         return 1.0 if self._trainer is None else distributed.grad_scale(self.trainer.strategy, self.trainer.world_size)
 
     def _step_seed(self, offset: int = 0) -> int:
+        """A seed of (seed, step, rank, offset): sampling that a resumed run repeats exactly."""
         step, rank = (self.global_step, self.global_rank) if self._trainer is not None else (0, 0)
         return step_seed(self.seed, step, rank, offset)
-
-    def _step_rng(self, offset: int = 0) -> AbstractContextManager[None]:
-        """Sampling randomness that depends only on (seed, step, rank), so a resumed run samples the same."""
-        return seeded(self._step_seed(offset), self.device)

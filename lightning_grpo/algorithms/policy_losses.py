@@ -22,7 +22,7 @@ from torch import Tensor
 
 from lightning_grpo.algorithms._checks import check_same_shape, choose
 from lightning_grpo.algorithms.statistics import masked_mean
-from lightning_grpo.validation import check_number
+from lightning_grpo.settings_checks import check_number
 
 PolicyLossKind = Literal["clip", "gspo", "cispo"]
 

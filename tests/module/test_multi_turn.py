@@ -8,6 +8,7 @@ import torch
 from lightning.pytorch import Callback
 
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig, PromptDataModule
+from lightning_grpo.step import LossCounts
 from lightning_grpo.testing import build_tiny_model
 from lightning_grpo.testing.agents import (
     CountdownEnv,
@@ -18,7 +19,6 @@ from lightning_grpo.testing.agents import (
     tool_name_tokenizer,
     warm_up_tool_use,
 )
-from lightning_grpo.update import LossCounts
 from tests.conftest import make_trainer
 
 PROMPTS = [[{"role": "user", "content": "go"}], [{"role": "user", "content": "play"}]]
