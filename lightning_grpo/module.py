@@ -15,35 +15,31 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.pytorch import LightningModule
+from lightning.pytorch import Callback, LightningModule
 from peft import PeftModel
 from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from lightning_grpo import distributed
 from lightning_grpo.agents import EnvironmentFactory, ToolCallParser
-from lightning_grpo.algorithms import aggregate_loss, compute_advantages, kl_penalty, policy_loss
+from lightning_grpo.algorithms import compute_advantages, kl_penalty, policy_loss
 from lightning_grpo.algorithms.statistics import masked_mean
-from lightning_grpo.checkpoint import CHECKPOINT_KEY, check_resume, describe_policy, install_checked_io, settings_of
+from lightning_grpo.callbacks._outputs import missing_callbacks
+from lightning_grpo.callbacks.defaults import default_callbacks as monitoring_callbacks
+from lightning_grpo.checkpoint import check_resume, describe_policy, install_checked_io, keep_adapter_only, settings_of
 from lightning_grpo.config import GRPOConfig
 from lightning_grpo.metrics import ValidationMetrics
 from lightning_grpo.policy import PolicyConfig, export_adapter, load_policy, load_tokenizer, reference_mode
 from lightning_grpo.policy.quantization import check_shardable
 from lightning_grpo.rewards import RewardFunctions, RewardScores, TrainerState
-from lightning_grpo.rollout import (
-    AgentSettings,
-    Rollout,
-    SamplingSettings,
-    TokenLogProbs,
-    completion_logprobs,
-    sample_rollout,
-)
-from lightning_grpo.rollout.generation import eval_mode
+from lightning_grpo.rollout import Rollout, SamplingSettings, TokenLogProbs, completion_logprobs
+from lightning_grpo.rollout.agent import AgentSettings
+from lightning_grpo.rollout.multi_turn import sample_rollout
 from lightning_grpo.step import LossCounts, PhaseTimer, StepContext, StepOutput, UpdateBatch
 from lightning_grpo.step.context import any_rank
 from lightning_grpo.step.dynamic_sampling import check_datamodule, dynamic_sample
 from lightning_grpo.step.seeding import seeded, step_seed
-from lightning_grpo.step.update import run_updates
+from lightning_grpo.step.update import fixed_logprobs, run_updates
 from lightning_grpo.step.zero_signal import check_signal
 
 __all__ = ["GRPOModule", "StepOutput"]  # StepOutput is defined in lightning_grpo.step
@@ -70,6 +66,9 @@ class GRPOModule(LightningModule):
             prompts and a chat template that renders tools (``docs/agents.md``).
         environment_factory: Makes one environment per sample from its dataset row, for multi-turn tasks.
         tool_parser: Reads tool calls from the policy's turns; defaults to the ``<tool_call>{json}</tool_call>`` form.
+        default_callbacks: Add the monitoring callbacks of :func:`~lightning_grpo.callbacks.default_callbacks` that
+            the trainer lacks (:meth:`configure_callbacks`), so any ``Trainer`` logs ``train/reward_mean`` and the
+            rest; ``False``: only the trainer's callbacks.
 
     Example::
 
@@ -99,6 +98,7 @@ class GRPOModule(LightningModule):
         tools: Sequence[Callable[..., Any]] | None = None,
         environment_factory: EnvironmentFactory | None = None,
         tool_parser: ToolCallParser | None = None,
+        default_callbacks: bool = True,
     ) -> None:
         super().__init__()
         self.automatic_optimization = False
@@ -118,6 +118,7 @@ class GRPOModule(LightningModule):
             max_turns=cfg.max_turns, tool_timeout=cfg.tool_timeout, env_reward=cfg.env_reward,
         )  # fmt: skip
         self.optimizer_factory, self.scheduler_factory, self.seed = optimizer, lr_scheduler, seed
+        self.use_default_callbacks = default_callbacks
         self.timer = PhaseTimer()
         self._warned: set[str] = set()  # warnings given in this run, shared by every step's context
         self.val_metrics = ValidationMetrics(self.config.val_num_generations, self.config.val_success_threshold)
@@ -201,15 +202,11 @@ class GRPOModule(LightningModule):
 
     def compute_advantages(self, rewards: Tensor, rollout: Rollout) -> Tensor:
         """Step 3: group-relative advantages ``(N,)`` (``(N, T)`` for token-level estimators)."""
+        cfg = self.config  # token-level estimators whiten over the policy's tokens (rollout.sampled_mask)
         return compute_advantages(
-            rewards,
-            rollout.group_ids,
-            estimator=self.config.advantage_estimator,
-            scale=self.config.advantage_scale,
-            eps=self.config.advantage_eps,
-            completion_mask=rollout.sampled_mask,  # token-level estimators whiten over the policy's tokens
-            sum_across_ranks=self._sum_across_ranks,
-        )
+            rewards, rollout.group_ids, estimator=cfg.advantage_estimator, scale=cfg.advantage_scale,
+            eps=cfg.advantage_eps, completion_mask=rollout.sampled_mask, sum_across_ranks=self._sum_across_ranks,
+        )  # fmt: skip
 
     def prepare_update(self, rollout: Rollout, advantages: Tensor) -> UpdateBatch:
         """Step 4: the loss mask, old log-probs (only if the rollout serves several updates), reference log-probs."""
@@ -222,10 +219,10 @@ class GRPOModule(LightningModule):
         old = ref = None
         if updates > 1:
             with self.timer("old_logprobs"):
-                old = self._fixed_logprobs(rollout, reference=False)
+                old = fixed_logprobs(self, rollout, reference=False)
         if cfg.kl_coef > 0:
             with self.timer("reference"):
-                ref = self._fixed_logprobs(rollout, reference=True)
+                ref = fixed_logprobs(self, rollout, reference=True)
         return UpdateBatch(rollout, advantages, loss_mask, old, ref)
 
     def compute_logprobs(
@@ -258,10 +255,7 @@ class GRPOModule(LightningModule):
             logprobs, old, batch.advantages, mask, kind=cfg.loss_kind,
             clip_low=cfg.clip_low, clip_high=cfg.clip_high, dual_clip=cfg.dual_clip, delta=cfg.delta,
         )  # fmt: skip
-        agg = lambda values: aggregate_loss(  # noqa: E731
-            values, mask, cfg.loss_agg_mode, num_tokens=counts.num_tokens, num_sequences=counts.num_sequences,
-            norm=counts.norm,
-        )  # fmt: skip
+        agg = lambda values: counts.aggregate(values, mask, cfg.loss_agg_mode)  # noqa: E731 (global normalisers)
         pg_loss = agg(per_token)
         metrics = {"pg_loss": pg_loss, **vars(stats), "entropy": masked_mean(current.entropy.detach(), mask)}
         loss = pg_loss
@@ -332,6 +326,15 @@ class GRPOModule(LightningModule):
             return optimizer
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler}}
 
+    def configure_callbacks(self) -> list[Callback]:
+        """The monitoring callbacks (:func:`~lightning_grpo.callbacks.default_callbacks`) of types the trainer lacks.
+
+        A trainer's callback of the same type (or a related one) wins; ``default_callbacks=False``: none.
+        """
+        if not self.use_default_callbacks:
+            return []
+        return missing_callbacks(monitoring_callbacks(), present=self.trainer.callbacks)
+
     def on_fit_start(self) -> None:
         """Time phases and score with reward models on the module's device; check what dynamic sampling needs."""
         self.timer.device = self.device
@@ -347,10 +350,8 @@ class GRPOModule(LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Keep only the adapter weights in the checkpoint; record what it was trained on (docs/distributed.md)."""
-        trainable = {name for name, param in self.named_parameters() if param.requires_grad}
-        checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}
         settings = getattr(self, "_optimizer_settings", None)  # set by configure_optimizers
-        checkpoint[CHECKPOINT_KEY] = {"policy": self._trained_on, "optimizer": settings}
+        keep_adapter_only(checkpoint, self, {"policy": self._trained_on, "optimizer": settings})
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse a checkpoint of another policy; changed settings take effect (docs/distributed.md, resuming)."""
@@ -372,16 +373,6 @@ class GRPOModule(LightningModule):
         params = [p for p in self.policy.parameters() if p.requires_grad]
         optimizer = self.optimizer_factory(params) if self.optimizer_factory else torch.optim.AdamW(params, lr=1e-5)
         return optimizer, None if self.scheduler_factory is None else self.scheduler_factory(optimizer)
-
-    def _fixed_logprobs(self, rollout: Rollout, *, reference: bool) -> Tensor:
-        """Log-probs without gradient, in eval mode, micro-batch by micro-batch."""
-        micro = self.config.micro_batch_size or len(rollout)
-        with torch.no_grad(), eval_mode(self.policy):
-            parts = [
-                self.compute_logprobs(rollout.select(rows), reference=reference).logprobs
-                for rows in torch.arange(len(rollout), device=self.device).split(micro)
-            ]
-        return torch.cat(parts)
 
     def _sum_across_ranks(self, tensor: Tensor) -> Tensor:
         """Sum over ranks of what enters the loss and the advantages (token counts, batch statistics).

@@ -12,6 +12,7 @@ from lightning_grpo.checkpoint.records import (
     check_same_policy,
     describe_policy,
     install_checked_io,
+    keep_adapter_only,
 )
 from lightning_grpo.checkpoint.resume import check_resume, settings_of
 
@@ -24,5 +25,6 @@ __all__ = [
     "check_same_policy",
     "describe_policy",
     "install_checked_io",
+    "keep_adapter_only",
     "settings_of",
 ]

@@ -13,7 +13,7 @@ from typing import TypedDict
 import torch
 from torch import Tensor
 
-from lightning_grpo.algorithms import count_sequences
+from lightning_grpo.algorithms import LossAggMode, aggregate_loss, count_sequences
 from lightning_grpo.algorithms.statistics import SumAcrossRanks
 from lightning_grpo.rewards import RewardScores
 from lightning_grpo.rollout import Rollout
@@ -100,3 +100,16 @@ class LossCounts:
         local = torch.stack([loss_mask.sum(), count_sequences(loss_mask)]).float()
         num_tokens, num_sequences = sum_across_ranks(local).unbind()
         return cls(num_tokens, num_sequences, norm)
+
+    def aggregate(self, values: Tensor, loss_mask: Tensor, mode: LossAggMode) -> Tensor:
+        """Aggregate a micro-batch's ``(n, T)`` per-token ``values`` over ``loss_mask`` with these global counts.
+
+        Example::
+
+            >>> counts = LossCounts(torch.tensor(4.0), torch.tensor(2.0), norm=2.0)  # the whole mini-batch
+            >>> counts.aggregate(torch.ones(1, 2), torch.ones(1, 2), "token-mean")  # this micro-batch: 2 of 4 tokens
+            tensor(0.5000)
+        """
+        return aggregate_loss(
+            values, loss_mask, mode, num_tokens=self.num_tokens, num_sequences=self.num_sequences, norm=self.norm
+        )

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from lightning_grpo.algorithms.statistics import SumAcrossRanks
 from lightning_grpo.config import GRPOConfig
 from lightning_grpo.rewards import RewardScores
-from lightning_grpo.rollout import Rollout
+from lightning_grpo.rollout import Rollout, TokenLogProbs
 from lightning_grpo.step.batch import LossCounts, UpdateBatch
 from lightning_grpo.step.timing import PhaseTimer
 
@@ -91,6 +91,7 @@ class StepModule(Protocol):
     config: GRPOConfig
     policy: nn.Module
     tokenizer: Any
+    device: torch.device
 
     @property
     def trainer(self) -> Any: ...
@@ -98,6 +99,8 @@ class StepModule(Protocol):
     def generate(self, batch: Mapping[str, Sequence[Any]]) -> Rollout: ...
 
     def score(self, rollout: Rollout) -> RewardScores: ...
+
+    def compute_logprobs(self, rollout: Rollout, *, reference: bool = False) -> TokenLogProbs: ...
 
     def compute_loss(self, batch: UpdateBatch, counts: LossCounts) -> tuple[Tensor, dict[str, Tensor]]: ...
 

@@ -14,10 +14,26 @@ from torch import Tensor
 from lightning_grpo import distributed
 from lightning_grpo.algorithms.statistics import SumAcrossRanks
 from lightning_grpo.metrics import reduce_across_ranks
+from lightning_grpo.rollout import Rollout
+from lightning_grpo.rollout.generation import eval_mode
 from lightning_grpo.step.batch import LossCounts, UpdateBatch
 from lightning_grpo.step.context import StepContext, StepModule
 
-__all__ = ["MetricSums", "minibatch_indices", "run_updates"]
+__all__ = ["MetricSums", "fixed_logprobs", "minibatch_indices", "run_updates"]
+
+
+def fixed_logprobs(module: StepModule, rollout: Rollout, *, reference: bool) -> Tensor:
+    """``(N, T)`` log-probs without gradient (old or, with ``reference``, reference ones): eval mode, by micro-batch.
+
+    Each micro-batch goes through the module's ``compute_logprobs``, so an override of it serves these passes too.
+    """
+    micro = module.config.micro_batch_size or len(rollout)
+    with torch.no_grad(), eval_mode(module.policy):
+        parts = [
+            module.compute_logprobs(rollout.select(rows), reference=reference).logprobs
+            for rows in torch.arange(len(rollout), device=module.device).split(micro)
+        ]
+    return torch.cat(parts)
 
 
 def minibatch_indices(num_samples: int, mini_batch_size: int, generator: torch.Generator) -> Iterator[Tensor]:
