@@ -103,7 +103,7 @@ class GRPOModule(LightningModule):
         super().__init__()
         self.automatic_optimization = False
         self.strict_loading = False  # checkpoints hold the adapter only, not the base weights
-        self.config = grpo or GRPOConfig()
+        self.config = cfg = grpo or GRPOConfig()
         self.policy_config = policy or PolicyConfig()
         self.rewards = (
             reward_funcs if isinstance(reward_funcs, RewardFunctions) else RewardFunctions(reward_funcs, reward_weights)
@@ -112,15 +112,13 @@ class GRPOModule(LightningModule):
         self.tokenizer = load_tokenizer(tokenizer, name, trust_remote_code=self.policy_config.trust_remote_code)
         self.policy = load_policy(model, self.policy_config, seed=seed).train()
         self._trained_on = describe_policy(self.policy, self.tokenizer, model)  # checked on resume
-        cfg = self.config
         self.agent = AgentSettings.build(
             self.tokenizer, tools=tools, tool_parser=tool_parser, environment_factory=environment_factory,
             max_turns=cfg.max_turns, tool_timeout=cfg.tool_timeout, env_reward=cfg.env_reward,
         )  # fmt: skip
         self.optimizer_factory, self.scheduler_factory, self.seed = optimizer, lr_scheduler, seed
         self.use_default_callbacks = default_callbacks
-        self.timer = PhaseTimer()
-        self._warned: set[str] = set()  # warnings given in this run, shared by every step's context
+        self.timer, self._warned = PhaseTimer(), set[str]()  # the run's warnings given: shared by every step's context
         self.val_metrics = ValidationMetrics(self.config.val_num_generations, self.config.val_success_threshold)
         # Plain values only, so checkpoints load with ``torch.load(weights_only=True)``.
         hparams = {"model": str(name), "grpo": asdict(self.config), "policy": asdict(self.policy_config), "seed": seed}
