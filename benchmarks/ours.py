@@ -20,7 +20,7 @@ from benchmarks.workload import Workload, fraction_of_sevens, make_prompts
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig, Rollout
 from lightning_grpo.rewards import RewardScores
 from lightning_grpo.rollout import SamplingSettings, TokenLogProbs
-from lightning_grpo.update import UpdateBatch
+from lightning_grpo.step import UpdateBatch
 
 __all__ = ["BenchModule", "StepRecorder", "run_ours"]
 

@@ -128,7 +128,7 @@ def _model_init_kwargs(work: Workload) -> dict[str, Any]:
     """``from_pretrained`` arguments: the dtype and, with ``--quantization``, our side's ``BitsAndBytesConfig``."""
     if work.quantization == "none":
         return {"dtype": work.torch_dtype}
-    from lightning_grpo.quantization import bnb_config
+    from lightning_grpo.policy.quantization import bnb_config
 
     config = bnb_config(work.quantization, double_quantization=True, compute_dtype=work.torch_dtype)
     return {"dtype": work.torch_dtype, "quantization_config": config}

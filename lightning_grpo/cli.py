@@ -44,8 +44,8 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from lightning_grpo.callbacks import GRPOProgressBar
 from lightning_grpo.checkpoint import CheckpointMismatchError, UnreadableCheckpointError
-from lightning_grpo.hub import ModelLoadError
 from lightning_grpo.module import GRPOModule
+from lightning_grpo.policy import ModelLoadError
 
 __all__ = ["GRPOCLI", "main", "parse_config"]
 
@@ -188,7 +188,10 @@ def parse_config(args: Sequence[str]) -> Namespace:
 
 
 def main(args: Sequence[str] | None = None) -> None:
-    """Entry point of ``lightning-grpo`` and ``python -m lightning_grpo``; ``demo`` as first argument runs the demo.
+    """The command line: LightningCLI's subcommands (``fit``, ``validate``, ...) over :class:`GRPOCLI`.
+
+    ``lightning-grpo`` and ``python -m lightning_grpo`` call it through :func:`lightning_grpo.__main__.main`, which
+    also runs the demo (``lightning-grpo demo``).
 
     Args:
         args: Arguments instead of ``sys.argv[1:]``.
@@ -200,11 +203,6 @@ def main(args: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if args is None else args)
     _import_from_working_directory()
     prog = "python -m lightning_grpo" if Path(sys.argv[0]).name == "__main__.py" else "lightning-grpo"
-    if argv[:1] == ["demo"]:  # the offline demo lives with the test fixtures, imported only when asked for
-        from lightning_grpo.testing.demo import main as demo
-
-        demo(argv[1:], prog=f"{prog} demo")
-        return
     if argv and argv[0] in _SUBCOMMANDS and not any(_names_a_model(arg) for arg in argv[1:]):
         print(_NO_CONFIG.format(subcommand=argv[0]), file=sys.stderr)
         sys.exit(2)  # the exit status of a usage error, as the parser's own

@@ -8,15 +8,28 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
+from jsonargparse.typing import restricted_string_type
+
 from lightning_grpo.algorithms import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES
 from lightning_grpo.algorithms.advantages import AdvantageEstimator, AdvantageScale
 from lightning_grpo.algorithms.aggregation import LossAggMode
+from lightning_grpo.algorithms.catalogue import IMPORT_PATH_PATTERN, choose, is_import_path
 from lightning_grpo.algorithms.kl import KLEstimator
 from lightning_grpo.algorithms.policy_losses import PolicyLossKind, check_clip_args
 from lightning_grpo.rollout.generation import SAMPLERS, Sampler
-from lightning_grpo.validation import check_number
+from lightning_grpo.settings_checks import check_number
 
-__all__ = ["GRPOConfig"]
+__all__ = ["GRPOConfig", "ImportPath"]
+
+#: The import path of a user's function (``my_project.losses.my_loss``): for the command line's type checks, a name
+#: that is neither a built-in nor dotted fails when the config is parsed. Stored as a plain ``str``.
+ImportPath = restricted_string_type("ImportPath", IMPORT_PATH_PATTERN)
+#: Settings chosen from an open catalogue (a built-in name or an import path), with the catalogue and its noun.
+_OPEN = {
+    "loss_kind": (POLICY_LOSSES, "policy loss kind"),
+    "kl_estimator": (KL_ESTIMATORS, "KL estimator"),
+    "advantage_estimator": (ADVANTAGE_ESTIMATORS, "advantage estimator"),
+}
 
 _GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_pp_baseline")
 _INT: dict[str, Any] = {"integer": True, "minimum": 1}  # a count or size: an int >= 1
@@ -62,17 +75,19 @@ class GRPOConfig:
         ppo_epochs: Passes over each rollout (verl ``ppo_epochs``, TRL ``num_iterations``).
         mini_batch_size: Completions per optimizer step; ``None`` uses the whole rollout (one step per pass).
         micro_batch_size: Completions per forward/backward; ``None`` uses the whole mini-batch.
-        loss_kind: Policy loss: ``"clip"`` (PPO/GRPO clipped surrogate), ``"gspo"`` or ``"cispo"``.
+        loss_kind: Policy loss: ``"clip"`` (PPO/GRPO clipped surrogate), ``"gspo"``, ``"cispo"``, or the import path
+            of your own (``my_project.losses.my_loss``, docs/index.md).
         clip_low: Ratio clipped below at ``1 - clip_low`` (verl ``clip_ratio_low``, TRL ``epsilon``).
         clip_high: Ratio clipped above at ``1 + clip_high``; larger than ``clip_low`` is DAPO's clip-higher.
         dual_clip: Dual-clip bound ``c`` for negative advantages (verl ``clip_ratio_c``); ``None`` disables it.
         delta: INTELLECT-2 upper bound on the ratio; ``None`` disables it.
         kl_coef: Weight β of the KL loss to the reference policy; 0 skips the reference forward entirely.
-        kl_estimator: ``"k1"``, ``"k2"``, ``"k3"`` (= ``"low_var_kl"``), ``"abs"``, or any with ``"+"``.
+        kl_estimator: ``"k1"``, ``"k2"``, ``"k3"`` (= ``"low_var_kl"``), ``"abs"``, any with ``"+"``, or the
+            import path of your own.
         loss_agg_mode: ``"token-mean"``, ``"token-sum"``, ``"seq-mean-token-mean"``, ``"seq-mean-token-sum"`` or
             ``"seq-mean-token-sum-norm"``.
         loss_agg_norm: Divisor of ``seq-mean-token-sum-norm``; ``None`` uses ``max_new_tokens``.
-        advantage_estimator: ``"grpo"``, ``"rloo"`` or ``"reinforce_pp_baseline"``.
+        advantage_estimator: ``"grpo"``, ``"rloo"``, ``"reinforce_pp_baseline"``, or the import path of your own.
         advantage_scale: For ``grpo``: ``"group"`` std, ``"batch"`` std, or ``"none"`` (Dr. GRPO).
         advantage_eps: Added to the std before dividing.
         entropy_coef: Weight of an entropy bonus (0 = none; the entropy is still logged, without gradient).
@@ -115,16 +130,16 @@ class GRPOConfig:
     ppo_epochs: int = 1
     mini_batch_size: int | None = None
     micro_batch_size: int | None = None
-    loss_kind: PolicyLossKind = "clip"
+    loss_kind: PolicyLossKind | ImportPath = "clip"
     clip_low: float = 0.2
     clip_high: float = 0.2
     dual_clip: float | None = 3.0
     delta: float | None = None
     kl_coef: float = 0.001
-    kl_estimator: KLEstimator = "k3"
+    kl_estimator: KLEstimator | ImportPath = "k3"
     loss_agg_mode: LossAggMode = "token-mean"
     loss_agg_norm: int | None = None
-    advantage_estimator: AdvantageEstimator = "grpo"
+    advantage_estimator: AdvantageEstimator | ImportPath = "grpo"
     advantage_scale: AdvantageScale = "group"
     advantage_eps: float = 1e-6
     entropy_coef: float = 0.0
@@ -153,11 +168,21 @@ class GRPOConfig:
         self._check_agent()
 
     def _check_names(self) -> None:
+        for setting, (catalogue, what) in _OPEN.items():  # a built-in name, or an import path that imports
+            value = getattr(self, setting)
+            try:
+                choose(catalogue, value, what, import_paths=True)
+            except ValueError as error:
+                if is_import_path(value):  # the module or the function cannot be imported: say why
+                    raise ValueError(f"{setting}={value!r} is not valid: {error}") from None
+                options = ", ".join(repr(v) for v in catalogue)
+                raise ValueError(
+                    f"{setting}={value!r} is not valid; choose one of {options}, or the import path of a function of "
+                    "the same signature such as 'my_project.module.function'"
+                ) from None
+            setattr(self, setting, str(value))  # a plain string in hyperparameters and checkpoints
         for setting, valid in (
-            ("loss_kind", POLICY_LOSSES),
-            ("kl_estimator", KL_ESTIMATORS),
             ("loss_agg_mode", LOSS_AGG_MODES),
-            ("advantage_estimator", ADVANTAGE_ESTIMATORS),
             ("advantage_scale", ("group", "batch", "none")),
             ("sampler", SAMPLERS),
         ):

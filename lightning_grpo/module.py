@@ -8,38 +8,41 @@ Each step of the iteration (docs/index.md) is one overridable method: :meth:`GRP
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import nullcontext
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.pytorch import LightningModule
+from lightning.pytorch import Callback, LightningModule
 from peft import PeftModel
 from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from lightning_grpo import distributed
 from lightning_grpo.agents import EnvironmentFactory, ToolCallParser
-from lightning_grpo.algorithms import aggregate_loss, compute_advantages, kl_penalty, policy_loss
+from lightning_grpo.algorithms import compute_advantages, kl_penalty, policy_loss
 from lightning_grpo.algorithms.statistics import masked_mean
-from lightning_grpo.checkpoint import CHECKPOINT_KEY, describe_policy, install_checked_io
+from lightning_grpo.callbacks._outputs import missing_callbacks
+from lightning_grpo.callbacks.defaults import default_callbacks as monitoring_callbacks
+from lightning_grpo.checkpoint import check_resume, describe_policy, install_checked_io, keep_adapter_only, settings_of
 from lightning_grpo.config import GRPOConfig
-from lightning_grpo.dynamic_sampling import check_datamodule, dynamic_sample
 from lightning_grpo.metrics import ValidationMetrics
 from lightning_grpo.policy import PolicyConfig, export_adapter, load_policy, load_tokenizer, reference_mode
-from lightning_grpo.quantization import check_shardable
-from lightning_grpo.resume import check_resume, settings_of
+from lightning_grpo.policy.quantization import check_shardable
 from lightning_grpo.rewards import RewardFunctions, RewardScores, TrainerState
 from lightning_grpo.rollout import Rollout, SamplingSettings, TokenLogProbs, completion_logprobs
-from lightning_grpo.rollout.generation import eval_mode
-from lightning_grpo.rollout.multi_turn import AgentSettings, sample_rollout
-from lightning_grpo.seeding import seeded, step_seed
-from lightning_grpo.timing import PhaseTimer
-from lightning_grpo.update import LossCounts, StepOutput, UpdateBatch, run_updates
-from lightning_grpo.zero_signal import check_signal
+from lightning_grpo.rollout.agent import AgentSettings
+from lightning_grpo.rollout.multi_turn import sample_rollout
+from lightning_grpo.step import LossCounts, PhaseTimer, StepContext, StepOutput, UpdateBatch
+from lightning_grpo.step.context import any_rank
+from lightning_grpo.step.dynamic_sampling import check_datamodule, dynamic_sample
+from lightning_grpo.step.seeding import seeded, step_seed
+from lightning_grpo.step.update import fixed_logprobs, run_updates
+from lightning_grpo.step.zero_signal import check_signal
 
-__all__ = ["GRPOModule", "StepOutput"]  # StepOutput is defined in lightning_grpo.update
+__all__ = ["GRPOModule", "StepOutput"]  # StepOutput is defined in lightning_grpo.step
 
 OptimizerCallable = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
 LRSchedulerCallable = Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler]
@@ -63,6 +66,9 @@ class GRPOModule(LightningModule):
             prompts and a chat template that renders tools (``docs/agents.md``).
         environment_factory: Makes one environment per sample from its dataset row, for multi-turn tasks.
         tool_parser: Reads tool calls from the policy's turns; defaults to the ``<tool_call>{json}</tool_call>`` form.
+        default_callbacks: Add the monitoring callbacks of :func:`~lightning_grpo.callbacks.default_callbacks` that
+            the trainer lacks (:meth:`configure_callbacks`), so any ``Trainer`` logs ``train/reward_mean`` and the
+            rest; ``False``: only the trainer's callbacks.
 
     Example::
 
@@ -92,11 +98,12 @@ class GRPOModule(LightningModule):
         tools: Sequence[Callable[..., Any]] | None = None,
         environment_factory: EnvironmentFactory | None = None,
         tool_parser: ToolCallParser | None = None,
+        default_callbacks: bool = True,
     ) -> None:
         super().__init__()
         self.automatic_optimization = False
         self.strict_loading = False  # checkpoints hold the adapter only, not the base weights
-        self.config = grpo or GRPOConfig()
+        self.config = cfg = grpo or GRPOConfig()
         self.policy_config = policy or PolicyConfig()
         self.rewards = (
             reward_funcs if isinstance(reward_funcs, RewardFunctions) else RewardFunctions(reward_funcs, reward_weights)
@@ -105,13 +112,13 @@ class GRPOModule(LightningModule):
         self.tokenizer = load_tokenizer(tokenizer, name, trust_remote_code=self.policy_config.trust_remote_code)
         self.policy = load_policy(model, self.policy_config, seed=seed).train()
         self._trained_on = describe_policy(self.policy, self.tokenizer, model)  # checked on resume
-        cfg = self.config
         self.agent = AgentSettings.build(
             self.tokenizer, tools=tools, tool_parser=tool_parser, environment_factory=environment_factory,
             max_turns=cfg.max_turns, tool_timeout=cfg.tool_timeout, env_reward=cfg.env_reward,
         )  # fmt: skip
         self.optimizer_factory, self.scheduler_factory, self.seed = optimizer, lr_scheduler, seed
-        self.timer = PhaseTimer()
+        self.use_default_callbacks = default_callbacks
+        self.timer, self._warned = PhaseTimer(), set[str]()  # the run's warnings given: shared by every step's context
         self.val_metrics = ValidationMetrics(self.config.val_num_generations, self.config.val_success_threshold)
         # Plain values only, so checkpoints load with ``torch.load(weights_only=True)``.
         hparams = {"model": str(name), "grpo": asdict(self.config), "policy": asdict(self.policy_config), "seed": seed}
@@ -126,16 +133,17 @@ class GRPOModule(LightningModule):
 
     def training_step(self, batch: Mapping[str, Sequence[Any]], batch_idx: int) -> StepOutput:
         """One GRPO iteration: sample, score, advantages, fixed log-probs, then ``ppo_epochs`` of updates."""
-        timer = self.timer
+        context = self.step_context()
+        timer = context.timer
         timer.reset()
-        with self._step_rng():
+        with seeded(context.seed, self.device):  # depends only on (seed, step, rank): a resumed run samples the same
             with timer("generate"):
                 rollout = self.generate(batch)  # 1
             with timer("score"):
                 scores = self.score(rollout)  # 2
             if self.config.dynamic_sampling:  # more prompts until groups carry signal (docs/dynamic-sampling.md)
-                rollout, scores = dynamic_sample(self, rollout, scores)
-            check_signal(self, rollout, scores)  # logs train/zero_std_frac; warns once on a zero-signal step
+                rollout, scores = dynamic_sample(self, context, rollout, scores)
+            check_signal(context, rollout, scores)  # logs train/zero_std_frac; warns once on a zero-signal step
             with timer("score"):
                 advantages = self.compute_advantages(scores.rewards, rollout)  # 3
             update = self.prepare_update(rollout, advantages)  # 4 (timed inside: old_logprobs, reference)
@@ -163,7 +171,8 @@ class GRPOModule(LightningModule):
             raise KeyError(f"a batch must have a 'prompt' key (strings or chat messages); got keys {sorted(batch)}")
         settings = self.sampling_settings(num_generations=num_generations, temperature=temperature)
         columns = {key: list(values) for key, values in batch.items() if key != "prompt"}
-        sync = self._any_rank_active if settings.synced_gpus else None
+        sync = partial(any_rank, sum_across_ranks=self._sum_across_ranks, device=self.device)
+        sync = sync if settings.synced_gpus else None
         return sample_rollout(
             self.policy, self.tokenizer, list(batch["prompt"]), settings, self.agent,
             max_prompt_length=self.config.max_prompt_length, columns=columns, any_rank_active=sync,
@@ -191,15 +200,11 @@ class GRPOModule(LightningModule):
 
     def compute_advantages(self, rewards: Tensor, rollout: Rollout) -> Tensor:
         """Step 3: group-relative advantages ``(N,)`` (``(N, T)`` for token-level estimators)."""
+        cfg = self.config  # token-level estimators whiten over the policy's tokens (rollout.sampled_mask)
         return compute_advantages(
-            rewards,
-            rollout.group_ids,
-            estimator=self.config.advantage_estimator,
-            scale=self.config.advantage_scale,
-            eps=self.config.advantage_eps,
-            completion_mask=rollout.sampled_mask,  # token-level estimators whiten over the policy's tokens
-            sum_across_ranks=self._sum_across_ranks,
-        )
+            rewards, rollout.group_ids, estimator=cfg.advantage_estimator, scale=cfg.advantage_scale,
+            eps=cfg.advantage_eps, completion_mask=rollout.sampled_mask, sum_across_ranks=self._sum_across_ranks,
+        )  # fmt: skip
 
     def prepare_update(self, rollout: Rollout, advantages: Tensor) -> UpdateBatch:
         """Step 4: the loss mask, old log-probs (only if the rollout serves several updates), reference log-probs."""
@@ -212,10 +217,10 @@ class GRPOModule(LightningModule):
         old = ref = None
         if updates > 1:
             with self.timer("old_logprobs"):
-                old = self._fixed_logprobs(rollout, reference=False)
+                old = fixed_logprobs(self, rollout, reference=False)
         if cfg.kl_coef > 0:
             with self.timer("reference"):
-                ref = self._fixed_logprobs(rollout, reference=True)
+                ref = fixed_logprobs(self, rollout, reference=True)
         return UpdateBatch(rollout, advantages, loss_mask, old, ref)
 
     def compute_logprobs(
@@ -248,10 +253,7 @@ class GRPOModule(LightningModule):
             logprobs, old, batch.advantages, mask, kind=cfg.loss_kind,
             clip_low=cfg.clip_low, clip_high=cfg.clip_high, dual_clip=cfg.dual_clip, delta=cfg.delta,
         )  # fmt: skip
-        agg = lambda values: aggregate_loss(  # noqa: E731
-            values, mask, cfg.loss_agg_mode, num_tokens=counts.num_tokens, num_sequences=counts.num_sequences,
-            norm=counts.norm,
-        )  # fmt: skip
+        agg = lambda values: counts.aggregate(values, mask, cfg.loss_agg_mode)  # noqa: E731 (global normalisers)
         pg_loss = agg(per_token)
         metrics = {"pg_loss": pg_loss, **vars(stats), "entropy": masked_mean(current.entropy.detach(), mask)}
         loss = pg_loss
@@ -265,7 +267,15 @@ class GRPOModule(LightningModule):
 
     def update_policy(self, batch: UpdateBatch) -> tuple[Tensor, dict[str, Tensor]]:
         """``ppo_epochs`` passes over shuffled mini-batches; one optimizer step per mini-batch."""
-        return run_updates(self, batch)
+        return run_updates(self, self.step_context(), batch)
+
+    def step_context(self) -> StepContext:
+        """What the phases of this step take from the module (:class:`~lightning_grpo.step.StepContext`)."""
+        return StepContext(
+            device=self.device, global_step=self.global_step if self._trainer is not None else 0,
+            seed=self._step_seed(), grad_scale=self._grad_scale(), sum_across_ranks=self._sum_across_ranks,
+            log=self.log, timer=self.timer, warned=self._warned,
+        )  # fmt: skip
 
     # ---------------------------------------------------------------- validation
 
@@ -275,7 +285,7 @@ class GRPOModule(LightningModule):
         Returns the ``rollout`` and its ``rewards`` for callbacks' ``on_validation_batch_end``.
         """
         cfg = self.config
-        with self._step_rng(offset=batch_idx + 1):
+        with seeded(self._step_seed(offset=batch_idx + 1), self.device):
             rollout = self.generate(batch, num_generations=cfg.val_num_generations, temperature=cfg.val_temperature)
         scores = self.score(rollout)
         self.log_dict(self.val_metrics.update(scores.rewards), batch_size=len(batch["prompt"]))  # exact, all ranks
@@ -314,6 +324,15 @@ class GRPOModule(LightningModule):
             return optimizer
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler}}
 
+    def configure_callbacks(self) -> list[Callback]:
+        """The monitoring callbacks (:func:`~lightning_grpo.callbacks.default_callbacks`) of types the trainer lacks.
+
+        A trainer's callback of the same type (or a related one) wins; ``default_callbacks=False``: none.
+        """
+        if not self.use_default_callbacks:
+            return []
+        return missing_callbacks(monitoring_callbacks(), present=self.trainer.callbacks)
+
     def on_fit_start(self) -> None:
         """Time phases and score with reward models on the module's device; check what dynamic sampling needs."""
         self.timer.device = self.device
@@ -329,10 +348,8 @@ class GRPOModule(LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Keep only the adapter weights in the checkpoint; record what it was trained on (docs/distributed.md)."""
-        trainable = {name for name, param in self.named_parameters() if param.requires_grad}
-        checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}
         settings = getattr(self, "_optimizer_settings", None)  # set by configure_optimizers
-        checkpoint[CHECKPOINT_KEY] = {"policy": self._trained_on, "optimizer": settings}
+        keep_adapter_only(checkpoint, self, {"policy": self._trained_on, "optimizer": settings})
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse a checkpoint of another policy; changed settings take effect (docs/distributed.md, resuming)."""
@@ -355,16 +372,6 @@ class GRPOModule(LightningModule):
         optimizer = self.optimizer_factory(params) if self.optimizer_factory else torch.optim.AdamW(params, lr=1e-5)
         return optimizer, None if self.scheduler_factory is None else self.scheduler_factory(optimizer)
 
-    def _fixed_logprobs(self, rollout: Rollout, *, reference: bool) -> Tensor:
-        """Log-probs without gradient, in eval mode, micro-batch by micro-batch."""
-        micro = self.config.micro_batch_size or len(rollout)
-        with torch.no_grad(), eval_mode(self.policy):
-            parts = [
-                self.compute_logprobs(rollout.select(rows), reference=reference).logprobs
-                for rows in torch.arange(len(rollout), device=self.device).split(micro)
-            ]
-        return torch.cat(parts)
-
     def _sum_across_ranks(self, tensor: Tensor) -> Tensor:
         """Sum over ranks of what enters the loss and the advantages (token counts, batch statistics).
 
@@ -375,10 +382,6 @@ class GRPOModule(LightningModule):
             return tensor
         return self.trainer.strategy.reduce(tensor, reduce_op="sum")
 
-    def _any_rank_active(self, active: bool) -> bool:
-        """Whether any rank still samples (a collective: every rank calls it once per turn)."""
-        return bool(self._sum_across_ranks(torch.tensor(float(active), device=self.device)) > 0)
-
     def _synced_gpus(self) -> bool:
         """FSDP shards parameters: every rank must keep stepping until all ranks finish sampling."""
         return self._trainer is not None and distributed.is_fsdp2(self.trainer.strategy)
@@ -388,9 +391,6 @@ class GRPOModule(LightningModule):
         return 1.0 if self._trainer is None else distributed.grad_scale(self.trainer.strategy, self.trainer.world_size)
 
     def _step_seed(self, offset: int = 0) -> int:
+        """A seed of (seed, step, rank, offset): sampling that a resumed run repeats exactly."""
         step, rank = (self.global_step, self.global_rank) if self._trainer is not None else (0, 0)
         return step_seed(self.seed, step, rank, offset)
-
-    def _step_rng(self, offset: int = 0) -> AbstractContextManager[None]:
-        """Sampling randomness that depends only on (seed, step, rank), so a resumed run samples the same."""
-        return seeded(self._step_seed(offset), self.device)

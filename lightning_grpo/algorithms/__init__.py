@@ -1,20 +1,32 @@
 """The GRPO algorithm core: pure torch, no Lightning, no transformers.
 
 Every variant is chosen by name from a read-only catalogue of functions sharing one signature; an unknown name raises
-a ``ValueError`` that lists the valid ones.
+a ``ValueError`` that lists the valid ones. The policy losses, advantage estimators and KL estimators are open: the
+import path of a function of the same signature selects it like a built-in (:mod:`lightning_grpo.algorithms.catalogue`).
 """
 
 from lightning_grpo.algorithms.advantages import (
     ADVANTAGE_ESTIMATORS,
     AdvantageEstimator,
+    AdvantageFunction,
     AdvantageScale,
+    AdvantageSettings,
+    GroupStats,
     compute_advantages,
 )
 from lightning_grpo.algorithms.aggregation import LOSS_AGG_MODES, LossAggMode, aggregate_loss, count_sequences
 from lightning_grpo.algorithms.fused_head import FusedHeadLogProbs, fused_head_logprobs
 from lightning_grpo.algorithms.kl import KL_ESTIMATORS, KLEstimator, kl_penalty
 from lightning_grpo.algorithms.logprobs import entropy_from_logits, selective_logprobs
-from lightning_grpo.algorithms.policy_losses import POLICY_LOSSES, PolicyLossKind, PolicyLossStats, policy_loss
+from lightning_grpo.algorithms.policy_losses import (
+    POLICY_LOSSES,
+    PolicyLossFunction,
+    PolicyLossKind,
+    PolicyLossSettings,
+    PolicyLossStats,
+    PolicyLossTerms,
+    policy_loss,
+)
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
@@ -22,12 +34,18 @@ __all__ = [
     "LOSS_AGG_MODES",
     "POLICY_LOSSES",
     "AdvantageEstimator",
+    "AdvantageFunction",
     "AdvantageScale",
+    "AdvantageSettings",
     "FusedHeadLogProbs",
+    "GroupStats",
     "KLEstimator",
     "LossAggMode",
+    "PolicyLossFunction",
     "PolicyLossKind",
+    "PolicyLossSettings",
     "PolicyLossStats",
+    "PolicyLossTerms",
     "aggregate_loss",
     "compute_advantages",
     "count_sequences",

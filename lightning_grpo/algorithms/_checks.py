@@ -1,31 +1,8 @@
-"""Shared argument checks for the algorithm core: catalogue look-up, shape and dtype checks."""
+"""Shared argument checks for the algorithm core: shapes and dtypes (catalogue look-up: ``catalogue.py``)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TypeVar
-
 import torch
-
-T = TypeVar("T")
-
-
-def choose(catalogue: Mapping[str, T], name: str, what: str) -> T:
-    """Look ``name`` up in a read-only catalogue, or raise an error that lists the valid names.
-
-    Args:
-        catalogue: Name to function mapping.
-        name: The requested variant.
-        what: What is being chosen, for the message (e.g. ``"advantage estimator"``).
-
-    Raises:
-        ValueError: ``name`` is not in the catalogue.
-    """
-    try:
-        return catalogue[name]
-    except (KeyError, TypeError):
-        valid = ", ".join(repr(k) for k in catalogue)
-        raise ValueError(f"unknown {what} {name!r}; valid names: {valid}") from None
 
 
 def check_same_shape(**tensors: torch.Tensor) -> None:

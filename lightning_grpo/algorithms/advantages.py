@@ -13,6 +13,10 @@ Estimators (choose by name, see :data:`ADVANTAGE_ESTIMATORS`):
 Rewards that are NaN (every reward function skipped the row) are left out of every statistic and get advantage 0;
 groups whose valid rewards are all equal get 0. Groups are located by ``group_ids`` and need not be contiguous; the
 statistics are vectorised with ``index_add_`` (no Python loop over groups).
+
+An estimator of your own is an :data:`AdvantageFunction` named by its import path (``advantage_estimator:
+my_project.advantages.my_estimator``): it receives the rewards' :class:`GroupStats`, the completion mask and one
+:class:`AdvantageSettings`.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from lightning_grpo.algorithms._checks import check_floating, choose
+from lightning_grpo.algorithms._checks import check_floating
+from lightning_grpo.algorithms.catalogue import choose
 from lightning_grpo.algorithms.statistics import SumAcrossRanks, mean_std, moments
 
 AdvantageEstimator = Literal["grpo", "rloo", "reinforce_pp_baseline"]
@@ -34,7 +39,9 @@ AdvantageScale = Literal["group", "batch", "none"]
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "AdvantageEstimator",
+    "AdvantageFunction",
     "AdvantageScale",
+    "AdvantageSettings",
     "GroupStats",
     "compute_advantages",
     "group_stats",
@@ -84,44 +91,42 @@ def _batch_moments(values: Tensor, weights: Tensor, sum_across_ranks: SumAcrossR
     return mean.nan_to_num(0.0), std.nan_to_num(0.0)
 
 
-# Every estimator shares one signature: (stats, *, scale, eps, completion_mask, sum_across_ranks) -> advantages.
-def _grpo(
-    stats: GroupStats,
-    *,
-    scale: str,
-    eps: float,
-    completion_mask: Tensor | None,
-    sum_across_ranks: SumAcrossRanks | None,
-) -> Tensor:
+@dataclass(frozen=True)
+class AdvantageSettings:
+    """The settings every advantage estimator receives (each uses those it needs).
+
+    Attributes:
+        scale: For ``grpo``: ``"group"`` (divide by the group std), ``"batch"`` (by the batch std) or ``"none"``.
+        eps: Added to the std before dividing.
+        sum_across_ranks: Sums a tensor over data-parallel ranks, for batch-level statistics; ``None``: one process.
+    """
+
+    scale: AdvantageScale = "group"
+    eps: float = 1e-6
+    sum_across_ranks: SumAcrossRanks | None = None
+
+
+#: ``(stats, completion_mask, settings) -> advantages``: ``(N,)``, or ``(N, T)`` zero on padding.
+AdvantageFunction = Callable[[GroupStats, Tensor | None, AdvantageSettings], Tensor]
+
+
+# Every estimator shares one signature: AdvantageFunction.
+def _grpo(stats: GroupStats, completion_mask: Tensor | None, settings: AdvantageSettings) -> Tensor:
     centred = stats.rewards - stats.mean  # (N,)
-    if scale == "group":
-        return centred / (stats.std + eps)
-    if scale == "batch":
-        _, std_batch = _batch_moments(stats.rewards, stats.valid.double(), sum_across_ranks)
-        return centred / (std_batch + eps)
+    if settings.scale == "group":
+        return centred / (stats.std + settings.eps)
+    if settings.scale == "batch":
+        _, std_batch = _batch_moments(stats.rewards, stats.valid.double(), settings.sum_across_ranks)
+        return centred / (std_batch + settings.eps)
     return centred
 
 
-def _rloo(
-    stats: GroupStats,
-    *,
-    scale: str,
-    eps: float,
-    completion_mask: Tensor | None,
-    sum_across_ranks: SumAcrossRanks | None,
-) -> Tensor:
+def _rloo(stats: GroupStats, completion_mask: Tensor | None, settings: AdvantageSettings) -> Tensor:
     leave_one_out_mean = (stats.total - stats.rewards) / (stats.count - 1).clamp(min=1)
     return stats.rewards - leave_one_out_mean  # (N,)
 
 
-def _reinforce_pp_baseline(
-    stats: GroupStats,
-    *,
-    scale: str,
-    eps: float,
-    completion_mask: Tensor | None,
-    sum_across_ranks: SumAcrossRanks | None,
-) -> Tensor:
+def _reinforce_pp_baseline(stats: GroupStats, completion_mask: Tensor | None, settings: AdvantageSettings) -> Tensor:
     if completion_mask is None or completion_mask.ndim != 2 or completion_mask.shape[0] != stats.rewards.shape[0]:
         got = None if completion_mask is None else tuple(completion_mask.shape)
         n = stats.rewards.shape[0]
@@ -129,12 +134,13 @@ def _reinforce_pp_baseline(
     keep = stats.valid & ~stats.constant
     tokens = torch.where(keep, stats.rewards - stats.mean, 0.0)[:, None].expand(completion_mask.shape)  # (N, T)
     weights = completion_mask.double() * stats.valid[:, None]
-    mean, std = _batch_moments(tokens, weights, sum_across_ranks)
-    return (tokens - mean) / (std + eps) * weights * keep[:, None]  # constant groups and skipped rows stay 0
+    mean, std = _batch_moments(tokens, weights, settings.sum_across_ranks)
+    return (tokens - mean) / (std + settings.eps) * weights * keep[:, None]  # constant groups, skipped rows stay 0
 
 
-#: Read-only catalogue: estimator name -> function of one shared signature.
-ADVANTAGE_ESTIMATORS: Mapping[str, Callable[..., Tensor]] = MappingProxyType(
+#: Read-only catalogue of the built-in estimators: name -> :data:`AdvantageFunction`; ``estimator`` may also be the
+#: import path of such a function (:mod:`~lightning_grpo.algorithms.catalogue`).
+ADVANTAGE_ESTIMATORS: Mapping[str, AdvantageFunction] = MappingProxyType(
     {"grpo": _grpo, "rloo": _rloo, "reinforce_pp_baseline": _reinforce_pp_baseline}
 )
 _SCALES = MappingProxyType({"group": "group", "batch": "batch", "none": "none"})
@@ -155,7 +161,8 @@ def compute_advantages(
     Args:
         rewards: ``(N,)`` float scalar reward per sample; NaN marks a row no reward function applied to.
         group_ids: ``(N,)`` integer group of each sample (samples of one prompt share an id; any order).
-        estimator: ``"grpo"``, ``"rloo"`` or ``"reinforce_pp_baseline"``.
+        estimator: ``"grpo"``, ``"rloo"``, ``"reinforce_pp_baseline"``, or the import path of an
+            :data:`AdvantageFunction`.
         scale: For ``grpo``: ``"group"`` (divide by the group std), ``"batch"`` (by the batch std) or ``"none"``.
         eps: Added to the std before dividing.
         completion_mask: ``(N, T)`` valid-token mask; required by ``reinforce_pp_baseline``.
@@ -175,7 +182,7 @@ def compute_advantages(
         >>> compute_advantages(r, torch.tensor([0, 0, 1, 1]))
         tensor([ 0.7071, -0.7071,  0.0000,  0.0000])
     """
-    estimate = choose(ADVANTAGE_ESTIMATORS, estimator, "advantage estimator")
+    estimate = choose(ADVANTAGE_ESTIMATORS, estimator, "advantage estimator", import_paths=True)
     choose(_SCALES, scale, "advantage scale")
     check_floating("rewards", rewards)
     if rewards.ndim != 1 or group_ids.shape != rewards.shape:
@@ -184,9 +191,7 @@ def compute_advantages(
             f"group_ids {tuple(group_ids.shape)}"
         )
     stats = group_stats(rewards, group_ids)
-    advantages = estimate(
-        stats, scale=scale, eps=eps, completion_mask=completion_mask, sum_across_ranks=sum_across_ranks
-    )
+    advantages = estimate(stats, completion_mask, AdvantageSettings(scale, eps, sum_across_ranks))
     if advantages.ndim == 1:  # token-level estimators zero their own invalid rows
         advantages = torch.where(stats.valid & ~stats.constant, advantages, 0.0)
     return advantages.to(rewards.dtype)

@@ -24,7 +24,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from lightning_grpo.algorithms._checks import check_same_shape, choose
+from lightning_grpo.algorithms._checks import check_same_shape
+from lightning_grpo.algorithms.catalogue import choose
 
 LossAggMode = Literal["token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 

@@ -11,6 +11,8 @@ http://joschu.net/blog/kl-approx.html):
 
 Appending ``+`` (e.g. ``"k3+"``) keeps the value of the estimator but takes the gradient of k2, whose gradient is an
 unbiased estimate of the true KL gradient (straight-through; Liu et al., 2025, arXiv:2510.01555 / verl).
+
+An estimator of your own is a function of ``d`` named by its import path (``kl_estimator: my_project.kl.my_kl``).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from typing import Literal
 
 from torch import Tensor
 
-from lightning_grpo.algorithms._checks import check_same_shape, choose
+from lightning_grpo.algorithms._checks import check_same_shape
+from lightning_grpo.algorithms.catalogue import choose
 
 KLEstimator = Literal[
     "k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl", "k1+", "kl+", "abs+", "k2+", "mse+", "k3+", "low_var_kl+"
@@ -67,7 +70,8 @@ def _straight_through(base: Callable[[Tensor], Tensor]) -> Callable[[Tensor], Te
     return estimator
 
 
-#: Read-only catalogue: estimator name -> function of ``d = ref_logprobs - logprobs``.
+#: Read-only catalogue of the built-in estimators: name -> function of ``d = ref_logprobs - logprobs``; ``kind`` may
+#: also be the import path of such a function (:mod:`~lightning_grpo.algorithms.catalogue`).
 KL_ESTIMATORS: Mapping[str, Callable[[Tensor], Tensor]] = MappingProxyType(
     {**_BASE, **{f"{name}+": _straight_through(fn) for name, fn in _BASE.items()}}
 )
@@ -79,7 +83,7 @@ def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, kind: KLEstimator = "k3")
     Args:
         logprobs: ``(N, T)`` log-probs of the sampled tokens under the current policy (carries the gradient).
         ref_logprobs: ``(N, T)`` log-probs of the same tokens under the reference policy.
-        kind: Estimator name, see :data:`KL_ESTIMATORS`.
+        kind: Estimator name, see :data:`KL_ESTIMATORS`, or the import path of a function of ``d``.
 
     Returns:
         ``(N, T)`` per-token penalty (aggregate it with :func:`~lightning_grpo.algorithms.aggregate_loss`).
@@ -92,6 +96,6 @@ def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, kind: KLEstimator = "k3")
         >>> kl_penalty(torch.tensor([[-1.0]]), torch.tensor([[-1.5]]), "k3")  # exp(-0.5) + 0.5 - 1
         tensor([[0.1065]])
     """
-    estimator = choose(KL_ESTIMATORS, kind, "KL estimator")
+    estimator = choose(KL_ESTIMATORS, kind, "KL estimator", import_paths=True)
     check_same_shape(logprobs=logprobs, ref_logprobs=ref_logprobs)
     return estimator(ref_logprobs - logprobs)

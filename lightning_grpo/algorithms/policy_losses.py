@@ -8,6 +8,10 @@ Kinds (choose by name, see :data:`POLICY_LOSSES`):
 * ``gspo`` — Group Sequence Policy Optimization (Zheng et al., 2025, arXiv:2507.18071): the sequence-level ratio
   ``exp(mean_t(logp - old_logp))`` with a straight-through token gradient.
 * ``cispo`` — CISPO (MiniMax-M1, arXiv:2506.13585): the clipped importance weight, detached, times the log-prob.
+
+A loss of your own is a :data:`PolicyLossFunction` named by its import path (``loss_kind:
+my_project.losses.my_loss``): it receives the tensors and one :class:`PolicyLossSettings` and returns
+:class:`PolicyLossTerms` (docs/index.md, "Add your own loss").
 """
 
 from __future__ import annotations
@@ -20,13 +24,25 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from lightning_grpo.algorithms._checks import check_same_shape, choose
+from lightning_grpo.algorithms._checks import check_same_shape
+from lightning_grpo.algorithms.catalogue import choose
 from lightning_grpo.algorithms.statistics import masked_mean
-from lightning_grpo.validation import check_number
+from lightning_grpo.settings_checks import check_number
 
 PolicyLossKind = Literal["clip", "gspo", "cispo"]
+#: ``(logprobs, old_logprobs, advantages, completion_mask, settings) -> PolicyLossTerms``.
+PolicyLossFunction = Callable[[Tensor, Tensor, Tensor, Tensor, "PolicyLossSettings"], "PolicyLossTerms"]
 
-__all__ = ["POLICY_LOSSES", "PolicyLossKind", "PolicyLossStats", "check_clip_args", "policy_loss"]
+__all__ = [
+    "POLICY_LOSSES",
+    "PolicyLossFunction",
+    "PolicyLossKind",
+    "PolicyLossSettings",
+    "PolicyLossStats",
+    "PolicyLossTerms",
+    "check_clip_args",
+    "policy_loss",
+]
 
 _MAX_LOG_RATIO = 20.0
 _MAX_SEQ_LOG_RATIO = 10.0
@@ -52,18 +68,52 @@ class PolicyLossStats:
 
 
 @dataclass(frozen=True)
-class _Surrogate:
-    loss: Tensor  # (N, T)
-    clipped: Tensor  # (N, T) bool
-    dual_clipped: Tensor  # (N, T) bool
+class PolicyLossSettings:
+    """The settings every policy loss receives (each uses those it needs).
+
+    Attributes:
+        clip_low: The ratio is clipped below at ``1 - clip_low``.
+        clip_high: The ratio is clipped above at ``1 + clip_high`` (DAPO's clip-higher when larger).
+        dual_clip: Bound ``c`` of dual clip for ``A < 0``; ``None`` disables it.
+        delta: INTELLECT-2 upper bound on the ratio in the unclipped term; ``None`` disables it.
+
+    Raises:
+        TypeError: A value is not a number.
+        ValueError: A value is NaN, infinite or out of range (:func:`check_clip_args`).
+    """
+
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    dual_clip: float | None = 3.0
+    delta: float | None = None
+
+    def __post_init__(self) -> None:
+        check_clip_args(self.clip_low, self.clip_high, self.dual_clip, self.delta)
+
+
+@dataclass(frozen=True)
+class PolicyLossTerms:
+    """What a policy loss returns: the per-token loss and what its clipping diagnostics are computed from.
+
+    Attributes:
+        loss: ``(N, T)`` per-token loss, padding not yet masked.
+        ratio: ``(N, T)`` importance ratio (``clip_frac_low`` / ``clip_frac_high`` compare it with the clip range).
+        clipped: ``(N, T)`` bool, tokens where a clipped branch is taken (``clip_frac``); ``None``: none.
+        dual_clipped: ``(N, T)`` bool, tokens where the dual-clip bound is taken (``dual_clip_frac``); ``None``: none.
+    """
+
+    loss: Tensor
+    ratio: Tensor
+    clipped: Tensor | None = None
+    dual_clipped: Tensor | None = None
 
 
 def _clipped_surrogate(
-    ratio: Tensor, advantages: Tensor, clip_low: float, clip_high: float, dual_clip: float | None, delta: float | None
-) -> _Surrogate:
-    unclipped_ratio = ratio if delta is None else ratio.clamp(max=delta)
+    ratio: Tensor, advantages: Tensor, settings: PolicyLossSettings, dual_clip: float | None
+) -> PolicyLossTerms:
+    unclipped_ratio = ratio if settings.delta is None else ratio.clamp(max=settings.delta)
     loss_unclipped = -advantages * unclipped_ratio  # (N, T)
-    loss_clipped = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)  # (N, T)
+    loss_clipped = -advantages * ratio.clamp(1.0 - settings.clip_low, 1.0 + settings.clip_high)  # (N, T)
     loss = torch.maximum(loss_unclipped, loss_clipped)
     clipped = loss_clipped > loss_unclipped
     dual_clipped = torch.zeros_like(clipped)
@@ -71,66 +121,42 @@ def _clipped_surrogate(
         bound = -advantages * dual_clip
         dual_clipped = (advantages < 0) & (loss > bound)
         loss = torch.where(dual_clipped, bound, loss)
-    return _Surrogate(loss, clipped, dual_clipped)
+    return PolicyLossTerms(loss, ratio, clipped, dual_clipped)
 
 
-# Every kind shares one signature: (logprobs, old_logprobs, advantages, mask, clip_low, clip_high, dual_clip, delta)
-# -> (per-token loss, ratio, clipped mask, dual-clipped mask).
+# Every loss shares one signature: (logprobs, old_logprobs, advantages, mask, settings) -> PolicyLossTerms, with
+# advantages (N, 1) or (N, T) and old_logprobs detached.
 def _clip(
-    logprobs: Tensor,
-    old_logprobs: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    clip_low: float,
-    clip_high: float,
-    dual_clip: float | None,
-    delta: float | None,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, settings: PolicyLossSettings
+) -> PolicyLossTerms:
     ratio = torch.exp((logprobs - old_logprobs).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO))  # (N, T)
-    s = _clipped_surrogate(ratio, advantages, clip_low, clip_high, dual_clip, delta)
-    return s.loss, ratio, s.clipped, s.dual_clipped
+    return _clipped_surrogate(ratio, advantages, settings, settings.dual_clip)
 
 
 def _gspo(
-    logprobs: Tensor,
-    old_logprobs: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    clip_low: float,
-    clip_high: float,
-    dual_clip: float | None,
-    delta: float | None,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, settings: PolicyLossSettings
+) -> PolicyLossTerms:
     valid = mask.bool()
     log_ratio = torch.where(valid, logprobs - old_logprobs, torch.zeros_like(logprobs))  # (N, T), padding ignored
     seq_log_ratio = log_ratio.sum(-1, keepdim=True) / valid.sum(-1, keepdim=True).clamp(min=1)  # (N, 1)
     token_log_ratio = seq_log_ratio.detach() + logprobs - logprobs.detach()  # value: sequence; gradient: token
     ratio = torch.exp(token_log_ratio.clamp(max=_MAX_SEQ_LOG_RATIO))  # (N, T)
-    s = _clipped_surrogate(ratio, advantages, clip_low, clip_high, None, delta)
-    return s.loss, ratio, s.clipped, s.dual_clipped
+    return _clipped_surrogate(ratio, advantages, settings, None)
 
 
 def _cispo(
-    logprobs: Tensor,
-    old_logprobs: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    clip_low: float,
-    clip_high: float,
-    dual_clip: float | None,
-    delta: float | None,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, settings: PolicyLossSettings
+) -> PolicyLossTerms:
     ratio = torch.exp((logprobs - old_logprobs).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO))  # (N, T)
-    weight = ratio.clamp(1.0 - clip_low, 1.0 + clip_high).detach()
+    weight = ratio.clamp(1.0 - settings.clip_low, 1.0 + settings.clip_high).detach()
     weight = torch.where(mask.bool(), weight, torch.zeros_like(weight))  # padding carries no gradient
     clipped = weight != ratio.detach()
-    return -advantages * weight * logprobs, ratio, clipped, torch.zeros_like(clipped)
+    return PolicyLossTerms(-advantages * weight * logprobs, ratio, clipped)
 
 
-#: Read-only catalogue: loss kind -> function of one shared signature.
-POLICY_LOSSES: Mapping[str, Callable[..., tuple[Tensor, Tensor, Tensor, Tensor]]] = MappingProxyType(
-    {"clip": _clip, "gspo": _gspo, "cispo": _cispo}
-)
+#: Read-only catalogue of the built-in losses: kind -> function of one shared signature. ``loss_kind`` may also be
+#: the import path of a function of that signature (:mod:`~lightning_grpo.algorithms.catalogue`).
+POLICY_LOSSES: Mapping[str, PolicyLossFunction] = MappingProxyType({"clip": _clip, "gspo": _gspo, "cispo": _cispo})
 
 
 def check_clip_args(clip_low: float, clip_high: float, dual_clip: float | None, delta: float | None) -> None:
@@ -168,7 +194,7 @@ def policy_loss(
         old_logprobs: ``(N, T)`` log-probs under the policy that sampled them (no gradient).
         advantages: ``(N,)`` per-sequence or ``(N, T)`` per-token advantages.
         completion_mask: ``(N, T)`` valid-token mask (used by the statistics and by ``gspo``'s sequence mean).
-        kind: ``"clip"``, ``"gspo"`` or ``"cispo"``.
+        kind: ``"clip"``, ``"gspo"``, ``"cispo"``, or the import path of a :data:`PolicyLossFunction`.
         clip_low: Lower clip range: the ratio is clipped at ``1 - clip_low``.
         clip_high: Upper clip range: the ratio is clipped at ``1 + clip_high`` (DAPO's clip-higher when larger).
         dual_clip: Bound ``c`` of dual clip for ``A < 0`` (``clip`` only); ``None`` disables it.
@@ -187,9 +213,9 @@ def policy_loss(
         >>> loss
         tensor([[-1.2000, -1.0000]])
     """
-    compute = choose(POLICY_LOSSES, kind, "policy loss kind")
+    compute = choose(POLICY_LOSSES, kind, "policy loss kind", import_paths=True)
     check_same_shape(logprobs=logprobs, old_logprobs=old_logprobs, completion_mask=completion_mask)
-    check_clip_args(clip_low, clip_high, dual_clip, delta)
+    settings = PolicyLossSettings(clip_low, clip_high, dual_clip, delta)
     if advantages.ndim == 1 and advantages.shape[0] == logprobs.shape[0]:
         advantages = advantages[:, None]  # (N, 1) broadcasts over tokens
     elif advantages.shape != logprobs.shape:
@@ -198,13 +224,8 @@ def policy_loss(
             f"got {tuple(advantages.shape)}"
         )
     old_logprobs = old_logprobs.detach()
-    loss, ratio, clipped, dual_clipped = compute(
-        logprobs, old_logprobs, advantages, completion_mask, clip_low, clip_high, dual_clip, delta
-    )
-    stats = _stats(
-        logprobs, old_logprobs, advantages, completion_mask, ratio, clipped, dual_clipped, clip_low, clip_high
-    )
-    return loss, stats
+    terms = compute(logprobs, old_logprobs, advantages, completion_mask, settings)
+    return terms.loss, _stats(logprobs, old_logprobs, advantages, completion_mask, terms, settings)
 
 
 @torch.no_grad()
@@ -213,16 +234,16 @@ def _stats(
     old_logprobs: Tensor,
     advantages: Tensor,
     mask: Tensor,
-    ratio: Tensor,
-    clipped: Tensor,
-    dual_clipped: Tensor,
-    clip_low: float,
-    clip_high: float,
+    terms: PolicyLossTerms,
+    settings: PolicyLossSettings,
 ) -> PolicyLossStats:
     """Clipping diagnostics, as in cleanrl's ``ppo.py`` (https://github.com/vwxyzjn/cleanrl)."""
+    ratio, none = terms.ratio, torch.zeros_like(terms.ratio, dtype=torch.bool)
     a = advantages.expand_as(ratio)
-    low = (a < 0) & (ratio < 1.0 - clip_low)
-    high = (a > 0) & (ratio > 1.0 + clip_high)
+    low = (a < 0) & (ratio < 1.0 - settings.clip_low)
+    high = (a > 0) & (ratio > 1.0 + settings.clip_high)
+    clipped = none if terms.clipped is None else terms.clipped
+    dual_clipped = none if terms.dual_clipped is None else terms.dual_clipped
     return PolicyLossStats(
         clip_frac=masked_mean(clipped.float(), mask),
         clip_frac_low=masked_mean(low.float(), mask),

@@ -1,14 +1,15 @@
-"""Shared by the callbacks: reading the :class:`~lightning_grpo.module.StepOutput` and checking arguments."""
+"""Shared by the callbacks: reading the :class:`~lightning_grpo.step.StepOutput`, checking arguments, and choosing
+the default callbacks a trainer lacks."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from lightning.pytorch import Callback
 from typing_extensions import override
 
-__all__ = ["IterationCounter", "check_positive_int", "check_prefix", "step_output"]
+__all__ = ["IterationCounter", "check_positive_int", "check_prefix", "missing_callbacks", "step_output"]
 
 
 def step_output(outputs: Any, callback: Callback, keys: tuple[str, ...]) -> Mapping[str, Any]:
@@ -61,3 +62,22 @@ class IterationCounter(Callback):
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.iterations = state_dict["iterations"]
+
+
+def missing_callbacks(defaults: Iterable[Callback], present: Iterable[Callback]) -> list[Callback]:
+    """The ``defaults`` whose type is not related to the type of any ``present`` callback, in order.
+
+    A default is left out when a present callback is of its type, of a subclass or of a base class (other than
+    ``Callback``): Lightning replaces a trainer's callback by a module's one of a subclass, so the user's would lose.
+
+    Example::
+
+        >>> from lightning.pytorch.callbacks import ThroughputMonitor, Timer
+        >>> from lightning_grpo.callbacks import GroupRewardStats, ThroughputMonitor as GRPOThroughput
+        >>> defaults = [GroupRewardStats(), GRPOThroughput()]
+        >>> [type(c).__name__ for c in missing_callbacks(defaults, [Timer(), ThroughputMonitor(len)])]
+        ['GroupRewardStats']
+    """
+    kinds = {type(callback) for callback in present} - {Callback}
+    related = lambda cls: any(issubclass(cls, kind) or issubclass(kind, cls) for kind in kinds)  # noqa: E731
+    return [callback for callback in defaults if not related(type(callback))]

@@ -3,27 +3,27 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from lightning.pytorch import Trainer
 from lightning.pytorch.utilities import rank_zero_info
-
-if TYPE_CHECKING:
-    from lightning_grpo.callbacks.adapter_export import AdapterExport
 
 __all__ = ["choose_export_folder", "holds_exports"]
 
 
-def choose_export_folder(export: AdapterExport, trainer: Trainer) -> tuple[Path, Exception | None]:
+def choose_export_folder(directory: Path, *, chosen: bool, keep: bool) -> tuple[Path, Exception | None]:
     """The folder for this run's exports, or the error to raise on every rank (run on rank zero).
 
-    A folder that holds another run's exports is refused when the user chose it (``dirpath``) and replaced by the
-    next free ``adapter_<n>`` beside it when it is the default; a resumed run, or ``overwrite=True``, keeps it. The
-    folder is created and a file written and removed in it, so that an unwritable folder fails before training.
+    A folder that holds another run's exports is refused when the user ``chosen`` it and replaced by the next free
+    ``adapter_<n>`` beside it when it is the default; with ``keep`` (a resumed run, or ``overwrite=True``) it is
+    kept. The folder is created and a file written and removed in it, so that an unwritable folder fails before
+    training.
+
+    Args:
+        directory: Where the exports would go.
+        chosen: The user chose the folder (``AdapterExport(dirpath=...)``) rather than taking the default.
+        keep: Write into the folder even if it holds exports.
     """
-    directory = export.directory(trainer)
-    if holds_exports(directory) and not export._resumed and not export.overwrite:
-        if export.dirpath is not None:
+    if holds_exports(directory) and not keep:
+        if chosen:
             found = ", ".join(sorted(path.name for path in directory.iterdir())[:5])
             return directory, FileExistsError(
                 f"AdapterExport: {directory} already holds adapter exports of another run ({found}); set "

@@ -87,7 +87,10 @@ class AdapterExport(IterationCounter):
     @override
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._directory = None
-        choice = choose_export_folder(self, trainer) if trainer.is_global_zero else None
+        choice = None
+        if trainer.is_global_zero:  # a resumed run goes on in its folder
+            keep = self._resumed or self.overwrite
+            choice = choose_export_folder(self.directory(trainer), chosen=self.dirpath is not None, keep=keep)
         directory, error = trainer.strategy.broadcast(choice)  # every rank raises, or none
         if error is not None:
             raise error

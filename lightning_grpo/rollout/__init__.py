@@ -1,10 +1,17 @@
-"""Hugging Face glue for sampling: the :class:`Rollout` batch, generation, and completion log-probs."""
+"""Hugging Face glue for sampling: the :class:`Rollout` batch, generation, and completion log-probs.
 
+:func:`sample_rollout` is the entry point of all sampling: single-turn, or multi-turn with tools or an environment
+(:class:`AgentSettings`).
+"""
+
+from lightning_grpo.rollout.agent import AgentSettings
 from lightning_grpo.rollout.batch import Rollout, completion_mask_from_ids
 from lightning_grpo.rollout.generation import SamplingSettings, eos_token_ids, generate_rollout, tokenize_prompts
 from lightning_grpo.rollout.logprobs import TokenLogProbs, completion_logprobs, position_ids_from_mask
+from lightning_grpo.rollout.multi_turn import sample_rollout
 
 __all__ = [
+    "AgentSettings",
     "Rollout",
     "SamplingSettings",
     "TokenLogProbs",
@@ -13,5 +20,6 @@ __all__ = [
     "eos_token_ids",
     "generate_rollout",
     "position_ids_from_mask",
+    "sample_rollout",
     "tokenize_prompts",
 ]

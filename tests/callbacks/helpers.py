@@ -60,6 +60,7 @@ def fit(
 ) -> tuple[Trainer, Recorder]:  # fmt: skip
     """Fit ``module`` for ``iterations`` training steps (GRPO iterations, whatever the optimizer steps per step)."""
     recorder = Recorder()
+    module.use_default_callbacks = False  # exactly the callbacks under test (the module adds the monitoring set)
     options = {"max_epochs": 1, "log_every_n_steps": 1, **trainer_kwargs}
     trainer = make_trainer(callbacks=[*callbacks, recorder], **options)
     trainer.fit(module, train_dataloaders=prompt_loader(list(prompts), repeat=iterations))

@@ -1,14 +1,17 @@
-"""A user's own GRPOModule subclass and data module, importable by class path from a YAML config in the CLI tests."""
+"""A user's own GRPOModule subclass, data module, policy loss, KL and advantage estimators, importable by class or
+import path from a YAML config in the CLI tests."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import torch
 from lightning.pytorch import LightningDataModule
 from torch import Tensor
 from torch.utils.data import DataLoader
 
 from lightning_grpo import GRPOModule, Rollout
+from lightning_grpo.algorithms import AdvantageSettings, GroupStats, PolicyLossSettings, PolicyLossTerms
 
 
 class ShortAnswerGRPO(GRPOModule):
@@ -51,3 +54,28 @@ class FixedPrompts(LightningDataModule):
 
 def _collate(rows: list[dict[str, str]]) -> dict[str, list[str]]:
     return {key: [row[key] for row in rows] for key in rows[0]}
+
+
+#: How often each user-written variant below was called (the CLI test reads it).
+CALLS: dict[str, int] = {"loss": 0, "kl": 0, "advantages": 0}
+
+
+def reinforce_loss(
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, settings: PolicyLossSettings
+) -> PolicyLossTerms:
+    """A user's own policy loss: REINFORCE with the importance ratio and no clipping (the docs' example)."""
+    CALLS["loss"] += 1
+    ratio = torch.exp(logprobs - old_logprobs)  # (N, T)
+    return PolicyLossTerms(loss=-advantages * ratio, ratio=ratio)
+
+
+def squared_kl(d: Tensor) -> Tensor:
+    """A user's own KL estimator of ``d = ref_logprobs - logprobs``: k2 under another name."""
+    CALLS["kl"] += 1
+    return 0.5 * d.square()
+
+
+def centred_advantages(stats: GroupStats, completion_mask: Tensor | None, settings: AdvantageSettings) -> Tensor:
+    """A user's own advantage estimator: reward minus the group mean (Dr. GRPO's, under another name)."""
+    CALLS["advantages"] += 1
+    return stats.rewards - stats.mean

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import csv
+import re
 
 import pytest
 import yaml
 
 from lightning_grpo.cli import main, parse_config
-from tests.cli.conftest import TINY, quiet_run_args, run_module
+from tests.cli.conftest import REPO, TINY, quiet_run_args, run_module
 
 
 def test_fit_with_the_tiny_config_from_the_command_line(tmp_path, warm_tiny_cache):
@@ -26,10 +27,14 @@ def test_fit_with_the_tiny_config_from_the_command_line(tmp_path, warm_tiny_cach
 
 
 def test_console_script_entry_point_is_the_cli():
-    from importlib.metadata import entry_points
+    # pyproject.toml, not the installed metadata: an editable install keeps the entry points it was installed with
+    (script,) = re.findall(r'^lightning-grpo = "([^"]+)"', (REPO / "pyproject.toml").read_text(), flags=re.M)
+    assert script == "lightning_grpo.__main__:main"
+    from lightning_grpo.__main__ import main as entry
 
-    (script,) = [ep for ep in entry_points(group="console_scripts") if ep.name == "lightning-grpo"]
-    assert script.value == "lightning_grpo.cli:main"
+    with pytest.raises(SystemExit) as exit_info:  # everything but "demo" goes to the CLI
+        entry(["fit", "--help"])
+    assert exit_info.value.code == 0
 
 
 def test_a_user_subclass_of_the_module_and_its_own_data_module_from_yaml(tmp_path):

@@ -25,7 +25,7 @@ WITH_EXAMPLES = {
     ),
     "lightning_grpo.callbacks.sample_logger",
     "lightning_grpo.callbacks.throughput",
-    "lightning_grpo.validation",
+    "lightning_grpo.settings_checks",
 }
 
 

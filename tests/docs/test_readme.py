@@ -35,3 +35,14 @@ def test_readme_subclass_sketch_overrides_one_step(tokenizer):
 
     advantages = module.compute_advantages(torch.zeros(2), rollout)
     assert advantages[0] > 0 > advantages[1]  # the shorter completion wins once lengths are penalised
+
+
+def test_the_layout_section_lists_the_package_tree():
+    import lightning_grpo
+
+    package = Path(lightning_grpo.__file__).resolve().parent
+    (layout,) = re.findall(r"## Layout\n.*?```\nlightning_grpo/\n(.*?)```", README.read_text(), flags=re.DOTALL)
+    listed = set(re.findall(r"^  (\S+)", layout, flags=re.MULTILINE))
+    tree = {f"{p.name}/" for p in package.iterdir() if (p / "__init__.py").exists()}
+    tree |= {p.name for p in package.glob("*.py") if p.name != "__init__.py"}
+    assert listed == tree

@@ -13,7 +13,7 @@ import lightning_grpo
 PACKAGE = Path(lightning_grpo.__file__).resolve().parent
 FIXTURES = "lightning_grpo.testing"
 #: The only import of the fixtures outside them: ``lightning-grpo demo``, imported inside the function that runs it.
-LAZY_DEMO_IMPORT = ("cli.py", "main")
+LAZY_DEMO_IMPORT = ("__main__.py", "main")
 
 _IMPORT_ALL = """
 import importlib, json, sys

@@ -1,4 +1,4 @@
-"""The policy-update pass: the per-sample training batch, its global counts, metric sums and the update loop.
+"""The policy-update pass: ``ppo_epochs`` over shuffled mini-batches, micro-batch backward, metric sums.
 
 :meth:`GRPOModule.update_policy <lightning_grpo.module.GRPOModule.update_policy>` calls :func:`run_updates`; the
 loss of each micro-batch still comes from the module's overridable ``compute_loss`` (docs/index.md).
@@ -7,88 +7,33 @@ loss of each micro-batch still comes from the module's overridable ``compute_los
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, TypedDict
 
 import torch
 from torch import Tensor
 
 from lightning_grpo import distributed
-from lightning_grpo.algorithms import count_sequences
 from lightning_grpo.algorithms.statistics import SumAcrossRanks
 from lightning_grpo.metrics import reduce_across_ranks
-from lightning_grpo.rewards import RewardScores
 from lightning_grpo.rollout import Rollout
+from lightning_grpo.rollout.generation import eval_mode
+from lightning_grpo.step.batch import LossCounts, UpdateBatch
+from lightning_grpo.step.context import StepContext, StepModule
 
-if TYPE_CHECKING:
-    from lightning_grpo.module import GRPOModule
-
-__all__ = ["LossCounts", "MetricSums", "StepOutput", "UpdateBatch", "minibatch_indices", "run_updates"]
-
-
-class StepOutput(TypedDict):
-    """What ``training_step`` returns, for callbacks' ``on_train_batch_end``."""
-
-    loss: Tensor  # mean mini-batch loss over all ranks, detached
-    rollout: Rollout  # texts, tokens, masks, truncation flags, group ids
-    rewards: RewardScores  # combined and per-function rewards, (N,)
-    advantages: Tensor  # (N,) or (N, T)
-    metrics: dict[str, Tensor]  # update statistics (pg_loss, clip fractions, KL, entropy, ...), global, 0-dim
-    loss_mask: Tensor  # (N, T) tokens that entered the loss
-    timings: dict[str, float]  # seconds per phase: generate, score, old_logprobs, reference, update
-    ppo_epochs: int  # passes over the rollout: each loss token was trained on this many times
+__all__ = ["MetricSums", "fixed_logprobs", "minibatch_indices", "run_updates"]
 
 
-@dataclass(frozen=True)
-class UpdateBatch:
-    """A rollout with everything its loss needs, row-aligned.
+def fixed_logprobs(module: StepModule, rollout: Rollout, *, reference: bool) -> Tensor:
+    """``(N, T)`` log-probs without gradient (old or, with ``reference``, reference ones): eval mode, by micro-batch.
 
-    Attributes:
-        rollout: The samples.
-        advantages: ``(N,)`` or ``(N, T)`` advantages.
-        loss_mask: ``(N, T)`` tokens that enter the loss (the completion mask, minus truncated completions when
-            ``mask_truncated_completions`` is on).
-        old_logprobs: ``(N, T)`` log-probs under the sampling policy, or ``None`` when every rollout is used for a
-            single update (then the detached current log-probs serve and the ratio is exactly 1).
-        ref_logprobs: ``(N, T)`` reference log-probs, or ``None`` when the KL coefficient is 0.
+    Each micro-batch goes through the module's ``compute_logprobs``, so an override of it serves these passes too.
     """
-
-    rollout: Rollout
-    advantages: Tensor
-    loss_mask: Tensor
-    old_logprobs: Tensor | None = None
-    ref_logprobs: Tensor | None = None
-
-    def __len__(self) -> int:
-        return len(self.rollout)
-
-    def select(self, index: Tensor) -> UpdateBatch:
-        """The rows ``index`` as a new batch."""
-        pick = lambda t: None if t is None else t[index]  # noqa: E731
-        return replace(
-            self,
-            rollout=self.rollout.select(index),
-            advantages=self.advantages[index],
-            loss_mask=self.loss_mask[index],
-            old_logprobs=pick(self.old_logprobs),
-            ref_logprobs=pick(self.ref_logprobs),
-        )
-
-
-@dataclass(frozen=True)
-class LossCounts:
-    """Global normalisers of one mini-batch: valid tokens and sequences over all micro-batches and all ranks."""
-
-    num_tokens: Tensor
-    num_sequences: Tensor
-    norm: float
-
-    @classmethod
-    def of(cls, loss_mask: Tensor, norm: float, sum_across_ranks: SumAcrossRanks) -> LossCounts:
-        """Count ``loss_mask`` (the whole mini-batch on this rank) and sum the counts over ranks in one reduce."""
-        local = torch.stack([loss_mask.sum(), count_sequences(loss_mask)]).float()
-        num_tokens, num_sequences = sum_across_ranks(local).unbind()
-        return cls(num_tokens, num_sequences, norm)
+    micro = module.config.micro_batch_size or len(rollout)
+    with torch.no_grad(), eval_mode(module.policy):
+        parts = [
+            module.compute_logprobs(rollout.select(rows), reference=reference).logprobs
+            for rows in torch.arange(len(rollout), device=module.device).split(micro)
+        ]
+    return torch.cat(parts)
 
 
 def minibatch_indices(num_samples: int, mini_batch_size: int, generator: torch.Generator) -> Iterator[Tensor]:
@@ -127,23 +72,29 @@ class MetricSums:
         return {name: (stacked[0, i] / stacked[1, i].clamp(min=1e-12)).float() for i, name in enumerate(names)}
 
 
-def run_updates(module: GRPOModule, batch: UpdateBatch) -> tuple[Tensor, dict[str, Tensor]]:
+def run_updates(module: StepModule, context: StepContext, batch: UpdateBatch) -> tuple[Tensor, dict[str, Tensor]]:
     """``ppo_epochs`` passes over shuffled mini-batches of ``batch``; one optimizer step per mini-batch.
 
-    Returns the global mean mini-batch loss and the metrics (``pg_loss`` and the token-weighted means of the
-    others), exact over all ranks.
+    Args:
+        module: The module: its ``compute_loss`` gives each micro-batch's loss; its optimizer and scheduler step.
+        context: The step's context (seed, gradient scale, cross-rank sums).
+        batch: The rollout with its advantages, loss mask and fixed log-probs.
+
+    Returns:
+        The global mean mini-batch loss and the metrics (``pg_loss`` and the token-weighted means of the others),
+        exact over all ranks.
     """
     cfg, optimizer = module.config, module.optimizers()
     mini = cfg.mini_batch_size or len(batch)
     micro = cfg.micro_batch_size or mini
-    generator = torch.Generator().manual_seed(module._step_seed())
+    generator = torch.Generator().manual_seed(context.seed)
     norm = float(cfg.loss_agg_norm or cfg.max_new_tokens)
     sums, shares = MetricSums(), []
     for _ in range(cfg.ppo_epochs):
         for rows in minibatch_indices(len(batch), mini, generator):
-            minibatch = batch.select(rows.to(module.device))
-            counts = LossCounts.of(minibatch.loss_mask, norm, module._sum_across_ranks)
-            shares.append(_accumulate(module, minibatch, counts, micro, optimizer, sums))
+            minibatch = batch.select(rows.to(context.device))
+            counts = LossCounts.of(minibatch.loss_mask, norm, context.sum_across_ranks)
+            shares.append(_accumulate(module, context, minibatch, counts, micro, sums))
             if cfg.max_grad_norm is not None:
                 module.clip_gradients(optimizer, gradient_clip_val=cfg.max_grad_norm, gradient_clip_algorithm="norm")
             optimizer.step()
@@ -157,17 +108,17 @@ def run_updates(module: GRPOModule, batch: UpdateBatch) -> tuple[Tensor, dict[st
 
 
 def _accumulate(
-    module: GRPOModule, minibatch: UpdateBatch, counts: LossCounts, micro: int, optimizer: Any, sums: MetricSums
+    module: StepModule, context: StepContext, minibatch: UpdateBatch, counts: LossCounts, micro: int, sums: MetricSums
 ) -> dict[str, Tensor]:
     """Backward over the micro-batches of one mini-batch; gradients sync across ranks on the last one only.
 
     Returns this rank's parts of the mini-batch ``loss`` and ``pg_loss`` (computed with global normalisers, so
     the parts of all ranks add up to the global values); the other metrics go to ``sums``, weighted by tokens.
     """
-    device = module.device
+    device, optimizer = context.device, module.optimizers()
     shares = {"loss": torch.zeros((), device=device), "pg_loss": torch.zeros((), device=device)}
     chunks = torch.arange(len(minibatch), device=device).split(micro)
-    scale = module._grad_scale()  # each rank's loss is its share of the global loss; ranks average gradients
+    scale = context.grad_scale  # each rank's loss is its share of the global loss; ranks average gradients
     for i, rows in enumerate(chunks):
         part = minibatch.select(rows)
         last = i == len(chunks) - 1

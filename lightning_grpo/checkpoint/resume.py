@@ -18,7 +18,7 @@ import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.utilities import rank_zero_info
 
-from lightning_grpo.checkpoint import CHECKPOINT_KEY, check_same_policy
+from lightning_grpo.checkpoint.records import CHECKPOINT_KEY, check_same_policy
 
 __all__ = ["apply_new_settings", "check_resume", "report_changed_settings", "settings_of"]
 
@@ -36,7 +36,7 @@ def check_resume(
     Args:
         module: The module resuming (attached to a trainer, or not for ``load_from_checkpoint``).
         checkpoint: The loaded checkpoint.
-        trained_on: :func:`~lightning_grpo.checkpoint.describe_policy` of this module's policy.
+        trained_on: :func:`~lightning_grpo.checkpoint.records.describe_policy` of this module's policy.
         build: Builds this run's optimizer and scheduler, fresh.
 
     Raises:

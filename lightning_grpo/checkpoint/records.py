@@ -20,6 +20,7 @@ from typing import Any
 from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch.strategies import Strategy
 from peft import PeftModel
+from torch.nn import Module
 from transformers import PreTrainedTokenizerBase
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "check_same_policy",
     "describe_policy",
     "install_checked_io",
+    "keep_adapter_only",
 ]
 
 #: Key of this package's record in a Lightning checkpoint.
@@ -198,3 +200,11 @@ def _same_sample(saved: list[float], current: list[float]) -> bool:
     if len(saved) != len(current):
         return False
     return all(math.isclose(a, b, rel_tol=_SAMPLE_TOLERANCE, abs_tol=1e-6) for a, b in zip(saved, current, strict=True))
+
+
+def keep_adapter_only(checkpoint: dict[str, Any], module: Module, record: dict[str, Any]) -> None:
+    """Drop the frozen base weights from a Lightning ``checkpoint`` (only ``module``'s trainable parameters stay)
+    and store ``record`` (what the checkpoint was trained on) under :data:`CHECKPOINT_KEY`."""
+    trainable = {name for name, param in module.named_parameters() if param.requires_grad}
+    checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}
+    checkpoint[CHECKPOINT_KEY] = record

@@ -6,17 +6,12 @@ See ``docs/troubleshooting.md`` and ``docs/dynamic-sampling.md``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
-from lightning.pytorch.utilities import rank_zero_warn
 
-from lightning_grpo.dynamic_sampling import informative_groups
 from lightning_grpo.rewards import RewardScores
 from lightning_grpo.rollout import Rollout
-
-if TYPE_CHECKING:
-    from lightning_grpo.module import GRPOModule
+from lightning_grpo.step.context import StepContext
+from lightning_grpo.step.dynamic_sampling import informative_groups
 
 __all__ = ["NO_REWARD_MESSAGE", "ZERO_STD_MESSAGE", "check_signal"]
 
@@ -36,23 +31,20 @@ ZERO_STD_MESSAGE = (
 )
 
 
-def check_signal(module: GRPOModule, rollout: Rollout, scores: RewardScores) -> None:
+def check_signal(context: StepContext, rollout: Rollout, scores: RewardScores) -> None:
     """Log ``train/zero_std_frac`` (global over ranks) and warn once when the whole step carries no signal.
 
     Args:
-        module: The module whose step it is (for logging, the rank reduction and the warn-once flags).
+        context: The step's context (logging, the rank reduction and the warn-once state).
         rollout: The step's rollout.
         scores: Its rewards.
     """
     starts, informative = informative_groups(scores.rewards, rollout.group_ids)
-    local = [len(starts), int((~informative).sum()), int(scores.valid.sum())]
-    groups, zero, valid = module._sum_across_ranks(torch.tensor(local, dtype=torch.float64, device=module.device))
+    local = torch.tensor([len(starts), int((~informative).sum()), int(scores.valid.sum())], dtype=torch.float64)
+    groups, zero, valid = context.sum_across_ranks(local.to(context.device))
     fraction = (zero / groups.clamp(min=1)).float()
-    module.log("train/zero_std_frac", fraction, on_step=True, prog_bar=True, batch_size=len(starts))
-    warned: set[str] = module.__dict__.setdefault("_zero_signal_warned", set())
+    context.log("train/zero_std_frac", fraction, on_step=True, prog_bar=True, batch_size=len(starts))
     kind = "no_reward" if valid == 0 else "zero_std" if zero == groups else None
-    if kind is None or kind in warned:
-        return
-    warned.add(kind)
-    message = NO_REWARD_MESSAGE if kind == "no_reward" else ZERO_STD_MESSAGE
-    rank_zero_warn(message.format(step=module.global_step, groups=int(groups)))
+    if kind is not None:
+        message = NO_REWARD_MESSAGE if kind == "no_reward" else ZERO_STD_MESSAGE
+        context.warn_once(kind, message.format(step=context.global_step, groups=int(groups)))

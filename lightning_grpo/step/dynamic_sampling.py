@@ -13,20 +13,17 @@ keeps the configured batch shape. See ``docs/dynamic-sampling.md``.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import torch
-from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 from lightning_grpo.algorithms.advantages import group_stats
 from lightning_grpo.rewards import RewardScores
 from lightning_grpo.rollout import Rollout
+from lightning_grpo.step.context import StepContext, StepModule
 
-if TYPE_CHECKING:
-    from lightning_grpo.module import GRPOModule
-
-__all__ = ["ExtraBatchSource", "check_datamodule", "dynamic_sample", "informative_groups"]
+__all__ = ["ExtraBatchSource", "check_datamodule", "dynamic_sample", "group_starts", "informative_groups"]
 
 
 class ExtraBatchSource(Protocol):
@@ -67,52 +64,58 @@ def informative_groups(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, Tens
         ([0, 2, 4], [False, True, False])
     """
     constant = group_stats(rewards, group_ids).constant  # (N,) per row, equal within a group
-    starts = torch.nonzero(torch.cat([torch.ones(1, dtype=torch.bool, device=group_ids.device),
-                                      group_ids[1:] != group_ids[:-1]])).flatten()  # fmt: skip
+    starts = torch.nonzero(group_starts(group_ids)).flatten()
     return starts, ~constant[starts]
 
 
-def dynamic_sample(module: GRPOModule, rollout: Rollout, scores: RewardScores) -> tuple[Rollout, RewardScores]:
+def group_starts(group_ids: Tensor) -> Tensor:
+    """``(N,)`` bool: the rows that begin a group (a group's rows are consecutive).
+
+    Example::
+
+        >>> group_starts(torch.tensor([4, 4, 1, 1, 1, 7])).tolist()
+        [True, False, True, False, False, True]
+    """
+    first = torch.ones(min(1, len(group_ids)), dtype=torch.bool, device=group_ids.device)
+    return torch.cat([first, group_ids[1:] != group_ids[:-1]])
+
+
+def dynamic_sample(
+    module: StepModule, context: StepContext, rollout: Rollout, scores: RewardScores
+) -> tuple[Rollout, RewardScores]:
     """Fill the step with informative groups, sampling more prompts while any rank lacks some; log the metrics.
 
     Args:
-        module: The module: its data module supplies the prompts, :meth:`~GRPOModule.generate` and
-            :meth:`~GRPOModule.score` sample and score them.
+        module: The module: its data module supplies the prompts, its ``generate`` and ``score`` sample and score
+            them.
+        context: The step's context (cross-rank decisions, timer, logging, warn-once).
         rollout: The step's first rollout (``B`` groups).
         scores: Its scores.
 
     Returns:
         A rollout of ``B`` groups, informative ones first, and its scores.
     """
-    cfg, source = module.config, module.trainer.datamodule
+    max_rounds, source = module.config.max_sampling_rounds, module.trainer.datamodule
     parts = [(rollout, scores)]
     target = len(informative_groups(scores.rewards, rollout.group_ids)[0])
-    while len(parts) < cfg.max_sampling_rounds and _any_rank(module, _count(parts) < target):
+    while len(parts) < max_rounds and context.any_rank(_count(parts) < target):
         batches = source.extra_batches(1)
-        if not _all_ranks(module, bool(batches)):  # some rank's epoch has no full batch left
+        if not context.all_ranks(bool(batches)):  # some rank's epoch has no full batch left
             break
-        with module.timer("generate"):
+        with context.timer("generate"):
             extra = module.generate(batches[0])
-        with module.timer("score"):
+        with context.timer("score"):
             parts.append((extra, module.score(extra)))
     merged, merged_scores = _concat(parts, module.tokenizer.pad_token_id or 0)
     starts, keep = informative_groups(merged_scores.rewards, merged.group_ids)
     order = torch.cat([torch.nonzero(keep).flatten(), torch.nonzero(~keep).flatten()])[:target]
     rows = _group_rows(merged.group_ids, starts, order)
-    _log(module, len(parts), len(starts), int((~keep).sum()), int(keep[order].sum()), target)
+    _log(context, max_rounds, (len(parts), len(starts), int((~keep).sum()), int(keep[order].sum()), target))
     return _renumbered(merged.select(rows)), _select_scores(merged_scores, rows)
 
 
 def _count(parts: list[tuple[Rollout, RewardScores]]) -> int:
     return sum(int(informative_groups(s.rewards, r.group_ids)[1].sum()) for r, s in parts)
-
-
-def _any_rank(module: GRPOModule, flag: bool) -> bool:
-    return bool(module._sum_across_ranks(torch.tensor(float(flag), device=module.device)) > 0)
-
-
-def _all_ranks(module: GRPOModule, flag: bool) -> bool:
-    return not _any_rank(module, not flag)
 
 
 def _concat(parts: list[tuple[Rollout, RewardScores]], pad_token_id: int) -> tuple[Rollout, RewardScores]:
@@ -135,8 +138,7 @@ def _group_rows(group_ids: Tensor, starts: Tensor, order: Tensor) -> Tensor:
 def _renumbered(rollout: Rollout) -> Rollout:
     """Group ids 0..B-1 in row order (the kept groups came from several rounds)."""
     ids = rollout.group_ids
-    new = torch.cat([torch.zeros(1, dtype=ids.dtype, device=ids.device), (ids[1:] != ids[:-1]).to(ids.dtype)])
-    rollout.group_ids = new.cumsum(0)
+    rollout.group_ids = group_starts(ids).to(ids.dtype).cumsum(0) - 1
     return rollout
 
 
@@ -146,23 +148,28 @@ def _select_scores(scores: RewardScores, rows: Tensor) -> RewardScores:
     return RewardScores(scores.rewards[rows], per_function, dict(scores.seconds))
 
 
-def _log(module: GRPOModule, rounds: int, sampled: int, filtered: int, informative: int, target: int) -> None:
-    """Global metrics (sums over ranks), and a warning the first time the rounds ran out."""
-    counts = torch.tensor([sampled, filtered, informative, target], dtype=torch.float64, device=module.device)
-    sampled_all, filtered_all, informative_all, target_all = module._sum_across_ranks(counts)
+def _log(context: StepContext, max_rounds: int, counts: tuple[int, int, int, int, int]) -> None:
+    """Global metrics (sums over ranks), and a warning the first time the rounds ran out.
+
+    ``counts``: this rank's rounds, sampled groups, filtered groups, informative groups kept, and target.
+    """
+    rounds, *local = counts
+    target = local[-1]
+    totals = context.sum_across_ranks(torch.tensor(local, dtype=torch.float64, device=context.device))
+    sampled_all, filtered_all, informative_all, target_all = totals
     values = {
         "train/filtered_groups_frac": filtered_all / sampled_all,
-        "train/sampling_rounds": torch.tensor(float(rounds), device=module.device),
+        "train/sampling_rounds": torch.tensor(float(rounds), device=context.device),
         "train/prompts_per_step": sampled_all,
         "train/informative_groups_frac": informative_all / target_all,
     }
     for name, value in values.items():
-        module.log(name, value.float(), on_step=True, batch_size=target)
-    if informative_all < target_all and not getattr(module, "_dynamic_sampling_warned", False):
-        module._dynamic_sampling_warned = True
-        rank_zero_warn(
-            f"dynamic_sampling: step {module.global_step} made max_sampling_rounds={module.config.max_sampling_rounds}"
+        context.log(name, value.float(), on_step=True, batch_size=target)
+    if informative_all < target_all:
+        context.warn_once(
+            "dynamic_sampling",
+            f"dynamic_sampling: step {context.global_step} made max_sampling_rounds={max_rounds}"
             f" rounds (or ran out of prompts for this epoch) and found {int(informative_all)} informative groups of "
             f"{int(target_all)} needed; it trains on them plus groups without signal (advantage 0). Raise "
-            "max_sampling_rounds, num_generations or temperature (train/informative_groups_frac tracks this)."
+            "max_sampling_rounds, num_generations or temperature (train/informative_groups_frac tracks this).",
         )

@@ -17,15 +17,15 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from lightning_grpo.hub import from_pretrained
-from lightning_grpo.quantization import (
+from lightning_grpo.policy.hub import from_pretrained
+from lightning_grpo.policy.quantization import (
     Quantization,
     bnb_config,
     check_quantization,
     load_quantized,
     same_kernels_in_both_modes,
 )
-from lightning_grpo.validation import check_number
+from lightning_grpo.settings_checks import check_number
 
 __all__ = ["PolicyConfig", "export_adapter", "load_policy", "load_tokenizer", "reference_mode", "trainable_names"]
 
@@ -131,7 +131,7 @@ def _load_base(model: str | PreTrainedModel, config: PolicyConfig) -> PreTrained
 
 
 def _load_quantized_base(model: str | Path | PreTrainedModel, config: PolicyConfig) -> PreTrainedModel:
-    """The base with its linear layers quantized by bitsandbytes (lightning_grpo.quantization, docs/quantization.md)."""
+    """The base with its linear layers quantized by bitsandbytes (policy/quantization.py, docs/quantization.md)."""
     compute = config.torch_dtype() if config.compute_dtype == "auto" else _DTYPES[config.compute_dtype]
     quantization = bnb_config(
         config.quantization, double_quantization=config.double_quantization, compute_dtype=compute

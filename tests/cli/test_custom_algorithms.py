@@ -1,0 +1,40 @@
+"""A policy loss, KL estimator and advantage estimator written outside the package, chosen from the command line."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from lightning_grpo.cli import GRPOCLI, parse_config
+from tests.cli import helpers
+from tests.cli.conftest import TINY, quiet_run_args
+
+CUSTOM = {
+    "loss_kind": "tests.cli.helpers.reinforce_loss",
+    "kl_estimator": "tests.cli.helpers.squared_kl",
+    "advantage_estimator": "tests.cli.helpers.centred_advantages",
+}
+
+
+def test_user_functions_train_through_the_cli(tmp_path, warm_tiny_cache, monkeypatch):
+    monkeypatch.setattr(helpers, "CALLS", dict.fromkeys(helpers.CALLS, 0))
+    overrides = [f"--model.init_args.grpo.{setting}={path}" for setting, path in CUSTOM.items()]
+    cli = GRPOCLI(args=["fit", "--config", str(TINY), *overrides, *quiet_run_args(tmp_path, max_steps=2)])
+    assert cli.trainer.global_step == 2
+    assert {setting: getattr(cli.model.config, setting) for setting in CUSTOM} == CUSTOM
+    assert all(type(getattr(cli.model.config, setting)) is str for setting in CUSTOM)  # plain data in checkpoints
+    assert helpers.CALLS == {"loss": 2, "kl": 2, "advantages": 2}  # one micro-batch per step
+    assert "train/clip_frac" in cli.trainer.callback_metrics  # the diagnostics still come from the loss's terms
+
+
+def test_an_unknown_name_fails_when_the_config_is_parsed(capsys):
+    with pytest.raises(SystemExit):  # neither a built-in name nor an import path
+        parse_config(["fit", "--config", str(TINY), "--model.init_args.grpo.loss_kind=ppo"])
+    assert "loss_kind" in capsys.readouterr().err
+
+
+def test_a_function_that_cannot_be_imported_fails_when_the_config_is_built():
+    missing = "tests.cli.helpers.no_such_loss"
+    with pytest.raises(ValueError, match=re.escape(f"cannot import the policy loss kind {missing!r}")):
+        GRPOCLI(args=["--config", str(TINY), f"--model.init_args.grpo.loss_kind={missing}"], run=False)
