@@ -27,7 +27,7 @@ from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig
 from lightning_grpo.rewards import math_answer
 from lightning_grpo.testing import TinyTaskDataModule, WarmupSettings, build_tiny_tokenizer, load_tiny_model
 
-__all__ = ["last_quarter_rates", "main", "run_arm"]
+__all__ = ["compare_arms", "main", "run_arm"]
 
 WARMUP = WarmupSettings(label_accuracy=0.03)
 
@@ -96,10 +96,16 @@ def rate_at(curve: list[tuple[int, float]], lo: float, hi: float) -> float:
     return sum(values) / max(len(values), 1)
 
 
-def last_quarter_rates(seed: int, budget: int = 120_000, lr: float = 3e-3) -> tuple[float, float]:
-    """Success rate over the last quarter of the token budget: ``(dynamic sampling, baseline)`` for one seed."""
-    runs = [run_arm(dynamic, seed=seed, budget=budget, lr=lr) for dynamic in (True, False)]
-    return tuple(rate_at(run["curve"], 0.75 * budget, budget) for run in runs)  # type: ignore[return-value]
+def compare_arms(seed: int, budget: int = 120_000, lr: float = 3e-3) -> dict[str, float]:
+    """Both arms for one seed: success rates over the first and last quarter of the token budget, optimizer steps."""
+    figures = {}
+    for arm, dynamic in (("dynamic", True), ("baseline", False)):
+        run = run_arm(dynamic, seed=seed, budget=budget, lr=lr)
+        figures[f"{arm}_first"] = rate_at(run["curve"], 0, 0.25 * budget)
+        figures[f"{arm}_last"] = rate_at(run["curve"], 0.75 * budget, budget)
+        figures[f"{arm}_steps"] = run["steps"]
+        figures[f"{arm}_all_wrong_at_start"] = run["start_all_wrong_frac"]
+    return figures
 
 
 def summarize(runs: list[dict[str, Any]], budget: int, bins: int = 4) -> dict[str, list[float]]:

@@ -110,13 +110,18 @@ def test_max_sampling_rounds_below_one_is_refused(make_module, value, error):
 
 
 @pytest.mark.slow
-def test_learns_faster_per_generated_token_when_most_groups_start_all_wrong():
-    """The benchmark of docs/benchmarks.md ("Dynamic sampling"), one seed: ~2 min on one CPU core."""
-    from benchmarks.dynamic_sampling import rate_at, run_arm
+@pytest.mark.learning
+def test_learns_with_a_fifth_of_the_optimizer_steps_when_most_groups_start_all_wrong():
+    """The benchmark of docs/benchmarks.md ("Dynamic sampling"), one seed: ~2 min on one CPU core.
 
-    budget = 120_000
-    baseline, dynamic = run_arm(False, seed=0, budget=budget, lr=3e-3), run_arm(True, seed=0, budget=budget, lr=3e-3)
-    assert baseline["start_all_wrong_frac"] > 0.5  # most groups of the first 10 steps have no right answer
-    last = [rate_at(run["curve"], 0.75 * budget, budget) for run in (baseline, dynamic)]
-    assert last[1] > last[0] + 0.05  # success rate over the last quarter of the same token budget
-    assert dynamic["steps"] < baseline["steps"]  # fewer, fuller optimizer steps for the same tokens
+    What holds on every run of ``python -m benchmarks.learning --cases dynamic_sampling`` (3 seeds x 3 CPU
+    capabilities): most groups start all-wrong, dynamic sampling raises the success rate, and it takes about a fifth
+    of the baseline's optimizer steps for the same generated tokens. Whether it ends above the baseline varies from
+    run to run (the table there gives the spread), so that is not asserted.
+    """
+    from benchmarks.dynamic_sampling import compare_arms
+
+    arms = compare_arms(seed=0)
+    assert arms["baseline_all_wrong_at_start"] > 0.5  # most groups of the first 10 steps have no right answer
+    assert arms["dynamic_last"] > arms["dynamic_first"] + 0.05, arms  # it learns
+    assert arms["dynamic_steps"] < 0.5 * arms["baseline_steps"], arms  # fewer, fuller optimizer steps
