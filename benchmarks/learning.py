@@ -9,6 +9,7 @@ and whether the worst run clears the claim::
     python -m benchmarks.learning                                  # every case, 3 seeds x 3 capabilities
     python -m benchmarks.learning --cases tool_calling --seeds 0   # one case, one seed
     python -m benchmarks.learning --run demo --seed 1              # one run in this process (prints its JSON)
+    python -m benchmarks.learning --table-from a/results.json b/results.json   # one table of earlier results
 
 ``native`` is the machine's own level (the variable unset). Results go to ``--out`` (``results.json``, ``table.md``).
 """
@@ -190,8 +191,13 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--out", type=Path, default=None, help="results folder (default: a temporary one)")
     parser.add_argument("--run", choices=list(CASES), help="run one case in this process and print its figures")
     parser.add_argument("--seed", type=int, default=0, help="with --run")
+    parser.add_argument("--table-from", type=Path, nargs="+", help="print the table of earlier results.json files")
     args = parser.parse_args(argv)
     out = args.out or Path(tempfile.mkdtemp(prefix="learning-"))
+    if args.table_from:
+        results = [run for path in args.table_from for run in json.loads(path.read_text())]
+        print(table(results))
+        return results
     if args.run:
         result = run_case(args.run, args.seed, out)
         print(_RESULT + json.dumps(result), flush=True)

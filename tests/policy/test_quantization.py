@@ -17,8 +17,8 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from peft import PeftModel
 
 from lightning_grpo import PolicyConfig, PromptDataModule, distributed
-from lightning_grpo import quantization as quantization_module
 from lightning_grpo.policy import load_policy
+from lightning_grpo.policy import quantization as quantization_module
 from lightning_grpo.policy.quantization import bnb_config, check_shardable, load_quantized, same_kernels_in_both_modes
 from lightning_grpo.rollout import completion_logprobs
 from lightning_grpo.rollout import logprobs as logprobs_module
