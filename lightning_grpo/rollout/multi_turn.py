@@ -25,6 +25,7 @@ from lightning_grpo.agents import (
     step_episodes,
     validate_messages,
 )
+from lightning_grpo.rewards._text import DATASET_INDEX
 from lightning_grpo.rollout.agent import AgentSettings, Trajectory
 from lightning_grpo.rollout.batch import Rollout, TurnStats
 from lightning_grpo.rollout.chat import continuation_ids, render_messages
@@ -131,13 +132,16 @@ def _start(
 ) -> list[Trajectory]:
     """``B * G`` trajectories; with an environment, each gets its own instance and its first observation."""
     trajectories = []
+    dataset_index = columns.get(DATASET_INDEX)  # PromptDataModule's: errors name the dataset row
+    label = "dataset row" if dataset_index is not None else "batch row"
     for b, prompt in enumerate(prompts):
         row = {"prompt": prompt, **{name: values[b] for name, values in columns.items()}}
         for _ in range(g):
             if agent.environment_factory is None:
                 trajectories.append(Trajectory(prompt=list(prompt)))
                 continue
-            episode = EnvironmentEpisode(agent.environment_factory, row, index=b)  # the batch row
+            index = dataset_index[b] if dataset_index is not None else b
+            episode = EnvironmentEpisode(agent.environment_factory, row, index=index, row_label=label)
             trajectories.append(Trajectory(prompt=[*prompt, *episode.reset()], episode=episode))
     return trajectories
 

@@ -214,7 +214,7 @@ def test_an_environment_that_raises_names_itself_and_the_row(tokenizer):
             raise KeyError("score")
 
     agent = AgentSettings(environment_factory=Broken, max_turns=2)
-    message = r"Environment Broken failed in step\(\) for row 0 \(prompt: 'go'\): raised KeyError: 'score'"
+    message = r"Environment Broken failed in step\(\) for batch row 0 \(prompt: 'go'\): raised KeyError: 'score'"
     with pytest.raises(EnvironmentFailedError, match=message):
         sample_rollout(
             short_turn_model(tokenizer), tokenizer, PROMPTS, SamplingSettings(2, 40), agent,
