@@ -140,6 +140,7 @@ def _module(work: Workload, model_dir: Path) -> BenchModule:
         ppo_epochs=work.ppo_epochs,
         micro_batch_size=work.micro,
         kl_coef=work.kl_coef,
+        old_logprobs=work.old_logprobs,
         dual_clip=None,  # TRL has no dual clip
         loss_agg_mode="token-mean",  # TRL "dapo"
         max_grad_norm=1.0,

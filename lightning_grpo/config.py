@@ -93,6 +93,12 @@ class GRPOConfig:
         entropy_coef: Weight of an entropy bonus (0 = none; the entropy is still logged, without gradient).
         mask_truncated_completions: Leave completions that hit ``max_new_tokens`` out of the loss (DAPO).
         max_grad_norm: Clip the adapter's gradient norm to this before each optimizer step; ``None`` disables it.
+        old_logprobs: Where the old log-probs of a rollout that serves several updates (``ppo_epochs > 1`` or
+            several mini-batches) come from: ``"recompute"`` runs the policy over the rollout again before the first
+            update (verl's default, ``actor.recompute_log_prob``; exact: the first update's ratio is 1 to the last
+            bit); ``"rollout"`` takes the behaviour log-probs the sampler recorded (verl's rollout-correction
+            *bypass* mode; TRL has no such switch), which saves that forward and is exact up to the
+            sampling/training kernel agreement logged as ``train/rollout_logprob_diff_max`` (``docs/benchmarks.md``).
         logprob_chunk_size: Positions per chunk of the log-softmax (memory versus kernel launches).
         share_prompt: Run each prompt once for its G samples, in sampling (prefill) and in the log-prob passes
             (same results as running it G times; off under FSDP2 in the log-prob passes).
@@ -145,6 +151,7 @@ class GRPOConfig:
     entropy_coef: float = 0.0
     mask_truncated_completions: bool = False
     max_grad_norm: float | None = 1.0
+    old_logprobs: Literal["recompute", "rollout"] = "recompute"
     logprob_chunk_size: int = 1024
     share_prompt: bool = True
     fused_head: bool = True
@@ -185,6 +192,7 @@ class GRPOConfig:
             ("loss_agg_mode", LOSS_AGG_MODES),
             ("advantage_scale", ("group", "batch", "none")),
             ("sampler", SAMPLERS),
+            ("old_logprobs", ("recompute", "rollout")),
         ):
             if getattr(self, setting) not in valid:
                 options = ", ".join(repr(v) for v in valid)

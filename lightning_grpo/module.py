@@ -39,7 +39,7 @@ from lightning_grpo.step import LossCounts, PhaseTimer, StepContext, StepOutput,
 from lightning_grpo.step.context import any_rank
 from lightning_grpo.step.dynamic_sampling import check_datamodule, dynamic_sample
 from lightning_grpo.step.seeding import seeded, step_seed
-from lightning_grpo.step.update import fixed_logprobs, run_updates
+from lightning_grpo.step.update import fixed_logprobs, rollout_agreement, run_updates, sampling_logprobs
 from lightning_grpo.step.zero_signal import check_signal
 
 __all__ = ["GRPOModule", "StepOutput"]  # StepOutput is defined in lightning_grpo.step
@@ -213,11 +213,7 @@ class GRPOModule(LightningModule):
         loss_mask = rollout.sampled_mask  # tool and environment tokens are context: no loss, KL, entropy or count
         if cfg.mask_truncated_completions:
             loss_mask = loss_mask * (~rollout.truncated)[:, None]
-        updates = cfg.ppo_epochs * len(rollout) // (cfg.mini_batch_size or len(rollout))
-        old = ref = None
-        if updates > 1:
-            with self.timer("old_logprobs"):
-                old = fixed_logprobs(self, rollout, reference=False)
+        old, ref = sampling_logprobs(self, rollout, self.timer), None  # None when one update uses the rollout
         if cfg.kl_coef > 0:
             with self.timer("reference"):
                 ref = fixed_logprobs(self, rollout, reference=True)
@@ -256,6 +252,7 @@ class GRPOModule(LightningModule):
         agg = lambda values: counts.aggregate(values, mask, cfg.loss_agg_mode)  # noqa: E731 (global normalisers)
         pg_loss = agg(per_token)
         metrics = {"pg_loss": pg_loss, **vars(stats), "entropy": masked_mean(current.entropy.detach(), mask)}
+        metrics.update(rollout_agreement(batch, logprobs))  # before the first optimizer step only
         loss = pg_loss
         if batch.ref_logprobs is not None:
             kl = kl_penalty(logprobs, batch.ref_logprobs, cfg.kl_estimator)  # (N, T)

@@ -140,7 +140,9 @@ class EnvironmentEpisode:
     Args:
         factory: Makes the environment from the row (a class taking the row is a factory).
         row: The sample's dataset row.
-        index: The row's index (in the dataset or batch), for error messages.
+        index: The row's index, for error messages.
+        row_label: What ``index`` counts: ``"dataset row"`` (``PromptDataModule``'s ``dataset_index`` column) or
+            ``"batch row"`` (data without it).
 
     Raises:
         EnvironmentFailedError: The factory raised.
@@ -151,9 +153,11 @@ class EnvironmentEpisode:
         done: Whether the environment said the episode is over.
     """
 
-    def __init__(self, factory: EnvironmentFactory, row: dict[str, Any], index: int) -> None:
+    def __init__(
+        self, factory: EnvironmentFactory, row: dict[str, Any], index: int, row_label: str = "dataset row"
+    ) -> None:
         self.row = row
-        self.index = index
+        self.index, self.row_label = index, row_label
         self.rewards: list[float | None] = []
         self.done = False
         self._label = getattr(factory, "__name__", None) or type(factory).__name__
@@ -199,8 +203,8 @@ class EnvironmentEpisode:
 
     def _error(self, what: str, problem: str) -> EnvironmentFailedError:
         return EnvironmentFailedError(
-            f"Environment {self._label} failed in {what} for row {self.index} (prompt: {_excerpt(self.row)}): "
-            f"{problem}. This is a bug in the environment, not in the model's output."
+            f"Environment {self._label} failed in {what} for {self.row_label} {self.index} "
+            f"(prompt: {_excerpt(self.row)}): {problem}. This is a bug in the environment, not in the model's output."
         )
 
 

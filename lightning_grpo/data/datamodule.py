@@ -10,6 +10,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader
 
 from lightning_grpo.data.prompts import (
+    IndexedRow,
     as_messages,
     collate_prompts,
     columns_of,
@@ -73,7 +74,7 @@ class PromptDataModule(LightningDataModule):
         dm.setup("fit")
         batch = next(iter(dm.train_dataloader()))
         assert len(batch["prompt"]) == 4 and batch["prompt"][0].endswith("=")  # e.g. "3+4="
-        assert set(batch) == {"prompt", "answer"}
+        assert set(batch) == {"dataset_index", "prompt", "answer"}  # dataset_index: the row in the data
     """
 
     def __init__(
@@ -131,8 +132,8 @@ class PromptDataModule(LightningDataModule):
             val = self._load(self.val_data, None)
         elif self.val_split > 0:
             train, val = split_records(train, self.val_split, self.seed)
-        train = [self._format(row, f"train_data row {i}") for i, row in enumerate(train)]
-        val = [self._format(row, f"val_data row {i}") for i, row in enumerate(val)]
+        train = [self._format(row, f"train_data row {i}", i) for i, row in enumerate(train)]
+        val = [self._format(row, f"val_data row {i}", i) for i, row in enumerate(val)]
         self.train_records, self.val_records = self._drop_long(train, val)
 
     def train_dataloader(self) -> DataLoader:
@@ -238,10 +239,11 @@ class PromptDataModule(LightningDataModule):
         prompt_field = None if self.prompt_template is not None else self.prompt_field
         return load_records(source, prompt_field=prompt_field, split=split, hf_config=self.hf_config)
 
-    def _format(self, row: dict[str, Any], where: str) -> dict[str, Any]:
+    def _format(self, row: dict[str, Any], where: str, index: int) -> dict[str, Any]:
         """The row with its prompt under ``"prompt"``: a text, or chat messages (conversational or ``chat_template``).
 
-        Messages are kept as messages: the module renders them with the chat template when it samples.
+        Messages are kept as messages: the module renders them with the chat template when it samples. The row
+        keeps its ``index``, which batches carry as the ``dataset_index`` column (errors about the row name it).
         """
         prompt = render_prompt(row, prompt_field=self.prompt_field, prompt_template=self.prompt_template, where=where)
         if self.chat_template or not isinstance(prompt, str):
@@ -254,7 +256,7 @@ class PromptDataModule(LightningDataModule):
             prompt = as_messages(prompt, self.system_prompt)
         elif self.system_prompt:
             prompt = f"{self.system_prompt}\n{prompt}"
-        return {**row, "prompt": prompt}
+        return IndexedRow({**row, "prompt": prompt}, index=index)
 
     def _drop_long(self, train: list[dict], val: list[dict]) -> tuple[list[dict], list[dict]]:
         """Drop prompts longer than ``max_prompt_length`` tokens, with one warning that counts them."""

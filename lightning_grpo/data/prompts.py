@@ -16,9 +16,11 @@ import string
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from lightning_grpo.rewards._text import DATASET_INDEX
 from lightning_grpo.rollout.chat import render_messages
 
 __all__ = [
+    "IndexedRow",
     "as_messages",
     "collate_prompts",
     "columns_of",
@@ -135,9 +137,22 @@ def columns_of(records: Iterable[dict[str, Any]]) -> list[str]:
     return list(columns)
 
 
+class IndexedRow(dict):
+    """A data row that remembers its index in the data it came from (``index``); equal to the plain dict."""
+
+    def __init__(self, row: dict[str, Any], *, index: int) -> None:
+        super().__init__(row)
+        self.index = index
+
+
 def collate_prompts(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> dict[str, list[Any]]:
     """Collate rows into a dict of lists, one list per column; a row without a column gives ``None`` there.
 
-    Values are left as they are (no tensors), so strings, numbers and nested objects all pass through.
+    Values are left as they are (no tensors), so strings, numbers and nested objects all pass through. Rows that know
+    their index in the data (:class:`IndexedRow`) add a ``dataset_index`` column, unless the data has one.
     """
-    return {column: [row.get(column) for row in rows] for column in columns}
+    batch = {column: [row.get(column) for row in rows] for column in columns}
+    indices = [getattr(row, "index", None) for row in rows]
+    if DATASET_INDEX not in batch and rows and None not in indices:
+        batch[DATASET_INDEX] = indices
+    return batch

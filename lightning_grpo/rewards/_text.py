@@ -5,9 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["completion_text", "excerpt"]
+__all__ = ["DATASET_INDEX", "completion_text", "excerpt"]
 
 _EXCERPT_CHARS = 80
+#: The column :class:`~lightning_grpo.data.PromptDataModule` adds: each row's index in its data, so that errors about
+#: a row (a reward function's, an environment's) name the dataset row rather than the batch row.
+DATASET_INDEX = "dataset_index"
 
 
 def completion_text(completion: str | Sequence[Mapping[str, Any]]) -> str:

@@ -21,7 +21,7 @@ from torch import Tensor
 
 from lightning_grpo.rewards._concurrency import RewardCall, _CallFailed, run_calls
 from lightning_grpo.rewards._signature import KeywordSpec, unique_names
-from lightning_grpo.rewards._text import excerpt
+from lightning_grpo.rewards._text import DATASET_INDEX, excerpt
 from lightning_grpo.rewards._validation import check_inputs, check_timeouts, check_weights, split_functions
 
 __all__ = ["RewardError", "RewardFunction", "RewardFunctions", "RewardScores", "TrainerState"]
@@ -213,7 +213,7 @@ class RewardFunctions:
         except _CallFailed as failed:
             raise _failure(failed) from failed.error
         per_function = {
-            name: _to_tensor(output, name, prompts, completions)
+            name: _to_tensor(output, name, prompts, completions, keywords.get(DATASET_INDEX))
             for name, output in zip(self._names, outputs, strict=True)
         }
         values = torch.stack(list(per_function.values()))  # (F, N)
@@ -245,8 +245,9 @@ def _failure(failed: _CallFailed) -> RewardError:
     return RewardError(f"reward function {name!r} raised {type(error).__name__}: {error}")
 
 
-def _row_context(index: int, prompts: list[Any], completions: list[Any]) -> str:
-    return f"row {index} (prompt {excerpt(prompts[index])}, completion {excerpt(completions[index])})"
+def _row_context(index: int, prompts: list[Any], completions: list[Any], dataset_index: Any = None) -> str:
+    dataset = f"dataset row {dataset_index[index]}, " if dataset_index is not None else ""
+    return f"row {index} ({dataset}prompt {excerpt(prompts[index])}, completion {excerpt(completions[index])})"
 
 
 def _as_list(output: Any, name: str, n: int) -> list[Any]:
@@ -273,23 +274,26 @@ def _to_float(value: Any) -> float | None:
     return None
 
 
-def _to_tensor(output: Any, name: str, prompts: list[Any], completions: list[Any]) -> Tensor:
+def _to_tensor(
+    output: Any, name: str, prompts: list[Any], completions: list[Any], dataset_index: Sequence[Any] | None
+) -> Tensor:
     """``(N,)`` float32 of a function's output, NaN for ``None``; raises on anything that is not a finite number."""
     values = _as_list(output, name, len(completions))
+    where = lambda index: _row_context(index, prompts, completions, dataset_index)  # noqa: E731
     floats: list[float] = []
     for index, value in enumerate(values):
         number = math.nan if value is None else _to_float(value)
         if number is None:
             raise RewardError(
                 f"reward function {name!r} returned a non-numeric value {value!r:.40} ({type(value).__name__}) at "
-                f"{_row_context(index, prompts, completions)}; expected a float, int, bool or None"
+                f"{where(index)}; expected a float, int, bool or None"
             )
         floats.append(number)
     tensor = torch.tensor(floats, dtype=torch.float32).reshape(len(floats))
     for index in torch.nonzero(~torch.isfinite(tensor)).flatten().tolist():
         if values[index] is not None:
             raise RewardError(
-                f"reward function {name!r} returned {values[index]!r} at {_row_context(index, prompts, completions)}; "
+                f"reward function {name!r} returned {values[index]!r} at {where(index)}; "
                 "rewards must be finite numbers (return None to skip a row)"
             )
     return tensor

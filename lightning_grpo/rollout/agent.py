@@ -90,6 +90,7 @@ class Trajectory:
     messages: list[dict[str, Any]] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
     sampled: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
     turns: int = 0
     tool_calls: int = 0
     tool_errors: int = 0
@@ -98,10 +99,11 @@ class Trajectory:
     truncated: bool = False
     max_turns_reached: bool = False
 
-    def extend(self, ids: Sequence[int], *, sampled: bool) -> None:
-        """Append tokens, marked as sampled by the policy or inserted as context."""
+    def extend(self, ids: Sequence[int], *, sampled: bool, logprobs: Sequence[float] | None = None) -> None:
+        """Append tokens, marked as sampled by the policy (with their log-probs) or inserted as context (log-prob 0)."""
         self.tokens.extend(ids)
         self.sampled.extend([int(sampled)] * len(ids))
+        self.logprobs.extend(logprobs[: len(ids)] if logprobs is not None else [0.0] * len(ids))
 
     def stop(self, *, truncated: bool = False, max_turns: bool = False) -> None:
         """End the trajectory, flagged truncated (and cut by ``max_turns``) when asked."""

@@ -82,6 +82,9 @@ class Rollout:
         sampled_mask: ``(N, T)`` 1 on the tokens the policy sampled; ``None`` (the default) means every completion
             token was sampled and takes ``completion_mask``.
         turns: Multi-turn counts (turns, tool calls, errors, per-turn rewards); ``None`` for single-turn rollouts.
+        logprobs: ``(N, T)`` float32 behaviour log-probs: each sampled token's log-probability when it was drawn,
+            under ``softmax(logits / temperature)`` (0 on inserted tokens and padding); ``None`` for a rollout not
+            built by sampling. ``GRPOConfig.old_logprobs="rollout"`` trains with them as old log-probs.
     """
 
     prompt_ids: Tensor
@@ -95,6 +98,7 @@ class Rollout:
     columns: dict[str, list[Any]] = field(default_factory=dict)
     sampled_mask: Tensor = None  # type: ignore[assignment]  # filled from completion_mask in __post_init__
     turns: TurnStats | None = None
+    logprobs: Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.sampled_mask is None:
@@ -169,6 +173,9 @@ class Rollout:
             columns={k: [v for r in rollouts for v in r.columns[k]] for k in rollouts[0].columns},
             sampled_mask=torch.cat([right(r.sampled_mask, 0) for r in rollouts]),
             turns=_cat_turns(with_turns) if len(with_turns) == len(rollouts) else None,
+            logprobs=None
+            if any(r.logprobs is None for r in rollouts)
+            else torch.cat([right(r.logprobs, 0) for r in rollouts]),
         )
 
 

@@ -16,13 +16,21 @@ from typing import Any, Literal, get_args
 import torch
 from torch import nn
 from transformers import GenerationConfig, PreTrainedTokenizerBase
-from transformers.generation import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+from transformers.generation import (
+    LogitsProcessor,
+    LogitsProcessorList,
+    MinNewTokensLengthLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 
 from lightning_grpo.rollout.batch import Rollout, completion_mask_from_ids
 from lightning_grpo.rollout.logprobs import position_ids_from_mask
 
 __all__ = [
     "SAMPLERS",
+    "Sampled",
     "Sampler",
     "SamplingSettings",
     "decode_loop",
@@ -30,12 +38,28 @@ __all__ = [
     "eval_mode",
     "generate_rollout",
     "sample_sequences",
+    "sample_tokens",
     "tokenize_prompts",
 ]
 
 #: How the next token is drawn (``SamplingSettings.sampler``, ``GRPOConfig.sampler``).
 Sampler = Literal["multinomial", "inverse_cdf"]
 SAMPLERS: tuple[str, ...] = get_args(Sampler)
+
+
+@dataclass(frozen=True)
+class Sampled:
+    """What one sampling call returns.
+
+    Attributes:
+        sequences: ``(N, P+T)`` prompt and sampled tokens.
+        logprobs: ``(N, T)`` float32 log-probability of each sampled token under ``softmax(logits / temperature)``
+            (the distribution training scores, before top-k/top-p truncation and ``min_new_tokens``); values after a
+            row's end are meaningless (masked by the caller).
+    """
+
+    sequences: torch.Tensor
+    logprobs: torch.Tensor
 
 
 @contextmanager
@@ -165,8 +189,9 @@ def generate_rollout(
     device = next(model.parameters()).device
     prompt_ids, prompt_mask = tokenize_prompts(tokenizer, prompts, max_prompt_length, device)
     with eval_mode(model):
-        sequences = sample_sequences(model, tokenizer, prompt_ids, prompt_mask, settings)
-    return _rollout(tokenizer, prompt_ids, prompt_mask, sequences[:, prompt_ids.shape[1] :], prompts, columns or {})
+        sampled = sample_tokens(model, tokenizer, prompt_ids, prompt_mask, settings)
+    completion_ids = sampled.sequences[:, prompt_ids.shape[1] :]
+    return _rollout(tokenizer, prompt_ids, prompt_mask, completion_ids, sampled.logprobs, prompts, columns or {})
 
 
 def _rollout(
@@ -174,6 +199,7 @@ def _rollout(
     prompt_ids: torch.Tensor,
     prompt_mask: torch.Tensor,
     completion_ids: torch.Tensor,
+    logprobs: torch.Tensor,
     prompts: Sequence[str],
     columns: dict[str, Sequence[Any]],
 ) -> Rollout:
@@ -192,6 +218,7 @@ def _rollout(
         prompts=repeat(prompts),
         completions=tokenizer.batch_decode(completion_ids, skip_special_tokens=True),
         columns={name: repeat(values) for name, values in columns.items()},
+        logprobs=logprobs * completion_mask,
     )
 
 
@@ -202,39 +229,88 @@ def sample_sequences(
     prompt_mask: torch.Tensor,
     settings: SamplingSettings,
 ) -> torch.Tensor:
-    """``(B*G, P+T)`` prompt and sampled tokens, G consecutive rows per prompt (call under ``no_grad``, eval mode).
+    """``(B*G, P+T)`` prompt and sampled tokens: :func:`sample_tokens` without the log-probs."""
+    return sample_tokens(model, tokenizer, prompt_ids, prompt_mask, settings).sequences
 
-    With ``settings.share_prompt`` (and prompts of at least two positions) the prompt minus its last token is run once
-    per prompt, its KV cache repeated G times, and ``generate`` continues from that cache; it computes the same logits
-    and consumes the random stream in the same order as ``generate`` with ``num_return_sequences=G``.
+
+def sample_tokens(
+    model: nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    settings: SamplingSettings,
+) -> Sampled:
+    """Prompt and sampled tokens ``(B*G, P+T)``, G consecutive rows per prompt, with each sampled token's log-prob.
+
+    Call under ``no_grad``, in eval mode. With ``settings.share_prompt`` (and prompts of at least two positions) the
+    prompt minus its last token is run once per prompt, its KV cache repeated G times, and ``generate`` continues from
+    that cache; it computes the same logits and consumes the random stream in the same order as ``generate`` with
+    ``num_return_sequences=G``.
     """
     if settings.own_loop:
         return decode_loop(model, prompt_ids, prompt_mask, settings, eos_token_ids(tokenizer), tokenizer.pad_token_id)
     config = settings.generation_config(tokenizer)
     if not getattr(getattr(model, "generation_config", None), "min_p", None):
         config.min_p = None  # no model default to override: skip generate's no-op min-p pass (a softmax per step)
+    config.min_new_tokens = None  # applied after the recorder, which sees the logits training scores
     g = settings.num_generations
+    kwargs: dict[str, Any] = {"generation_config": config, "synced_gpus": settings.synced_gpus}
     if not settings.share_prompt or settings.static_cache or g == 1 or prompt_ids.shape[1] < 2:
-        return model.generate(
-            input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=config, synced_gpus=settings.synced_gpus
+        kwargs.update(input_ids=prompt_ids, attention_mask=prompt_mask)
+    else:
+        prefix = model(
+            input_ids=prompt_ids[:, :-1],
+            attention_mask=prompt_mask[:, :-1],
+            position_ids=position_ids_from_mask(prompt_mask[:, :-1]),
+            use_cache=True,
+            logits_to_keep=1,
         )
-    prefix = model(
-        input_ids=prompt_ids[:, :-1],
-        attention_mask=prompt_mask[:, :-1],
-        position_ids=position_ids_from_mask(prompt_mask[:, :-1]),
-        use_cache=True,
-        logits_to_keep=1,
-    )
-    cache = prefix.past_key_values
-    cache.batch_repeat_interleave(g)  # (B, ...) -> (B*G, ...), samples of one prompt consecutive
-    config.num_return_sequences = 1
-    return model.generate(
-        input_ids=prompt_ids.repeat_interleave(g, dim=0),
-        attention_mask=prompt_mask.repeat_interleave(g, dim=0),
-        past_key_values=cache,
-        generation_config=config,
-        synced_gpus=settings.synced_gpus,
-    )
+        cache = prefix.past_key_values
+        cache.batch_repeat_interleave(g)  # (B, ...) -> (B*G, ...), samples of one prompt consecutive
+        config.num_return_sequences = 1
+        kwargs.update(
+            input_ids=prompt_ids.repeat_interleave(g, dim=0),
+            attention_mask=prompt_mask.repeat_interleave(g, dim=0),
+            past_key_values=cache,
+        )
+    recorder = _LogprobRecorder(settings.temperature)
+    processors = LogitsProcessorList([recorder])
+    if settings.min_new_tokens:
+        eos = eos_token_ids(tokenizer).to(prompt_ids.device)
+        processors.append(MinNewTokensLengthLogitsProcessor(prompt_ids.shape[1], settings.min_new_tokens, eos))
+    sequences = model.generate(**kwargs, logits_processor=processors)
+    return Sampled(sequences, recorder.logprobs(sequences[:, prompt_ids.shape[1] :]))
+
+
+class _LogprobRecorder(LogitsProcessor):
+    """Records ``log_softmax(logits / temperature)`` of each drawn token, as ``generate`` hands the logits over.
+
+    It runs before the warpers (temperature, top-k, top-p) and before ``min_new_tokens``: the distribution it records
+    is the one training scores. A step's token is known only at the next call (or at the end), so the logits of one
+    step are kept until then: one ``(N, V)`` tensor, never the whole history.
+    """
+
+    def __init__(self, temperature: float) -> None:
+        self.temperature = temperature
+        self.values: list[torch.Tensor] = []  # (N,) per settled step
+        self.pending: torch.Tensor | None = None  # the last step's logits (N, V), float32
+
+    def _settle(self, chosen: torch.Tensor) -> None:
+        if self.pending is not None:
+            self.values.append(token_logprobs(self.pending, chosen, self.temperature))
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        self._settle(input_ids[:, -1])
+        self.pending = scores.float()  # generate's processors return new tensors: this one stays as it is
+        return scores
+
+    def logprobs(self, new_tokens: torch.Tensor) -> torch.Tensor:
+        """``(N, T)`` log-probs of ``new_tokens``, the ``T`` tokens ``generate`` added."""
+        if new_tokens.shape[1] > len(self.values):
+            self._settle(new_tokens[:, len(self.values)])
+            self.pending = None
+        steps = self.values[: new_tokens.shape[1]]
+        return torch.stack(steps, dim=1) if steps else new_tokens.new_zeros(new_tokens.shape, dtype=torch.float32)
 
 
 def decode_loop(
@@ -244,12 +320,13 @@ def decode_loop(
     settings: SamplingSettings,
     eos_ids: torch.Tensor,
     pad_id: int,
-) -> torch.Tensor:
-    """Our own sampling loop: ``(B*G, P+T)`` tokens, G consecutive rows per prompt (``no_grad``, eval mode).
+) -> Sampled:
+    """Our own sampling loop: ``(B*G, P+T)`` tokens, G consecutive rows per prompt, and their log-probs.
 
     Each prompt is prefilled once and its KV cache repeated G times; each step applies ``generate``'s processors (EOS
     forbidden before ``min_new_tokens``, temperature, top-k, top-p), draws with ``settings.sampler``, and with
-    ``settings.drop_finished`` removes the rows that have produced EOS from the batch and the cache.
+    ``settings.drop_finished`` removes the rows that have produced EOS from the batch and the cache. Call under
+    ``no_grad``, in eval mode.
     """
     g, eos_ids = settings.num_generations, eos_ids.to(prompt_ids.device)
     out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position_ids_from_mask(prompt_mask),
@@ -258,13 +335,14 @@ def decode_loop(
     cache.batch_repeat_interleave(g)
     mask = prompt_mask.repeat_interleave(g, dim=0)
     tokens = torch.full((len(mask), settings.max_new_tokens), pad_id, dtype=torch.long, device=mask.device)
+    logprobs = torch.zeros(tokens.shape, dtype=torch.float32, device=mask.device)
     alive = torch.arange(len(mask), device=mask.device)  # rows still in the batch
     finished = torch.zeros(len(mask), dtype=torch.bool, device=mask.device)
     for step in range(settings.max_new_tokens):
-        if step < settings.min_new_tokens:
-            logits[:, eos_ids] = float("-inf")
-        chosen = _draw(_warpers(settings)(None, logits), settings.sampler).masked_fill(finished[alive], pad_id)
+        scores = logits.index_fill(-1, eos_ids, float("-inf")) if step < settings.min_new_tokens else logits
+        chosen = _draw(_warpers(settings)(None, scores), settings.sampler).masked_fill(finished[alive], pad_id)
         tokens[alive, step] = chosen
+        logprobs[alive, step] = token_logprobs(logits, chosen, settings.temperature)
         finished[alive] |= torch.isin(chosen, eos_ids)
         if step == settings.max_new_tokens - 1 or bool(finished.all()):
             break
@@ -276,7 +354,13 @@ def decode_loop(
         out = model(input_ids=chosen[:, None], attention_mask=mask, position_ids=mask.sum(-1, keepdim=True) - 1,
                     past_key_values=cache, use_cache=True, logits_to_keep=1)  # fmt: skip
         logits = out.logits[:, -1].float()
-    return torch.cat([prompt_ids.repeat_interleave(g, dim=0), tokens], dim=1)
+    return Sampled(torch.cat([prompt_ids.repeat_interleave(g, dim=0), tokens], dim=1), logprobs)
+
+
+def token_logprobs(logits: torch.Tensor, chosen: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``(n,)`` log-prob of ``chosen`` under ``softmax(logits / temperature)`` (``logits`` float32, ``(n, V)``)."""
+    scaled = logits / temperature
+    return scaled.gather(-1, chosen[:, None]).squeeze(-1) - scaled.logsumexp(-1)
 
 
 def _warpers(settings: SamplingSettings) -> LogitsProcessorList:

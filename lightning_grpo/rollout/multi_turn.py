@@ -25,15 +25,17 @@ from lightning_grpo.agents import (
     step_episodes,
     validate_messages,
 )
+from lightning_grpo.rewards._text import DATASET_INDEX
 from lightning_grpo.rollout.agent import AgentSettings, Trajectory
 from lightning_grpo.rollout.batch import Rollout, TurnStats
 from lightning_grpo.rollout.chat import continuation_ids, render_messages
 from lightning_grpo.rollout.generation import (
+    Sampled,
     SamplingSettings,
     eos_token_ids,
     eval_mode,
     generate_rollout,
-    sample_sequences,
+    sample_tokens,
     tokenize_prompts,
 )
 
@@ -118,9 +120,7 @@ def generate_conversations(
             if not (any_rank_active(bool(active)) if any_rank_active is not None else active):
                 break
             if not active:  # other ranks still sample: join their synchronised calls
-                sample_sequences(
-                    model, tokenizer, prompt_ids[:1], prompt_mask[:1], replace(settings, num_generations=1)
-                )
+                sample_tokens(model, tokenizer, prompt_ids[:1], prompt_mask[:1], replace(settings, num_generations=1))
                 continue
             sampled = _sample_turn(model, tokenizer, prompt_ids, prompt_mask, trajectories, active, settings, turn)
             _react(tokenizer, [trajectories[i] for i in active], sampled, settings.max_new_tokens, agent)
@@ -132,13 +132,16 @@ def _start(
 ) -> list[Trajectory]:
     """``B * G`` trajectories; with an environment, each gets its own instance and its first observation."""
     trajectories = []
+    dataset_index = columns.get(DATASET_INDEX)  # PromptDataModule's: errors name the dataset row
+    label = "dataset row" if dataset_index is not None else "batch row"
     for b, prompt in enumerate(prompts):
         row = {"prompt": prompt, **{name: values[b] for name, values in columns.items()}}
         for _ in range(g):
             if agent.environment_factory is None:
                 trajectories.append(Trajectory(prompt=list(prompt)))
                 continue
-            episode = EnvironmentEpisode(agent.environment_factory, row, index=b)  # the batch row
+            index = dataset_index[b] if dataset_index is not None else b
+            episode = EnvironmentEpisode(agent.environment_factory, row, index=index, row_label=label)
             trajectories.append(Trajectory(prompt=[*prompt, *episode.reset()], episode=episode))
     return trajectories
 
@@ -152,18 +155,22 @@ def _sample_turn(
     active: list[int],
     settings: SamplingSettings,
     turn: int,
-) -> list[list[int]]:
-    """One batched sampling call over the running trajectories; the raw new tokens of each."""
+) -> list[tuple[list[int], list[float]]]:
+    """One batched sampling call over the running trajectories; the raw new tokens of each and their log-probs."""
     g = settings.num_generations
     if turn == 0 and _groups_share_prompt(prompt_ids, prompt_mask, g):
         rows = torch.arange(0, len(prompt_ids), g, device=prompt_ids.device)  # the first of each group: G samples each
-        out = sample_sequences(model, tokenizer, prompt_ids[rows], prompt_mask[rows], settings)
-        return out[:, prompt_ids.shape[1] :].tolist()
+        out = sample_tokens(model, tokenizer, prompt_ids[rows], prompt_mask[rows], settings)
+        return _new_tokens(out, prompt_ids.shape[1])
     contexts = [prompt_ids[i][prompt_mask[i].bool()].tolist() + trajectories[i].tokens for i in active]
     budget = max(settings.max_new_tokens - len(trajectories[i].tokens) for i in active)
     ids, mask = _left_pad(contexts, tokenizer.pad_token_id, prompt_ids.device)
-    out = sample_sequences(model, tokenizer, ids, mask, replace(settings, num_generations=1, max_new_tokens=budget))
-    return out[:, ids.shape[1] :].tolist()
+    out = sample_tokens(model, tokenizer, ids, mask, replace(settings, num_generations=1, max_new_tokens=budget))
+    return _new_tokens(out, ids.shape[1])
+
+
+def _new_tokens(out: Sampled, prompt_width: int) -> list[tuple[list[int], list[float]]]:
+    return list(zip(out.sequences[:, prompt_width:].tolist(), out.logprobs.tolist(), strict=True))
 
 
 def _groups_share_prompt(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, g: int) -> bool:
@@ -184,15 +191,15 @@ def _left_pad(rows: list[list[int]], pad_id: int, device: torch.device) -> tuple
 def _react(
     tokenizer: PreTrainedTokenizerBase,
     running: list[Trajectory],
-    sampled: list[list[int]],
+    sampled: list[tuple[list[int], list[float]]],
     budget: int,
     agent: AgentSettings,
 ) -> None:
     """Record each policy turn, then run its tool calls or environment step and insert what they return."""
     eos = set(eos_token_ids(tokenizer).tolist())
     calls, stepping = {}, {}
-    for index, (trajectory, tokens) in enumerate(zip(running, sampled, strict=True)):
-        turn = _take_turn(tokenizer, trajectory, tokens, eos, budget, agent)
+    for index, (trajectory, (tokens, logprobs)) in enumerate(zip(running, sampled, strict=True)):
+        turn = _take_turn(tokenizer, trajectory, tokens, logprobs, eos, budget, agent)
         if turn is not None and turn.tool_calls:
             calls[index] = turn
         elif turn is not None:
@@ -207,6 +214,7 @@ def _take_turn(
     tokenizer: PreTrainedTokenizerBase,
     trajectory: Trajectory,
     tokens: list[int],
+    logprobs: list[float],
     eos: set[int],
     budget: int,
     agent: AgentSettings,
@@ -214,7 +222,7 @@ def _take_turn(
     """Append the sampled turn (cut at its first EOS and at the budget); the parsed turn if the episode goes on."""
     remaining = budget - len(trajectory.tokens)
     end = next((i + 1 for i, token in enumerate(tokens[:remaining]) if token in eos), None)
-    trajectory.extend(tokens[: end or remaining], sampled=True)
+    trajectory.extend(tokens[: end or remaining], sampled=True, logprobs=logprobs)
     trajectory.turns += 1
     text = tokenizer.decode(tokens[: end or remaining], skip_special_tokens=True)
     turn = agent.parser.parse(text) if agent.executor is not None else ParsedTurn(content=text)
@@ -298,8 +306,10 @@ def _rollout(
     width = max(1, *(len(t.tokens) for t in trajectories))
     ids = torch.full((len(trajectories), width), tokenizer.pad_token_id, dtype=torch.long)
     completion_mask, sampled_mask = torch.zeros_like(ids), torch.zeros_like(ids)
+    logprobs = torch.zeros(ids.shape, dtype=torch.float32)
     for i, t in enumerate(trajectories):
         ids[i, : len(t.tokens)] = torch.tensor(t.tokens, dtype=torch.long)
+        logprobs[i, : len(t.tokens)] = torch.tensor(t.logprobs, dtype=torch.float32)
         completion_mask[i, : len(t.tokens)] = 1
         sampled_mask[i, : len(t.tokens)] = torch.tensor(t.sampled, dtype=torch.long)
     device = prompt_ids.device
@@ -324,6 +334,7 @@ def _rollout(
             max_turns_reached=count("max_turns_reached"),
             turn_rewards=turn_rewards,
         ),
+        logprobs=logprobs.to(device),
     )
 
 

@@ -46,6 +46,8 @@ class UpdateBatch:
         old_logprobs: ``(N, T)`` log-probs under the sampling policy, or ``None`` when every rollout is used for a
             single update (then the detached current log-probs serve and the ratio is exactly 1).
         ref_logprobs: ``(N, T)`` reference log-probs, or ``None`` when the KL coefficient is 0.
+        at_sampling_weights: The policy still has the weights that sampled the rollout (the first mini-batch of a
+            step, before its optimizer step): ``compute_loss`` then logs the sampling/training agreement.
     """
 
     rollout: Rollout
@@ -53,6 +55,7 @@ class UpdateBatch:
     loss_mask: Tensor
     old_logprobs: Tensor | None = None
     ref_logprobs: Tensor | None = None
+    at_sampling_weights: bool = False
 
     def __len__(self) -> int:
         return len(self.rollout)

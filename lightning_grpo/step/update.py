@@ -7,19 +7,21 @@ loss of each micro-batch still comes from the module's overridable ``compute_los
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 import torch
 from torch import Tensor
 
 from lightning_grpo import distributed
-from lightning_grpo.algorithms.statistics import SumAcrossRanks
+from lightning_grpo.algorithms.statistics import SumAcrossRanks, masked_mean
 from lightning_grpo.metrics import reduce_across_ranks
 from lightning_grpo.rollout import Rollout
 from lightning_grpo.rollout.generation import eval_mode
 from lightning_grpo.step.batch import LossCounts, UpdateBatch
 from lightning_grpo.step.context import StepContext, StepModule
+from lightning_grpo.step.timing import PhaseTimer
 
-__all__ = ["MetricSums", "fixed_logprobs", "minibatch_indices", "run_updates"]
+__all__ = ["MetricSums", "fixed_logprobs", "minibatch_indices", "rollout_agreement", "run_updates", "sampling_logprobs"]
 
 
 def fixed_logprobs(module: StepModule, rollout: Rollout, *, reference: bool) -> Tensor:
@@ -36,22 +38,64 @@ def fixed_logprobs(module: StepModule, rollout: Rollout, *, reference: bool) -> 
     return torch.cat(parts)
 
 
+def sampling_logprobs(module: StepModule, rollout: Rollout, timer: PhaseTimer) -> Tensor | None:
+    """``(N, T)`` old log-probs of a rollout that serves several updates; ``None`` when it serves one.
+
+    ``config.old_logprobs`` chooses: ``"recompute"`` runs :func:`fixed_logprobs` (timed as ``old_logprobs``),
+    ``"rollout"`` takes the behaviour log-probs the sampler recorded (``rollout.logprobs``).
+
+    Raises:
+        ValueError: ``old_logprobs="rollout"`` and the rollout holds no log-probs (a ``generate`` override that does
+            not fill ``Rollout.logprobs``).
+    """
+    cfg = module.config
+    if cfg.ppo_epochs * len(rollout) // (cfg.mini_batch_size or len(rollout)) <= 1:
+        return None
+    if cfg.old_logprobs == "rollout":
+        if rollout.logprobs is None:
+            raise ValueError(
+                "old_logprobs='rollout' needs the sampled log-probs (Rollout.logprobs), but this rollout has none: "
+                "fill Rollout.logprobs in your generate override, or use old_logprobs='recompute'"
+            )
+        return rollout.logprobs.to(module.device)
+    with timer("old_logprobs"):
+        return fixed_logprobs(module, rollout, reference=False)
+
+
+def rollout_agreement(batch: UpdateBatch, logprobs: Tensor) -> dict[str, Tensor]:
+    """``rollout_logprob_diff_mean``/``_max``: ``|logprobs - rollout.logprobs|`` over the loss tokens of ``batch``.
+
+    Only for the micro-batches of the first mini-batch of a step (``batch.at_sampling_weights``), whose training
+    log-probs are those of the weights that sampled; empty otherwise, or for a rollout without log-probs.
+    """
+    behaviour = batch.rollout.logprobs
+    if not batch.at_sampling_weights or behaviour is None:
+        return {}
+    diff, mask = (logprobs.detach() - behaviour.to(logprobs.device)).abs(), batch.loss_mask.bool()  # (n, T)
+    worst = torch.where(mask, diff, torch.zeros_like(diff)).amax() if diff.numel() else diff.new_zeros(())
+    return {"rollout_logprob_diff_mean": masked_mean(diff, mask), "rollout_logprob_diff_max": worst}
+
+
 def minibatch_indices(num_samples: int, mini_batch_size: int, generator: torch.Generator) -> Iterator[Tensor]:
     """A fresh random permutation of the rows, split into mini-batches of ``mini_batch_size``."""
     yield from torch.randperm(num_samples, generator=generator).split(mini_batch_size)
 
 
 class MetricSums:
-    """Token-weighted running sums of per-micro-batch metrics, averaged at the end."""
+    """Token-weighted running sums of per-micro-batch metrics, averaged at the end; ``*_max`` metrics are maxima."""
 
     def __init__(self) -> None:
         self._sums: dict[str, Tensor] = {}
         self._weights: dict[str, Tensor] = {}
+        self._maxima: dict[str, Tensor] = {}
 
     def add(self, metrics: dict[str, Tensor], weight: Tensor) -> None:
         """Add each metric (a 0-dim tensor) with ``weight`` (e.g. the micro-batch's valid-token count)."""
         for name, value in metrics.items():
             value = value.detach().float()
+            if name.endswith("_max"):
+                self._maxima[name] = torch.maximum(self._maxima.get(name, value), value)
+                continue
             weight = torch.as_tensor(weight, dtype=value.dtype, device=value.device)
             self._sums[name] = self._sums.get(name, torch.zeros_like(value)) + value * weight
             self._weights[name] = self._weights.get(name, torch.zeros_like(value)) + weight
@@ -61,15 +105,27 @@ class MetricSums:
 
         The module passes :func:`lightning_grpo.metrics.reduce_across_ranks`, so the means are exact global values.
         """
+        maxima = self._reduced_maxima(sum_across_ranks is not None)
         if not self._sums:
-            return {}
+            return maxima
         names = list(self._sums)
         stacked = torch.stack(
             [torch.stack([self._sums[n] for n in names]), torch.stack([self._weights[n] for n in names])]
         )
         if sum_across_ranks is not None:
             stacked = sum_across_ranks(stacked)  # (2, M): weighted sums and weights
-        return {name: (stacked[0, i] / stacked[1, i].clamp(min=1e-12)).float() for i, name in enumerate(names)}
+        means = {name: (stacked[0, i] / stacked[1, i].clamp(min=1e-12)).float() for i, name in enumerate(names)}
+        return {**means, **maxima}
+
+    def _reduced_maxima(self, across_ranks: bool) -> dict[str, Tensor]:
+        """The ``*_max`` metrics, over all ranks when asked (every rank has the same names: one reduce)."""
+        if not self._maxima:
+            return {}
+        names = sorted(self._maxima)
+        stacked = torch.stack([self._maxima[n] for n in names])
+        if across_ranks:
+            stacked = reduce_across_ranks(stacked, "max").reshape(-1)  # torchmetrics squeezes one value
+        return {name: stacked[i].float() for i, name in enumerate(names)}
 
 
 def run_updates(module: StepModule, context: StepContext, batch: UpdateBatch) -> tuple[Tensor, dict[str, Tensor]]:
@@ -90,9 +146,9 @@ def run_updates(module: StepModule, context: StepContext, batch: UpdateBatch) ->
     generator = torch.Generator().manual_seed(context.seed)
     norm = float(cfg.loss_agg_norm or cfg.max_new_tokens)
     sums, shares = MetricSums(), []
-    for _ in range(cfg.ppo_epochs):
-        for rows in minibatch_indices(len(batch), mini, generator):
-            minibatch = batch.select(rows.to(context.device))
+    for epoch in range(cfg.ppo_epochs):
+        for step, rows in enumerate(minibatch_indices(len(batch), mini, generator)):
+            minibatch = replace(batch.select(rows.to(context.device)), at_sampling_weights=epoch == step == 0)
             counts = LossCounts.of(minibatch.loss_mask, norm, context.sum_across_ranks)
             shares.append(_accumulate(module, context, minibatch, counts, micro, sums))
             if cfg.max_grad_norm is not None:

@@ -36,7 +36,7 @@ class TinyTaskDataModule(PromptDataModule):
         >>> dm = TinyTaskDataModule("addition", task_args={"num_samples": 16}, batch_size=4)
         >>> dm.setup("fit")
         >>> sorted(next(iter(dm.train_dataloader())))
-        ['answer', 'prompt']
+        ['answer', 'dataset_index', 'prompt']
     """
 
     def __init__(

@@ -68,7 +68,7 @@ def test_environment_error_names_class_and_row():
     with pytest.raises(EnvironmentFailedError) as info:
         episode.step(say("seven"))
     message = str(info.value)
-    assert "Environment GuessNumber failed in step() for row 12" in message
+    assert "Environment GuessNumber failed in step() for dataset row 12" in message
     assert "ValueError" in message and "Play the guessing game" in message
     assert len(message) < 400  # the prompt is an excerpt
     assert isinstance(info.value.__cause__, ValueError)
@@ -78,7 +78,7 @@ def test_factory_error_and_invalid_returns():
     def broken_factory(row):
         raise KeyError("target")
 
-    with pytest.raises(EnvironmentFailedError, match="broken_factory failed in creation for row 3"):
+    with pytest.raises(EnvironmentFailedError, match="broken_factory failed in creation for dataset row 3"):
         EnvironmentEpisode(broken_factory, ROW, index=3)
     with pytest.raises(EnvironmentFailedError, match="has no reset"):
         EnvironmentEpisode(lambda row: object(), ROW, index=0)

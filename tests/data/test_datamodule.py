@@ -57,7 +57,8 @@ def test_jsonl_source_and_collate_keeps_every_column(tmp_path):
     path.write_text("\n".join(json.dumps(r) for r in ADDITION[:4]))
     dm = PromptDataModule(str(path), batch_size=4, shuffle=False)
     batch = first_batch(dm)
-    assert batch == {"prompt": [r["prompt"] for r in ADDITION[:4]], "answer": [r["answer"] for r in ADDITION[:4]]}
+    expected = {"prompt": [r["prompt"] for r in ADDITION[:4]], "answer": [r["answer"] for r in ADDITION[:4]]}
+    assert batch == {**expected, "dataset_index": [0, 1, 2, 3]}  # each row's index in the data, for error messages
 
 
 def test_prompt_template_and_original_column_kept():
@@ -65,7 +66,7 @@ def test_prompt_template_and_original_column_kept():
     dm = PromptDataModule(rows, prompt_field="question", prompt_template="Question: {question}\nAnswer:", batch_size=2)
     dm.setup("fit")
     batch = next(iter(dm._loader(dm.train_records, 4, sampler=None, drop_last=False)))
-    assert list(batch) == ["prompt", "question", "answer", "level"]
+    assert list(batch) == ["prompt", "question", "answer", "level", "dataset_index"]
     assert batch["prompt"][1] == "Question: 1+1?\nAnswer:"
     assert batch["question"] == [r["question"] for r in rows]
     assert batch["level"] == [0, 1, 0, 1]
@@ -74,7 +75,8 @@ def test_prompt_template_and_original_column_kept():
 def test_custom_prompt_field_without_template():
     rows = [{"question": "1+1=", "answer": "2"}] * 2
     dm = PromptDataModule(rows, prompt_field="question", batch_size=2)
-    assert first_batch(dm) == {"prompt": ["1+1="] * 2, "question": ["1+1="] * 2, "answer": ["2"] * 2}
+    batch = first_batch(dm)
+    assert batch == {"prompt": ["1+1="] * 2, "question": ["1+1="] * 2, "answer": ["2"] * 2, "dataset_index": [0, 1]}
 
 
 def test_prompt_template_missing_key_names_key_and_row():

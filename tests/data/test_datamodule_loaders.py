@@ -175,7 +175,7 @@ def test_fit_with_a_trainer_feeds_batches_and_takes_module_settings(tokenizer, v
     assert dm.tokenizer is tokenizer and dm.max_prompt_length == 4
     assert len(module.train_batches) == len(dm.train_records) // 4
     assert sum(len(b["prompt"]) for b in module.val_batches) == len(dm.val_records) == round(20 * val_split)
-    assert all(set(b) == {"prompt", "answer"} for b in module.train_batches + module.val_batches)
+    assert all(set(b) == {"prompt", "answer", "dataset_index"} for b in module.train_batches + module.val_batches)
 
 
 # --- docs ---------------------------------------------------------------------------------------------------------

@@ -201,3 +201,32 @@ class _Record(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.outputs.append(outputs)
+
+
+class FailsOnTarget(CountdownEnv):
+    """Breaks on the row whose ``turns`` is 7."""
+
+    def step(self, message):
+        if self.left >= 7:
+            raise KeyError("score")
+        return super().step(message)
+
+
+def test_errors_about_a_row_name_its_dataset_row(tokenizer):
+    from lightning_grpo import PromptDataModule
+    from lightning_grpo.agents import EnvironmentFailedError
+    from lightning_grpo.rewards import RewardError
+
+    records = [{"prompt": PROMPTS[0], "turns": t} for t in (1, 2, 1, 7, 2, 1)]  # dataset row 3 is the broken one
+    module = _module(tokenizer)
+    module.agent = type(module.agent)(environment_factory=FailsOnTarget, max_turns=3)
+    data = PromptDataModule(records, batch_size=2, seed=1)
+    with pytest.raises(EnvironmentFailedError, match="for dataset row 3 "):
+        make_trainer(max_steps=3).fit(module, data)
+
+    def bad(completions, turns, **_):
+        return [float("nan") if t == 7 else 1.0 for t in turns]
+
+    module = _module(tokenizer, reward_funcs=(bad,))
+    with pytest.raises(RewardError, match=r"\(dataset row 3, prompt"):
+        make_trainer(max_steps=3).fit(module, PromptDataModule(records, batch_size=2, seed=1))

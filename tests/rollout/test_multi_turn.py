@@ -13,6 +13,7 @@ from lightning_grpo.agents import EnvironmentFailedError, EnvStep, ToolExecutor,
 from lightning_grpo.rollout import SamplingSettings, completion_logprobs
 from lightning_grpo.rollout import multi_turn as multi_turn_module
 from lightning_grpo.rollout.chat import render_messages
+from lightning_grpo.rollout.generation import Sampled
 from lightning_grpo.rollout.multi_turn import AgentSettings, sample_rollout
 from lightning_grpo.testing.agents import CountdownEnv, add, short_turn_model
 
@@ -136,7 +137,7 @@ def _scripted(tokenizer, script):
         out = torch.full((len(turns), width), tokenizer.pad_token_id)
         for i, turn in enumerate(turns):
             out[i, : len(turn)] = torch.tensor(turn)
-        return torch.cat([ids, out], dim=1)
+        return Sampled(torch.cat([ids, out], dim=1), torch.zeros(out.shape))
 
     return sample
 
@@ -171,7 +172,7 @@ def test_tool_calls_run_and_their_errors_become_messages(tokenizer, monkeypatch)
             return "done"
         return CALLS[context.split("U:\n")[-1].split("<eos>")[0]]
 
-    monkeypatch.setattr(multi_turn_module, "sample_sequences", _scripted(tokenizer, script))
+    monkeypatch.setattr(multi_turn_module, "sample_tokens", _scripted(tokenizer, script))
     agent = AgentSettings(executor=ToolExecutor(ToolSet([add, fail, sleep]), timeout=0.5), max_turns=3)
     prompts = [[{"role": "user", "content": key}] for key in CALLS]
     start = time.perf_counter()
@@ -196,7 +197,7 @@ def test_tool_calls_run_and_their_errors_become_messages(tokenizer, monkeypatch)
 
 
 def test_a_policy_that_keeps_calling_is_cut_at_max_turns(tokenizer, monkeypatch):
-    monkeypatch.setattr(multi_turn_module, "sample_sequences", _scripted(tokenizer, lambda context: CALLS["ok"]))
+    monkeypatch.setattr(multi_turn_module, "sample_tokens", _scripted(tokenizer, lambda context: CALLS["ok"]))
     agent = AgentSettings(executor=ToolExecutor(ToolSet([add])), max_turns=3)
     model = torch.nn.Linear(1, 1)  # never called: the sampling is scripted
     rollout = sample_rollout(model, tokenizer, PROMPTS[:1], SamplingSettings(2, 400), agent, max_prompt_length=2000)
@@ -213,7 +214,7 @@ def test_an_environment_that_raises_names_itself_and_the_row(tokenizer):
             raise KeyError("score")
 
     agent = AgentSettings(environment_factory=Broken, max_turns=2)
-    message = r"Environment Broken failed in step\(\) for row 0 \(prompt: 'go'\): raised KeyError: 'score'"
+    message = r"Environment Broken failed in step\(\) for batch row 0 \(prompt: 'go'\): raised KeyError: 'score'"
     with pytest.raises(EnvironmentFailedError, match=message):
         sample_rollout(
             short_turn_model(tokenizer), tokenizer, PROMPTS, SamplingSettings(2, 40), agent,

@@ -37,7 +37,25 @@ def test_shared_prefill_and_our_loop_draw_what_generate_draws(tokenizer, options
             model, ids, mask, plain, generation_module.eos_token_ids(tokenizer), tokenizer.pad_token_id
         )
     valid = reference.completion_mask.bool()
-    assert torch.equal(ours[:, ids.shape[1] :][valid], reference.completion_ids[valid])
+    assert torch.equal(ours.sequences[:, ids.shape[1] :][valid], reference.completion_ids[valid])
+    # every path records the same behaviour log-probs, and training scores the tokens the same way
+    torch.testing.assert_close(shared.logprobs, reference.logprobs, atol=1e-5, rtol=0)
+    torch.testing.assert_close(ours.logprobs[valid], reference.logprobs[valid], atol=1e-5, rtol=0)
+    trained = completion_logprobs(model, reference, temperature=plain.temperature).logprobs
+    torch.testing.assert_close(trained[valid], reference.logprobs[valid], atol=1e-4, rtol=0)
+    assert (reference.logprobs[~valid] == 0).all()
+
+
+@pytest.mark.parametrize("settings", [{}, {"sampler": "inverse_cdf", "drop_finished": True}])
+def test_rollout_records_the_logprobs_training_computes(tokenizer, settings):
+    """Behaviour log-probs (softmax at the temperature, before top-k/top-p and min_new_tokens) equal training's."""
+    model = build_tiny_model(tokenizer).eval()
+    base = SamplingSettings(num_generations=3, max_new_tokens=12, temperature=0.7, top_k=20, min_new_tokens=2)
+    rollout = _sample(model, tokenizer, replace(base, **settings))
+    trained = completion_logprobs(model, rollout, temperature=0.7).logprobs
+    mask = rollout.completion_mask.bool()
+    torch.testing.assert_close(rollout.logprobs[mask], trained[mask], atol=1e-4, rtol=0)
+    assert (rollout.logprobs[mask] < 0).all() and (rollout.logprobs[~mask] == 0).all()
 
 
 def test_min_new_tokens_gives_fixed_length_completions(tokenizer):

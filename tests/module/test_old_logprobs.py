@@ -1,0 +1,56 @@
+"""Behaviour log-probs: the rollout's sampled log-probs serve as old log-probs (``old_logprobs="rollout"``), and the
+sampling/training agreement is logged (docs/agents.md, docs/callbacks.md)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lightning_grpo import GRPOConfig, PromptDataModule
+from tests.conftest import make_trainer, prompt_records
+from tests.module.helpers import FixedRolloutModule, fixed_rollout
+
+SEVERAL_UPDATES = {"ppo_epochs": 2, "mini_batch_size": 6, "kl_coef": 0.0}
+
+
+def length(completions, **kwargs):
+    """A reward that differs within groups, so that the updates move the adapter."""
+    return [float(len(c)) for c in completions]
+
+
+def _fit(make_module, **settings):
+    module = make_module(reward_funcs=[length], **settings)
+    torch.manual_seed(0)
+    trainer = make_trainer(max_steps=2)
+    trainer.fit(module, PromptDataModule(prompt_records(6), batch_size=3))
+    return module, trainer.callback_metrics
+
+
+def test_rollout_logprobs_replace_the_recompute_and_train_the_same(make_module):
+    recompute, logged = _fit(make_module, **SEVERAL_UPDATES)
+    rollout, logged_rollout = _fit(make_module, **SEVERAL_UPDATES, old_logprobs="rollout")
+    assert "old_logprobs" in recompute.timer.seconds and "old_logprobs" not in rollout.timer.seconds
+    for metrics in (logged, logged_rollout):  # sampling and training kernels agree here (CPU, float32)
+        assert 0 <= metrics["train/rollout_logprob_diff_mean"] <= metrics["train/rollout_logprob_diff_max"] < 1e-4
+    assert logged["train/zero_std_frac"] < 1
+    trained = dict(rollout.policy.named_parameters())
+    for name, param in recompute.policy.named_parameters():
+        if param.requires_grad:  # same seeds, same draws: the adapters differ only by the kernels' agreement
+            torch.testing.assert_close(trained[name], param, atol=1e-4, rtol=1e-3)
+
+
+def test_agreement_is_logged_when_one_update_uses_the_rollout(make_module):
+    _, metrics = _fit(make_module)
+    assert metrics["train/rollout_logprob_diff_max"] < 1e-4
+
+
+def test_rollout_mode_needs_rollout_logprobs(make_module, tokenizer):
+    module = make_module(module_cls=FixedRolloutModule, **SEVERAL_UPDATES, old_logprobs="rollout", num_generations=6)
+    module.fixed = fixed_rollout(tokenizer, ["1+1="] * 6, ["2", "3", "4", "5", "6", "7"], group_size=6)
+    with pytest.raises(ValueError, match=r"Rollout\.logprobs"):
+        make_trainer(max_steps=1).fit(module, PromptDataModule(prompt_records(6), batch_size=1))
+
+
+def test_old_logprobs_names_its_choices():
+    with pytest.raises(ValueError, match="'recompute', 'rollout'"):
+        GRPOConfig(old_logprobs="sampler")
