@@ -26,7 +26,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,11 +44,13 @@ class Case:
         run: Trains and returns figures, e.g. ``{"first": 0.1, "last": 0.8, "rise": 0.7}``.
         claims: The minimum each named figure must reach in every run (what tests and docs assert).
         where: The test, example or page that makes the claim.
+        ceilings: The maximum each named figure may reach in every run.
     """
 
     run: Callable[[int, Path], dict[str, float]]
     claims: dict[str, float]
     where: str
+    ceilings: dict[str, float] = field(default_factory=dict)
 
 
 def _rise(first: float, last: float, **extra: float) -> dict[str, float]:
@@ -132,6 +134,7 @@ CASES: dict[str, Case] = {
         _dynamic_sampling,
         {"all_wrong_at_start": 0.5, "dynamic_rise": 0.05},
         "docs/benchmarks.md (Dynamic sampling), tests/module/test_dynamic_sampling.py",
+        ceilings={"step_ratio": 0.5},
     ),
 }
 
@@ -143,7 +146,7 @@ def run_case(name: str, seed: int, out: Path) -> dict[str, float]:
     torch.set_num_threads(1)
     start = time.perf_counter()
     figures = CASES[name].run(seed, out)
-    return {**figures, "seconds": time.perf_counter() - start}
+    return {**figures, "seconds": time.perf_counter() - start, "kernels": torch.backends.cpu.get_cpu_capability()}
 
 
 def _spawn(name: str, seed: int, capability: str, out: Path) -> dict[str, Any]:
@@ -165,6 +168,14 @@ def _spawn(name: str, seed: int, capability: str, out: Path) -> dict[str, Any]:
     return {"case": name, "seed": seed, "capability": capability, **result}
 
 
+def _verdict(values: list[float], floor: float | None, ceiling: float | None) -> str:
+    if floor is not None:
+        return f"≥ {floor}: {'holds' if min(values) >= floor else 'FAILS'}"
+    if ceiling is not None:
+        return f"≤ {ceiling}: {'holds' if max(values) <= ceiling else 'FAILS'}"
+    return ""
+
+
 def table(results: list[dict[str, Any]]) -> str:
     """One markdown row per case and figure: median over runs, min–max, runs, and whether the worst clears the claim."""
     rows = ["| case | figure | median | min–max | runs | claim (every run) |", "| --- | --- | --- | --- | --- | --- |"]
@@ -174,8 +185,7 @@ def table(results: list[dict[str, Any]]) -> str:
             continue
         for figure in [k for k, v in runs[0].items() if isinstance(v, float) and k != "seed"]:
             values = [r[figure] for r in runs]
-            claim = case.claims.get(figure)
-            verdict = "" if claim is None else f"≥ {claim}: {'holds' if min(values) >= claim else 'FAILS'}"
+            verdict = _verdict(values, case.claims.get(figure), case.ceilings.get(figure))
             rows.append(f"| {name} | {figure} | {statistics.median(values):.2f} | {min(values):.2f}–{max(values):.2f} "
                         f"| {len(values)} | {verdict} |")  # fmt: skip
     return "\n".join(rows)
