@@ -91,3 +91,21 @@ def test_state_survives_a_checkpoint():
 def test_bad_arguments_are_refused(kwargs, error, match):
     with pytest.raises(error, match=match):
         CollapseMonitor(**kwargs)
+
+
+def test_trajectories_cut_before_their_environment_stepped_are_counted(tokenizer):
+    from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig
+    from lightning_grpo.testing.agents import CountdownEnv, short_turn_model
+
+    def env_score(completions, env_reward, **_):
+        return [0.0 if r is None else float(r) for r in env_reward]
+
+    grpo = GRPOConfig(num_generations=2, max_new_tokens=6, max_prompt_length=32, max_turns=3)
+    module = GRPOModule(
+        short_turn_model(tokenizer, eos_bias=-50.0), [env_score], tokenizer=tokenizer, grpo=grpo,
+        policy=PolicyConfig(lora_r=2, lora_alpha=4), environment_factory=CountdownEnv,
+    )  # fmt: skip
+    rollout = module.generate({"prompt": [[{"role": "user", "content": "go"}]], "turns": [2]})
+    reward, no_signal, truncated, cut_before_step = CollapseMonitor._step_stats(rollout, module.score(rollout))
+    # EOS is all but impossible: each first turn runs into the 6-token budget, so no environment ever stepped
+    assert (reward, no_signal, truncated, cut_before_step) == (0.0, True, 1.0, 1.0)
