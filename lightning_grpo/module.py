@@ -26,6 +26,7 @@ from lightning_grpo.algorithms import compute_advantages, kl_penalty, policy_los
 from lightning_grpo.algorithms.statistics import masked_mean
 from lightning_grpo.callbacks._outputs import missing_callbacks
 from lightning_grpo.callbacks.defaults import default_callbacks as monitoring_callbacks
+from lightning_grpo.callbacks.progress_bar import readable_progress_bar
 from lightning_grpo.checkpoint import check_resume, describe_policy, install_checked_io, keep_adapter_only, settings_of
 from lightning_grpo.config import GRPOConfig
 from lightning_grpo.metrics import ValidationMetrics
@@ -327,11 +328,13 @@ class GRPOModule(LightningModule):
     def configure_callbacks(self) -> list[Callback]:
         """The monitoring callbacks (:func:`~lightning_grpo.callbacks.default_callbacks`) of types the trainer lacks.
 
-        A trainer's callback of the same type (or a related one) wins; ``default_callbacks=False``: none.
+        A trainer's callback of the same type (or a related one) wins; Lightning's default progress bar becomes
+        :class:`~lightning_grpo.callbacks.GRPOProgressBar`, the user's own stays. ``default_callbacks=False``: none.
         """
         if not self.use_default_callbacks:
             return []
-        return missing_callbacks(monitoring_callbacks(), present=self.trainer.callbacks)
+        missing = missing_callbacks(monitoring_callbacks(), present=self.trainer.callbacks)
+        return [*missing, *readable_progress_bar(self.trainer)]  # the bar last: it shows what the others logged
 
     def on_fit_start(self) -> None:
         """Time phases and score with reward models on the module's device; check what dynamic sampling needs."""
