@@ -30,6 +30,7 @@ tiny models on a small machine).
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -49,9 +50,12 @@ from lightning_grpo.policy import ModelLoadError
 
 __all__ = ["GRPOCLI", "main", "parse_config"]
 
+#: The demo's config, shipped in the package (a wheel has no configs/ folder); not imported: testing is fixtures.
+_PACKAGED_CONFIG = Path(__file__).resolve().parent / "testing" / "tiny.yaml"
 _DESCRIPTION = (
-    "GRPO fine-tuning with LoRA, as a PyTorch Lightning module. Start from a config: "
-    "'lightning-grpo fit --config configs/debug/tiny.yaml'. The module's settings: "
+    "GRPO fine-tuning with LoRA, as a PyTorch Lightning module. First run 'lightning-grpo demo': a tiny model learns "
+    "addition on CPU, offline, in about a minute. Subcommands: demo, fit, validate, test, predict. Start a run from a "
+    f"config, e.g. the demo's: 'lightning-grpo fit --config {_PACKAGED_CONFIG}'. The module's settings: "
     "'lightning-grpo fit --model.help lightning_grpo.GRPOModule' (add --model.grpo.help or --model.policy.help "
     "for GRPOConfig's or PolicyConfig's fields)."
 )
@@ -59,9 +63,9 @@ _SUBCOMMANDS = ("fit", "validate", "test", "predict")
 #: Errors whose message is the whole story: printed in one line, without a traceback (docs/troubleshooting.md).
 _USER_ERRORS = (ModelLoadError, UnreadableCheckpointError, CheckpointMismatchError)
 _NO_CONFIG = (
-    "lightning-grpo {subcommand}: no model given. Pass a config, e.g.\n"
-    "  lightning-grpo {subcommand} --config configs/debug/tiny.yaml\n"
-    "(see the configs/ folder), or set --model and --data on the command line."
+    "lightning-grpo {subcommand}: no model given. Pass a config, e.g. the demo's:\n"
+    "  lightning-grpo {subcommand} --config {config}\n"
+    "or set --model and --data on the command line ('lightning-grpo demo' runs that config)."
 )
 
 
@@ -101,6 +105,7 @@ class GRPOCLI(LightningCLI):
             "save_config_kwargs": {"overwrite": True},
         }
         parser_kwargs = {"description": _DESCRIPTION, "allow_abbrev": False, **kwargs.pop("parser_kwargs", {})}
+        _drop_lightning_tips()
         super().__init__(**{**options, **kwargs}, parser_kwargs=parser_kwargs, args=args, run=run)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -204,7 +209,7 @@ def main(args: Sequence[str] | None = None) -> None:
     _import_from_working_directory()
     prog = "python -m lightning_grpo" if Path(sys.argv[0]).name == "__main__.py" else "lightning-grpo"
     if argv and argv[0] in _SUBCOMMANDS and not any(_names_a_model(arg) for arg in argv[1:]):
-        print(_NO_CONFIG.format(subcommand=argv[0]), file=sys.stderr)
+        print(_NO_CONFIG.format(subcommand=argv[0], config=_PACKAGED_CONFIG), file=sys.stderr)
         sys.exit(2)  # the exit status of a usage error, as the parser's own
     try:
         GRPOCLI(args=None if args is None else argv, parser_kwargs={"prog": prog})
@@ -221,6 +226,21 @@ def _import_from_working_directory() -> None:
     """
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
+
+
+class _NoTips(logging.Filter):
+    """Drops Lightning's advertising tips (litlogger, litmodels), which would open every run's output."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("💡 Tip")
+
+
+def _drop_lightning_tips() -> None:
+    """Install :class:`_NoTips` on the loggers of Lightning's ``rank_zero_info`` (once)."""
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _NoTips) for f in logger.filters):
+            logger.addFilter(_NoTips())
 
 
 def _root_cause(error: BaseException, kinds: tuple[type[BaseException], ...]) -> BaseException | None:

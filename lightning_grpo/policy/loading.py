@@ -6,6 +6,7 @@ copy of the weights exists.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -187,7 +188,9 @@ def load_policy(model: str | PreTrainedModel | PeftModel, config: PolicyConfig, 
         base = _load_base(model, config)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)  # the adapter's initialisation is reproducible, whatever the global RNG state
-            policy = get_peft_model(base, lora)
+            with warnings.catch_warnings():  # peft reads transformers' deprecated alias: not the user's to fix
+                warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
+                policy = get_peft_model(base, lora)
     _prepare_adapter_and_kernels(policy, config)
     if config.gradient_checkpointing:
         policy.base_model.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
