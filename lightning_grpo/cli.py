@@ -30,12 +30,16 @@ tiny models on a small machine).
 
 from __future__ import annotations
 
+import difflib
+import importlib
+import inspect
 import logging
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from jsonargparse import Namespace
@@ -48,7 +52,7 @@ from lightning_grpo.checkpoint import CheckpointMismatchError, UnreadableCheckpo
 from lightning_grpo.module import GRPOModule
 from lightning_grpo.policy import ModelLoadError
 
-__all__ = ["GRPOCLI", "main", "parse_config"]
+__all__ = ["GRPOCLI", "main", "misspelt_setting", "parse_config"]
 
 #: The demo's config, shipped in the package (a wheel has no configs/ folder); not imported: testing is fixtures.
 _PACKAGED_CONFIG = Path(__file__).resolve().parent / "testing" / "tiny.yaml"
@@ -67,6 +71,58 @@ _NO_CONFIG = (
     "  lightning-grpo {subcommand} --config {config}\n"
     "or set --model and --data on the command line ('lightning-grpo demo' runs that config)."
 )
+
+
+class _SuggestingParser(LightningArgumentParser):
+    """LightningCLI's parser; an unknown setting's error opens with the closest valid name, the full message after."""
+
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        """Print what is wrong and the fix first (``did you mean 'num_generations'?``), then the parser's message."""
+        parser = getattr(ex, "subcommand_parser", None) or self
+        summary = misspelt_setting(message, [o for a in parser._actions for o in a.option_strings])
+        if summary and self.exit_on_error:
+            sys.stderr.write(f"{parser.prog.replace(' [options]', '')}: error: {summary}\nThe full message:\n")
+        super().error(message, ex)
+
+
+def misspelt_setting(message: str, options: Sequence[str]) -> str | None:
+    """A one-line summary of an unknown setting in a parser ``message``, with the closest valid name, or ``None``.
+
+    Args:
+        message: The parser's error message.
+        options: The parser's option strings (``--trainer.max_steps``, ...), for unknown command-line arguments.
+
+    Example::
+
+        >>> misspelt_setting("unrecognized arguments: --trainer.max_step 3", ["--trainer.max_steps"])
+        "unknown setting 'trainer.max_step': did you mean 'trainer.max_steps'? Fix the name and run again."
+    """
+    found = re.search(r"class_path '([\w.]+)':\s+Option '(\w+)' is not accepted", message)
+    if found:
+        cls, name = found.groups()
+        return _suggest(name, _parameters(cls), f" of {cls}")
+    found = re.search(r"unrecognized arguments: --(\S+)|does not accept option '([\w.]+)'", message)
+    if found:
+        name = found.group(1) or found.group(2)
+        return _suggest(name.split("=")[0], [o.lstrip("-") for o in options if o.startswith("--")], "")
+    return None
+
+
+def _suggest(name: str, valid: Sequence[str], where: str) -> str:
+    close = difflib.get_close_matches(name, valid, n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}?" if close else f"valid names: {', '.join(sorted(valid)[:12])}"
+    return f"unknown setting {name!r}{where}: {hint} Fix the name and run again."
+
+
+def _parameters(path: str) -> list[str]:
+    """The keyword parameters of the class at import ``path`` (its dataclass fields or ``__init__`` arguments)."""
+    module, _, name = path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+        parameters = inspect.signature(cls).parameters.values()
+    except (ImportError, AttributeError, TypeError, ValueError):
+        return []
+    return [p.name for p in parameters if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
 
 
 class GRPOCLI(LightningCLI):
@@ -100,6 +156,7 @@ class GRPOCLI(LightningCLI):
             "subclass_mode_model": True,
             "subclass_mode_data": True,
             "auto_configure_optimizers": False,
+            "parser_class": _SuggestingParser,  # a misspelt setting: "did you mean ..." on the error's first line
             # without a logger the config goes to default_root_dir: a rerun replaces it (with a logger, each run has
             # its own version_N folder); docs/troubleshooting.md
             "save_config_kwargs": {"overwrite": True},
