@@ -49,8 +49,11 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from lightning_grpo.callbacks import GRPOProgressBar
 from lightning_grpo.checkpoint import CheckpointMismatchError, UnreadableCheckpointError
+from lightning_grpo.data import MissingDataError, PromptDataModule
+from lightning_grpo.data.sources import check_source_path
 from lightning_grpo.module import GRPOModule
 from lightning_grpo.policy import ModelLoadError
+from lightning_grpo.rewards import RewardInputError
 
 __all__ = ["GRPOCLI", "main", "misspelt_setting", "parse_config"]
 
@@ -65,7 +68,9 @@ _DESCRIPTION = (
 )
 _SUBCOMMANDS = ("fit", "validate", "test", "predict")
 #: Errors whose message is the whole story: printed in one line, without a traceback (docs/troubleshooting.md).
-_USER_ERRORS = (ModelLoadError, UnreadableCheckpointError, CheckpointMismatchError)
+_USER_ERRORS = (
+    ModelLoadError, UnreadableCheckpointError, CheckpointMismatchError, MissingDataError, RewardInputError,
+)  # fmt: skip
 _NO_CONFIG = (
     "lightning-grpo {subcommand}: no model given. Pass a config, e.g. the demo's:\n"
     "  lightning-grpo {subcommand} --config {config}\n"
@@ -116,11 +121,9 @@ def _suggest(name: str, valid: Sequence[str], where: str) -> str:
 
 def _parameters(path: str) -> list[str]:
     """The keyword parameters of the class at import ``path`` (its dataclass fields or ``__init__`` arguments)."""
-    module, _, name = path.rpartition(".")
     try:
-        cls = getattr(importlib.import_module(module), name)
-        parameters = inspect.signature(cls).parameters.values()
-    except (ImportError, AttributeError, TypeError, ValueError):
+        parameters = inspect.signature(_imported(path)).parameters.values()
+    except (TypeError, ValueError):
         return []
     return [p.name for p in parameters if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
 
@@ -189,7 +192,7 @@ class GRPOCLI(LightningCLI):
         try:
             super().instantiate_classes()
         except Exception as error:
-            cause = _root_cause(error, (ModelLoadError,))
+            cause = _root_cause(error, _USER_ERRORS)
             if cause is None:
                 raise
             raise cause from None
@@ -204,10 +207,15 @@ class GRPOCLI(LightningCLI):
         return super()._instantiate_trainer(config, callbacks)
 
     def before_instantiate_classes(self) -> None:
-        """Apply ``torch_num_threads`` before the model is built."""
+        """Apply ``torch_num_threads`` and check a PromptDataModule's files before the model is built."""
         config = self.config[self.subcommand] if self.subcommand else self.config
         if config.get("torch_num_threads"):
             torch.set_num_threads(config.torch_num_threads)
+        data = config.get("data")
+        if isinstance(data, Namespace) and _is_prompt_datamodule(data.get("class_path")):
+            for argument in ("train_data", "val_data"):
+                if data.get(f"init_args.{argument}") is not None:
+                    check_source_path(data.get(f"init_args.{argument}"), argument)
 
 
 class _Parsed(Exception):
@@ -298,6 +306,21 @@ def _drop_lightning_tips() -> None:
         logger = logging.getLogger(name)
         if not any(isinstance(f, _NoTips) for f in logger.filters):
             logger.addFilter(_NoTips())
+
+
+def _is_prompt_datamodule(path: Any) -> bool:
+    """Whether the import ``path`` names :class:`~lightning_grpo.data.PromptDataModule` or a subclass of it."""
+    cls = _imported(str(path))
+    return isinstance(cls, type) and issubclass(cls, PromptDataModule)
+
+
+def _imported(path: str) -> Any:
+    """The object at the import ``path`` (``package.module.Name``), or ``None`` when it cannot be imported."""
+    module, _, name = path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError):
+        return None
 
 
 def _root_cause(error: BaseException, kinds: tuple[type[BaseException], ...]) -> BaseException | None:

@@ -39,6 +39,7 @@ from lightning_grpo.rollout.multi_turn import sample_rollout
 from lightning_grpo.step import LossCounts, PhaseTimer, StepContext, StepOutput, UpdateBatch
 from lightning_grpo.step.context import any_rank
 from lightning_grpo.step.dynamic_sampling import check_datamodule, dynamic_sample
+from lightning_grpo.step.fit_checks import check_reward_keywords
 from lightning_grpo.step.seeding import seeded, step_seed
 from lightning_grpo.step.update import fixed_logprobs, run_updates
 from lightning_grpo.step.zero_signal import check_signal
@@ -337,9 +338,10 @@ class GRPOModule(LightningModule):
         return [*missing, *readable_progress_bar(self.trainer)]  # the bar last: it shows what the others logged
 
     def on_fit_start(self) -> None:
-        """Time phases and score with reward models on the module's device; check what dynamic sampling needs."""
+        """Time phases, score with reward models on the module's device; check reward inputs and dynamic sampling."""
         self.timer.device = self.device
         self.rewards.to(self.device, getattr(self.policy, "dtype", None))  # reward models are not in the policy
+        check_reward_keywords(self.rewards, self.trainer.datamodule, environment=bool(self.agent.environment_factory))
         if self.config.dynamic_sampling:
             check_datamodule(self.trainer.datamodule)
 
@@ -376,11 +378,7 @@ class GRPOModule(LightningModule):
         return optimizer, None if self.scheduler_factory is None else self.scheduler_factory(optimizer)
 
     def _sum_across_ranks(self, tensor: Tensor) -> Tensor:
-        """Sum over ranks of what enters the loss and the advantages (token counts, batch statistics).
-
-        One all-reduce on the strategy's own process group, mid-step; logged metrics go through
-        :mod:`lightning_grpo.metrics` instead.
-        """
+        """Sum over ranks (one all-reduce, mid-step) of what enters the loss and advantages; not logged metrics."""
         if self._trainer is None or self.trainer.world_size == 1:
             return tensor
         return self.trainer.strategy.reduce(tensor, reduce_op="sum")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -67,6 +67,10 @@ class TrainerState:
 
 class RewardError(RuntimeError):
     """A reward function failed, or returned something that cannot be a reward."""
+
+
+class RewardInputError(RewardError):
+    """Reward functions that need keywords the data does not offer (found at fit start, before any step)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -222,6 +226,27 @@ class RewardFunctions:
         total = torch.where(applied, values * weights, torch.zeros_like(values)).sum(0)  # (N,)
         rewards = torch.where(applied.any(0), total, torch.full_like(total, math.nan))
         return RewardScores(rewards=rewards, per_function=per_function, seconds=seconds)
+
+    def check_keywords(self, offered: Iterable[str], where: str = "the batch") -> None:
+        """Refuse, before any step, a function whose required parameters none of the ``offered`` keywords fill.
+
+        Args:
+            offered: Every keyword a call will offer (``prompts``, ``completions``, the data's columns, extras).
+            where: What offers them, for the message (e.g. ``"the data (columns ['answer'])"``).
+
+        Raises:
+            RewardInputError: Naming the function, the keywords it lacks and the fix.
+        """
+        keywords = {key: None for key in offered if key not in ("prompts", "completions")}
+        for name, spec in zip(self._names, self._specs, strict=True):
+            try:
+                spec.arguments([], [], keywords)
+            except KeyError as err:
+                raise RewardInputError(
+                    f"reward function {name!r} needs keyword(s) {err.args[0]}, which {where} does not offer; "
+                    f"it offers {sorted({'prompts', 'completions', *keywords})}. Rename the function's parameters "
+                    "to those names, give them defaults, or add the columns to the data."
+                ) from None
 
     def _call(self, index: int, prompts: list[Any], completions: list[Any], keywords: dict[str, Any]) -> RewardCall:
         name, spec = self._names[index], self._specs[index]
