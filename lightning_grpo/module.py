@@ -107,9 +107,7 @@ class GRPOModule(LightningModule):
         self.strict_loading = False  # checkpoints hold the adapter only, not the base weights
         self.config = cfg = grpo or GRPOConfig()
         self.policy_config = policy or PolicyConfig()
-        self.rewards = (
-            reward_funcs if isinstance(reward_funcs, RewardFunctions) else RewardFunctions(reward_funcs, reward_weights)
-        )
+        self.rewards = RewardFunctions.of(reward_funcs, reward_weights, timeout=cfg.reward_timeout)
         name = model if isinstance(model, str | Path) else None
         self.tokenizer = load_tokenizer(tokenizer, name, trust_remote_code=self.policy_config.trust_remote_code)
         self.policy = load_policy(model, self.policy_config, seed=seed).train()

@@ -150,6 +150,29 @@ class RewardFunctions:
         self._timeouts = check_timeouts(timeout, self._names)
         self._specs = tuple(KeywordSpec.of(fn, name) for fn, name in zip(fns, self._names, strict=True))
 
+    @classmethod
+    def of(
+        cls,
+        functions: RewardFunctions | Sequence[Callable[..., Any]] | Mapping[str, Callable[..., Any]],
+        weights: Sequence[float] | Mapping[str, float] | None = None,
+        *,
+        timeout: float | Mapping[str, float | None] | None = None,
+    ) -> RewardFunctions:
+        """``RewardFunctions(functions, weights, timeout=timeout)``; a ``RewardFunctions`` is returned as it is.
+
+        Raises:
+            ValueError: ``functions`` is a ``RewardFunctions`` and ``weights`` or ``timeout`` is given too (set them
+                in one place).
+        """
+        if not isinstance(functions, RewardFunctions):
+            return cls(functions, weights, timeout=timeout)
+        if weights is not None or timeout is not None:
+            raise ValueError(
+                "reward_funcs is a RewardFunctions, which holds its weights and timeouts: give reward_weights and "
+                "GRPOConfig.reward_timeout as None, or pass the functions as a list"
+            )
+        return functions
+
     @property
     def names(self) -> tuple[str, ...]:
         """The reward names, in order; the keys of :attr:`RewardScores.per_function`."""
@@ -265,7 +288,8 @@ def _failure(failed: _CallFailed) -> RewardError:
     if error is None:
         return RewardError(
             f"reward function {name!r} did not finish within its timeout of {failed.call.timeout:g} s; raise "
-            "RewardFunctions(timeout=...) for it, or make it faster (a sync function keeps running in its thread)"
+            f"GRPOConfig(reward_timeout={{{name!r}: ...}}) (YAML: model.init_args.grpo.reward_timeout) or "
+            "RewardFunctions(timeout=...), or make it faster (a sync function is abandoned in its daemon thread)"
         )
     return RewardError(f"reward function {name!r} raised {type(error).__name__}: {error}")
 
