@@ -119,6 +119,7 @@ class GRPOModule(LightningModule):
         self.optimizer_factory, self.scheduler_factory, self.seed = optimizer, lr_scheduler, seed
         self.use_default_callbacks = default_callbacks
         self.timer, self._warned = PhaseTimer(), set[str]()  # the run's warnings given: shared by every step's context
+        self.skipped_steps: list[int] = []  # steps skipped for non-finite values (GRPOConfig.on_nonfinite="skip")
         self.val_metrics = ValidationMetrics(self.config.val_num_generations, self.config.val_success_threshold)
         # Plain values only, so checkpoints load with ``torch.load(weights_only=True)``.
         hparams = {"model": str(name), "grpo": asdict(self.config), "policy": asdict(self.policy_config), "seed": seed}
@@ -274,7 +275,7 @@ class GRPOModule(LightningModule):
         return StepContext(
             device=self.device, global_step=self.global_step if self._trainer is not None else 0,
             seed=self._step_seed(), grad_scale=self._grad_scale(), sum_across_ranks=self._sum_across_ranks,
-            log=self.log, timer=self.timer, warned=self._warned,
+            log=self.log, timer=self.timer, warned=self._warned, skipped=self.skipped_steps,
         )  # fmt: skip
 
     # ---------------------------------------------------------------- validation

@@ -23,6 +23,8 @@ from peft import PeftModel
 from torch.nn import Module
 from transformers import PreTrainedTokenizerBase
 
+from lightning_grpo.policy.finite import check_finite
+
 __all__ = [
     "CHECKPOINT_KEY",
     "CheckedCheckpointIO",
@@ -204,7 +206,12 @@ def _same_sample(saved: list[float], current: list[float]) -> bool:
 
 def keep_adapter_only(checkpoint: dict[str, Any], module: Module, record: dict[str, Any]) -> None:
     """Drop the frozen base weights from a Lightning ``checkpoint`` (only ``module``'s trainable parameters stay)
-    and store ``record`` (what the checkpoint was trained on) under :data:`CHECKPOINT_KEY`."""
+    and store ``record`` (what the checkpoint was trained on) under :data:`CHECKPOINT_KEY`.
+
+    Raises:
+        NonFiniteError: An adapter weight holds a NaN or an infinity: the checkpoint is not written.
+    """
     trainable = {name for name, param in module.named_parameters() if param.requires_grad}
     checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}
+    check_finite(checkpoint["state_dict"].items(), "write a checkpoint")  # the previous checkpoint stays the last
     checkpoint[CHECKPOINT_KEY] = record

@@ -18,6 +18,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from lightning_grpo.policy.finite import check_finite
 from lightning_grpo.policy.hub import from_pretrained
 from lightning_grpo.policy.quantization import (
     Quantization,
@@ -214,8 +215,13 @@ def reference_mode(policy: PeftModel) -> Iterator[PeftModel]:
 
 
 def export_adapter(policy: PeftModel, path: str | Path) -> Path:
-    """Write the adapter in PEFT format (``adapter_config.json`` + safetensors) for ``PeftModel.from_pretrained``."""
+    """Write the adapter in PEFT format (``adapter_config.json`` + safetensors) for ``PeftModel.from_pretrained``.
+
+    Raises:
+        NonFiniteError: An adapter weight holds a NaN or an infinity (nothing is written).
+    """
     path = Path(path)
+    check_finite(((n, p) for n, p in policy.named_parameters() if p.requires_grad), f"write the adapter to {path}")
     path.mkdir(parents=True, exist_ok=True)
     policy.save_pretrained(str(path))
     return path
