@@ -48,7 +48,7 @@ from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from lightning_grpo.callbacks import GRPOProgressBar
-from lightning_grpo.checkpoint import CheckpointMismatchError, UnreadableCheckpointError
+from lightning_grpo.checkpoint import CheckpointMismatchError, CheckpointWriteError, UnreadableCheckpointError
 from lightning_grpo.data import MissingDataError, PromptDataModule
 from lightning_grpo.data.sources import check_source_path
 from lightning_grpo.module import GRPOModule
@@ -69,7 +69,8 @@ _DESCRIPTION = (
 _SUBCOMMANDS = ("fit", "validate", "test", "predict")
 #: Errors whose message is the whole story: printed in one line, without a traceback (docs/troubleshooting.md).
 _USER_ERRORS = (
-    ModelLoadError, UnreadableCheckpointError, CheckpointMismatchError, MissingDataError, RewardInputError,
+    ModelLoadError, UnreadableCheckpointError, CheckpointMismatchError, CheckpointWriteError, MissingDataError,
+    RewardInputError,
 )  # fmt: skip
 _NO_CONFIG = (
     "lightning-grpo {subcommand}: no model given. Pass a config, e.g. the demo's:\n"
