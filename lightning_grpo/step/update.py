@@ -91,23 +91,20 @@ def run_updates(module: StepModule, context: StepContext, batch: UpdateBatch) ->
     generator = torch.Generator().manual_seed(context.seed)
     norm = float(cfg.loss_agg_norm or cfg.max_new_tokens)
     sums, shares = MetricSums(), []
-    for _ in range(cfg.ppo_epochs):
-        for rows in minibatch_indices(len(batch), mini, generator):
-            minibatch = batch.select(rows.to(context.device))
-            counts = LossCounts.of(minibatch.loss_mask, norm, context.sum_across_ranks)
-            part, flags = _accumulate(module, context, minibatch, counts, micro, sums)
-            shares.append(part)
-            flags = torch.cat([flags, gradient_flag(module.policy.parameters(), context.device)])
-            if not step_is_finite(context, flags, on_nonfinite=cfg.on_nonfinite, max_skipped=cfg.max_skipped_steps):
-                optimizer.zero_grad(set_to_none=True)  # nothing of this iteration's remaining updates is applied
-                break
-            if cfg.max_grad_norm is not None:
-                module.clip_gradients(optimizer, gradient_clip_val=cfg.max_grad_norm, gradient_clip_algorithm="norm")
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-        else:
-            continue
-        break
+    epochs = [rows for _ in range(cfg.ppo_epochs) for rows in minibatch_indices(len(batch), mini, generator)]
+    for rows in epochs:  # the mini-batches of every pass, each pass a fresh permutation
+        minibatch = batch.select(rows.to(context.device))
+        counts = LossCounts.of(minibatch.loss_mask, norm, context.sum_across_ranks)
+        part, flags = _accumulate(module, context, minibatch, counts, micro, sums)
+        shares.append(part)
+        flags = torch.cat([flags, gradient_flag(module.policy.parameters(), context.device)])
+        if not step_is_finite(context, flags, on_nonfinite=cfg.on_nonfinite, max_skipped=cfg.max_skipped_steps):
+            optimizer.zero_grad(set_to_none=True)  # nothing of this iteration's remaining updates is applied
+            break
+        if cfg.max_grad_norm is not None:
+            module.clip_gradients(optimizer, gradient_clip_val=cfg.max_grad_norm, gradient_clip_algorithm="norm")
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
     scheduler = module.lr_schedulers()
     if scheduler is not None:
         scheduler.step()
