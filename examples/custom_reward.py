@@ -24,6 +24,7 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig, PromptDataModule
 from lightning_grpo.callbacks import CompletionStats, GroupRewardStats
 from lightning_grpo.testing import TinyModel, TinyTokenizer, make_task
+from lightning_grpo.testing.demo import read_rewards, summarize
 
 _SUM = re.compile(r"(\d+)\+(\d+)=")
 
@@ -81,9 +82,11 @@ def build(options: argparse.Namespace) -> tuple[GRPOModule, PromptDataModule, Tr
 
 def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Command-line flags; the defaults train the tiny model on CPU."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=None, help="HF id or local path (default: the tiny model)")
-    parser.add_argument("--train-data", default=None, help="JSONL/JSON path or hf:<name> (default: tiny sums)")
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    parser.add_argument("--model", default=None, help="HF id or local path (None: the tiny model)")
+    parser.add_argument("--train-data", default=None, help="JSONL/JSON path or hf:<name> (None: tiny sums)")
     parser.add_argument("--max-steps", type=int, default=200, help="GRPO iterations")
     parser.add_argument("--num-generations", type=int, default=8, help="G, samples per prompt")
     parser.add_argument("--batch-size", type=int, default=8, help="prompts per iteration")
@@ -100,13 +103,14 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> Trainer:
-    """Train, then print the mean reward of the first and last iterations; returns the fitted trainer."""
+    """Train, then print the mean reward of the first and last tenth of the iterations; returns the fitted trainer."""
     options = parse(argv)
     torch.set_num_threads(options.num_threads)
     module, data, trainer = build(options)
     trainer.fit(module, data)
-    reward = trainer.callback_metrics["train/reward_mean"]
-    print(f"logs: {trainer.logger.log_dir}; last train/reward_mean {reward:.2f}")
+    first, last = summarize(read_rewards(f"{trainer.logger.log_dir}/metrics.csv"))  # first and last tenth of steps
+    print(f"logs: {trainer.logger.log_dir}")
+    print(f"custom_reward: mean reward {first:.2f} -> {last:.2f} over {trainer.global_step} steps")
     return trainer
 
 

@@ -95,7 +95,9 @@ def build_trainer(options: argparse.Namespace) -> Trainer:
 
 def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Command-line flags; the defaults are the GPU recipe."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     add = parser.add_argument
     add("--model", default="Qwen/Qwen2.5-0.5B-Instruct", help="HF id or local path")
     add("--train-data", default="hf:openai/gsm8k", help="hf:<name> or a JSONL/JSON path")

@@ -137,7 +137,9 @@ def build(options: argparse.Namespace) -> tuple[GRPOModule, PromptDataModule, Tr
 
 def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Command-line flags."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     parser.add_argument("--max-steps", type=int, default=80, help="GRPO iterations")
     parser.add_argument("--max-turns", type=int, default=4, help="guesses per game")
     parser.add_argument("--num-generations", type=int, default=8, help="G, games per prompt")

@@ -60,9 +60,11 @@ class LengthPenaltyGRPO(GRPOModule):
 
 def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Command-line flags; the defaults train the tiny model on CPU."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=None, help="HF id or local path (default: the tiny model)")
-    parser.add_argument("--train-data", default=None, help="JSONL/JSON path or hf:<name> (default: tiny sums)")
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    parser.add_argument("--model", default=None, help="HF id or local path (None: the tiny model)")
+    parser.add_argument("--train-data", default=None, help="JSONL/JSON path or hf:<name> (None: tiny sums)")
     parser.add_argument("--length-penalty", type=float, default=0.1)
     parser.add_argument("--max-steps", type=int, default=100, help="GRPO iterations")
     parser.add_argument("--num-generations", type=int, default=8)
@@ -99,8 +101,9 @@ def main(argv: Sequence[str] | None = None) -> LengthPenaltyGRPO:
         enable_progress_bar=options.progress_bar,
     )
     trainer.fit(module, PromptDataModule(options.train_data or make_task("addition"), batch_size=options.batch_size))
-    metrics = {k: f"{float(v):.3f}" for k, v in trainer.callback_metrics.items() if "length" in k or "reward" in k}
-    print(f"last iteration: {metrics}")
+    logged = trainer.callback_metrics
+    reward, length = (float(logged[name]) for name in ("train/reward_mean", "train/completion/length_mean"))
+    print(f"subclass_step: last iteration's mean reward {reward:.2f}, mean completion length {length:.1f} tokens")
     return module
 
 

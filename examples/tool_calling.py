@@ -106,7 +106,9 @@ def build(
 
 def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Command-line flags; the defaults run in under a minute on two CPU cores."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     parser.add_argument("--max-steps", type=int, default=60, help="GRPO iterations")
     parser.add_argument("--num-generations", type=int, default=8, help="G, trajectories per prompt")
     parser.add_argument("--batch-size", type=int, default=4, help="prompts per iteration")

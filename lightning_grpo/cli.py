@@ -30,11 +30,16 @@ tiny models on a small machine).
 
 from __future__ import annotations
 
+import difflib
+import importlib
+import inspect
+import logging
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from jsonargparse import Namespace
@@ -43,26 +48,85 @@ from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from lightning_grpo.callbacks import GRPOProgressBar
-from lightning_grpo.checkpoint import CheckpointMismatchError, UnreadableCheckpointError
+from lightning_grpo.checkpoint import CheckpointMismatchError, CheckpointWriteError, UnreadableCheckpointError
+from lightning_grpo.data import MissingDataError, PromptDataModule
+from lightning_grpo.data.sources import check_source_path
 from lightning_grpo.module import GRPOModule
 from lightning_grpo.policy import ModelLoadError
+from lightning_grpo.rewards import RewardInputError
 
-__all__ = ["GRPOCLI", "main", "parse_config"]
+__all__ = ["GRPOCLI", "main", "misspelt_setting", "parse_config"]
 
+#: The demo's config, shipped in the package (a wheel has no configs/ folder); not imported: testing is fixtures.
+_PACKAGED_CONFIG = Path(__file__).resolve().parent / "testing" / "tiny.yaml"
 _DESCRIPTION = (
-    "GRPO fine-tuning with LoRA, as a PyTorch Lightning module. Start from a config: "
-    "'lightning-grpo fit --config configs/debug/tiny.yaml'. The module's settings: "
+    "GRPO fine-tuning with LoRA, as a PyTorch Lightning module. First run 'lightning-grpo demo': a tiny model learns "
+    "addition on CPU, offline, in about a minute. Subcommands: demo, fit, validate, test, predict. Start a run from a "
+    f"config, e.g. the demo's: 'lightning-grpo fit --config {_PACKAGED_CONFIG}'. The module's settings: "
     "'lightning-grpo fit --model.help lightning_grpo.GRPOModule' (add --model.grpo.help or --model.policy.help "
     "for GRPOConfig's or PolicyConfig's fields)."
 )
 _SUBCOMMANDS = ("fit", "validate", "test", "predict")
 #: Errors whose message is the whole story: printed in one line, without a traceback (docs/troubleshooting.md).
-_USER_ERRORS = (ModelLoadError, UnreadableCheckpointError, CheckpointMismatchError)
+_USER_ERRORS = (
+    ModelLoadError, UnreadableCheckpointError, CheckpointMismatchError, CheckpointWriteError, MissingDataError,
+    RewardInputError,
+)  # fmt: skip
 _NO_CONFIG = (
-    "lightning-grpo {subcommand}: no model given. Pass a config, e.g.\n"
-    "  lightning-grpo {subcommand} --config configs/debug/tiny.yaml\n"
-    "(see the configs/ folder), or set --model and --data on the command line."
+    "lightning-grpo {subcommand}: no model given. Pass a config, e.g. the demo's:\n"
+    "  lightning-grpo {subcommand} --config {config}\n"
+    "or set --model and --data on the command line ('lightning-grpo demo' runs that config)."
 )
+
+
+class _SuggestingParser(LightningArgumentParser):
+    """LightningCLI's parser; an unknown setting's error opens with the closest valid name, the full message after."""
+
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        """Print what is wrong and the fix first (``did you mean 'num_generations'?``), then the parser's message."""
+        parser = getattr(ex, "subcommand_parser", None) or self
+        summary = misspelt_setting(message, [o for a in parser._actions for o in a.option_strings])
+        if summary and self.exit_on_error:
+            sys.stderr.write(f"{parser.prog.replace(' [options]', '')}: error: {summary}\nThe full message:\n")
+        super().error(message, ex)
+
+
+def misspelt_setting(message: str, options: Sequence[str]) -> str | None:
+    """A one-line summary of an unknown setting in a parser ``message``, with the closest valid name, or ``None``.
+
+    Args:
+        message: The parser's error message.
+        options: The parser's option strings (``--trainer.max_steps``, ...), for unknown command-line arguments.
+
+    Example::
+
+        >>> misspelt_setting("unrecognized arguments: --trainer.max_step 3", ["--trainer.max_steps"])
+        "unknown setting 'trainer.max_step': did you mean 'trainer.max_steps'? Fix the name and run again."
+    """
+    found = re.search(r"class_path '([\w.]+)':\s+Option '(\w+)' is not accepted", message)
+    if found:
+        cls, name = found.groups()
+        return _suggest(name, _parameters(cls), f" of {cls}")
+    found = re.search(r"unrecognized arguments: --(\S+)|does not accept option '([\w.]+)'", message)
+    if found:
+        name = found.group(1) or found.group(2)
+        return _suggest(name.split("=")[0], [o.lstrip("-") for o in options if o.startswith("--")], "")
+    return None
+
+
+def _suggest(name: str, valid: Sequence[str], where: str) -> str:
+    close = difflib.get_close_matches(name, valid, n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}?" if close else f"valid names: {', '.join(sorted(valid)[:12])}"
+    return f"unknown setting {name!r}{where}: {hint} Fix the name and run again."
+
+
+def _parameters(path: str) -> list[str]:
+    """The keyword parameters of the class at import ``path`` (its dataclass fields or ``__init__`` arguments)."""
+    try:
+        parameters = inspect.signature(_imported(path)).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in parameters if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
 
 
 class GRPOCLI(LightningCLI):
@@ -96,11 +160,13 @@ class GRPOCLI(LightningCLI):
             "subclass_mode_model": True,
             "subclass_mode_data": True,
             "auto_configure_optimizers": False,
+            "parser_class": _SuggestingParser,  # a misspelt setting: "did you mean ..." on the error's first line
             # without a logger the config goes to default_root_dir: a rerun replaces it (with a logger, each run has
             # its own version_N folder); docs/troubleshooting.md
             "save_config_kwargs": {"overwrite": True},
         }
         parser_kwargs = {"description": _DESCRIPTION, "allow_abbrev": False, **kwargs.pop("parser_kwargs", {})}
+        _drop_lightning_tips()
         super().__init__(**{**options, **kwargs}, parser_kwargs=parser_kwargs, args=args, run=run)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -127,7 +193,7 @@ class GRPOCLI(LightningCLI):
         try:
             super().instantiate_classes()
         except Exception as error:
-            cause = _root_cause(error, (ModelLoadError,))
+            cause = _root_cause(error, _USER_ERRORS)
             if cause is None:
                 raise
             raise cause from None
@@ -142,10 +208,15 @@ class GRPOCLI(LightningCLI):
         return super()._instantiate_trainer(config, callbacks)
 
     def before_instantiate_classes(self) -> None:
-        """Apply ``torch_num_threads`` before the model is built."""
+        """Apply ``torch_num_threads`` and check a PromptDataModule's files before the model is built."""
         config = self.config[self.subcommand] if self.subcommand else self.config
         if config.get("torch_num_threads"):
             torch.set_num_threads(config.torch_num_threads)
+        data = config.get("data")
+        if isinstance(data, Namespace) and _is_prompt_datamodule(data.get("class_path")):
+            for argument in ("train_data", "val_data"):
+                if data.get(f"init_args.{argument}") is not None:
+                    check_source_path(data.get(f"init_args.{argument}"), argument)
 
 
 class _Parsed(Exception):
@@ -204,7 +275,7 @@ def main(args: Sequence[str] | None = None) -> None:
     _import_from_working_directory()
     prog = "python -m lightning_grpo" if Path(sys.argv[0]).name == "__main__.py" else "lightning-grpo"
     if argv and argv[0] in _SUBCOMMANDS and not any(_names_a_model(arg) for arg in argv[1:]):
-        print(_NO_CONFIG.format(subcommand=argv[0]), file=sys.stderr)
+        print(_NO_CONFIG.format(subcommand=argv[0], config=_PACKAGED_CONFIG), file=sys.stderr)
         sys.exit(2)  # the exit status of a usage error, as the parser's own
     try:
         GRPOCLI(args=None if args is None else argv, parser_kwargs={"prog": prog})
@@ -221,6 +292,36 @@ def _import_from_working_directory() -> None:
     """
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
+
+
+class _NoTips(logging.Filter):
+    """Drops Lightning's advertising tips (litlogger, litmodels), which would open every run's output."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("💡 Tip")
+
+
+def _drop_lightning_tips() -> None:
+    """Install :class:`_NoTips` on the loggers of Lightning's ``rank_zero_info`` (once)."""
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _NoTips) for f in logger.filters):
+            logger.addFilter(_NoTips())
+
+
+def _is_prompt_datamodule(path: Any) -> bool:
+    """Whether the import ``path`` names :class:`~lightning_grpo.data.PromptDataModule` or a subclass of it."""
+    cls = _imported(str(path))
+    return isinstance(cls, type) and issubclass(cls, PromptDataModule)
+
+
+def _imported(path: str) -> Any:
+    """The object at the import ``path`` (``package.module.Name``), or ``None`` when it cannot be imported."""
+    module, _, name = path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError):
+        return None
 
 
 def _root_cause(error: BaseException, kinds: tuple[type[BaseException], ...]) -> BaseException | None:

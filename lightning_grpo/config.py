@@ -16,6 +16,7 @@ from lightning_grpo.algorithms.aggregation import LossAggMode
 from lightning_grpo.algorithms.catalogue import IMPORT_PATH_PATTERN, choose, is_import_path
 from lightning_grpo.algorithms.kl import KLEstimator
 from lightning_grpo.algorithms.policy_losses import PolicyLossKind, check_clip_args
+from lightning_grpo.rewards._validation import check_timeouts
 from lightning_grpo.rollout.generation import SAMPLERS, Sampler
 from lightning_grpo.settings_checks import check_number
 
@@ -55,6 +56,7 @@ _NUMBER_RULES: dict[str, dict[str, Any]] = {
     "val_temperature": {"minimum": 0.0, "exclusive_minimum": True, "allow_none": True},
     "val_success_threshold": {},
     "max_sampling_rounds": _INT,
+    "max_skipped_steps": {"integer": True, "minimum": 0},
 }
 
 
@@ -125,6 +127,14 @@ class GRPOConfig:
         max_sampling_rounds: Most sampling rounds per step with ``dynamic_sampling`` (the first included; verl
             ``max_num_gen_batches``); when they run out the step trains on what it has, topped up with filtered
             groups to keep its size.
+        reward_timeout: Seconds each reward function may take per step: one number for all, a mapping from reward
+            name to seconds (``{"judge": 30}``; names as in ``train/reward/<name>``), or ``None`` for no limit. A
+            function past it stops the run with an error naming it; its thread is abandoned and never keeps the
+            process alive.
+        on_nonfinite: What a non-finite loss, KL, ratio or gradient norm does: ``"stop"`` the run with an error
+            naming the step and the quantity, or ``"skip"`` the step (no optimizer step, a warning), at most
+            ``max_skipped_steps`` times. The adapter is never updated with, or saved with, a non-finite value.
+        max_skipped_steps: Most steps ``on_nonfinite="skip"`` may skip in a run before it stops.
     """
 
     num_generations: int = 8
@@ -167,12 +177,23 @@ class GRPOConfig:
     env_reward: Literal["sum", "last"] = "sum"
     dynamic_sampling: bool = False
     max_sampling_rounds: int = 10
+    # faults (docs/troubleshooting.md): reward timeouts, non-finite steps
+    reward_timeout: float | dict[str, float | None] | None = None
+    on_nonfinite: Literal["stop", "skip"] = "stop"
+    max_skipped_steps: int = 3
 
     def __post_init__(self) -> None:
         self._check_names()
         self._check_ranges()
         self._check_batches()
         self._check_agent()
+        self._check_faults()
+
+    def _check_faults(self) -> None:
+        timeout = self.reward_timeout
+        check_timeouts(timeout, tuple(timeout) if isinstance(timeout, dict) else ("every reward",))
+        if self.on_nonfinite not in ("stop", "skip"):
+            raise ValueError(f"on_nonfinite={self.on_nonfinite!r} is not valid; choose one of 'stop', 'skip'")
 
     def _check_names(self) -> None:
         for setting, (catalogue, what) in _OPEN.items():  # a built-in name, or an import path that imports

@@ -26,6 +26,7 @@ from lightning_grpo.algorithms import compute_advantages, kl_penalty, policy_los
 from lightning_grpo.algorithms.statistics import masked_mean
 from lightning_grpo.callbacks._outputs import missing_callbacks
 from lightning_grpo.callbacks.defaults import default_callbacks as monitoring_callbacks
+from lightning_grpo.callbacks.progress_bar import readable_progress_bar
 from lightning_grpo.checkpoint import check_resume, describe_policy, install_checked_io, keep_adapter_only, settings_of
 from lightning_grpo.config import GRPOConfig
 from lightning_grpo.metrics import ValidationMetrics
@@ -38,6 +39,7 @@ from lightning_grpo.rollout.multi_turn import sample_rollout
 from lightning_grpo.step import LossCounts, PhaseTimer, StepContext, StepOutput, UpdateBatch
 from lightning_grpo.step.context import any_rank
 from lightning_grpo.step.dynamic_sampling import check_datamodule, dynamic_sample
+from lightning_grpo.step.fit_checks import check_reward_keywords
 from lightning_grpo.step.seeding import seeded, step_seed
 from lightning_grpo.step.update import fixed_logprobs, rollout_agreement, run_updates, sampling_logprobs
 from lightning_grpo.step.zero_signal import check_signal
@@ -105,9 +107,7 @@ class GRPOModule(LightningModule):
         self.strict_loading = False  # checkpoints hold the adapter only, not the base weights
         self.config = cfg = grpo or GRPOConfig()
         self.policy_config = policy or PolicyConfig()
-        self.rewards = (
-            reward_funcs if isinstance(reward_funcs, RewardFunctions) else RewardFunctions(reward_funcs, reward_weights)
-        )
+        self.rewards = RewardFunctions.of(reward_funcs, reward_weights, timeout=cfg.reward_timeout)
         name = model if isinstance(model, str | Path) else None
         self.tokenizer = load_tokenizer(tokenizer, name, trust_remote_code=self.policy_config.trust_remote_code)
         self.policy = load_policy(model, self.policy_config, seed=seed).train()
@@ -119,6 +119,7 @@ class GRPOModule(LightningModule):
         self.optimizer_factory, self.scheduler_factory, self.seed = optimizer, lr_scheduler, seed
         self.use_default_callbacks = default_callbacks
         self.timer, self._warned = PhaseTimer(), set[str]()  # the run's warnings given: shared by every step's context
+        self.skipped_steps: list[int] = []  # steps skipped for non-finite values (GRPOConfig.on_nonfinite="skip")
         self.val_metrics = ValidationMetrics(self.config.val_num_generations, self.config.val_success_threshold)
         # Plain values only, so checkpoints load with ``torch.load(weights_only=True)``.
         hparams = {"model": str(name), "grpo": asdict(self.config), "policy": asdict(self.policy_config), "seed": seed}
@@ -271,7 +272,7 @@ class GRPOModule(LightningModule):
         return StepContext(
             device=self.device, global_step=self.global_step if self._trainer is not None else 0,
             seed=self._step_seed(), grad_scale=self._grad_scale(), sum_across_ranks=self._sum_across_ranks,
-            log=self.log, timer=self.timer, warned=self._warned,
+            log=self.log, timer=self.timer, warned=self._warned, skipped=self.skipped_steps,
         )  # fmt: skip
 
     # ---------------------------------------------------------------- validation
@@ -324,16 +325,19 @@ class GRPOModule(LightningModule):
     def configure_callbacks(self) -> list[Callback]:
         """The monitoring callbacks (:func:`~lightning_grpo.callbacks.default_callbacks`) of types the trainer lacks.
 
-        A trainer's callback of the same type (or a related one) wins; ``default_callbacks=False``: none.
+        A trainer's callback of the same type (or a related one) wins; Lightning's default progress bar becomes
+        :class:`~lightning_grpo.callbacks.GRPOProgressBar`, the user's own stays. ``default_callbacks=False``: none.
         """
         if not self.use_default_callbacks:
             return []
-        return missing_callbacks(monitoring_callbacks(), present=self.trainer.callbacks)
+        missing = missing_callbacks(monitoring_callbacks(), present=self.trainer.callbacks)
+        return [*missing, *readable_progress_bar(self.trainer)]  # the bar last: it shows what the others logged
 
     def on_fit_start(self) -> None:
-        """Time phases and score with reward models on the module's device; check what dynamic sampling needs."""
+        """Time phases, score with reward models on the module's device; check reward inputs and dynamic sampling."""
         self.timer.device = self.device
         self.rewards.to(self.device, getattr(self.policy, "dtype", None))  # reward models are not in the policy
+        check_reward_keywords(self.rewards, self.trainer.datamodule, environment=bool(self.agent.environment_factory))
         if self.config.dynamic_sampling:
             check_datamodule(self.trainer.datamodule)
 
@@ -370,11 +374,7 @@ class GRPOModule(LightningModule):
         return optimizer, None if self.scheduler_factory is None else self.scheduler_factory(optimizer)
 
     def _sum_across_ranks(self, tensor: Tensor) -> Tensor:
-        """Sum over ranks of what enters the loss and the advantages (token counts, batch statistics).
-
-        One all-reduce on the strategy's own process group, mid-step; logged metrics go through
-        :mod:`lightning_grpo.metrics` instead.
-        """
+        """Sum over ranks (one all-reduce, mid-step) of what enters the loss and advantages; not logged metrics."""
         if self._trainer is None or self.trainer.world_size == 1:
             return tensor
         return self.trainer.strategy.reduce(tensor, reduce_op="sum")

@@ -31,7 +31,8 @@ class AgentStats(Callback):
     * ``turn_reward_mean/<k>``: mean environment reward of turn ``k`` (from 0) over the trajectories whose turn ``k``
       gave one; logged for the turns that some trajectory of some rank reached with a reward.
 
-    Nothing is logged for single-turn rollouts (``Rollout.turns`` is ``None``). Validation rollouts give the same
+    Nothing is logged for single-turn rollouts (``Rollout.turns`` is ``None``, or the module has neither tools nor
+    an environment: chat prompts alone). Validation rollouts give the same
     metrics over the whole validation epoch, under ``<val_prefix>agent/``.
 
     Args:
@@ -58,7 +59,7 @@ class AgentStats(Callback):
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         rollout = step_output(outputs, self, ("rollout",))["rollout"]
-        if rollout.turns is not None:
+        if rollout.turns is not None and _multi_turn(pl_module):
             self._log(pl_module, self.prefix, _Sums.of(rollout))
 
     @override
@@ -71,7 +72,7 @@ class AgentStats(Callback):
         dataloader_idx: int = 0,
     ) -> None:  # fmt: skip
         rollout = step_output(outputs, self, ("rollout",))["rollout"]
-        if rollout.turns is not None:
+        if rollout.turns is not None and _multi_turn(pl_module):
             sums = _Sums.of(rollout)
             self._val = sums if self._val is None else self._val + sums
 
@@ -84,6 +85,12 @@ class AgentStats(Callback):
     def _log(self, pl_module: LightningModule, prefix: str, sums: _Sums) -> None:
         metrics = sums.metrics()
         pl_module.log_dict({f"{prefix}agent/{key}": value.float() for key, value in metrics.items()})  # global
+
+
+def _multi_turn(pl_module: LightningModule) -> bool:
+    """Whether the module can run several turns (tools or an environment): conversational prompts alone cannot."""
+    agent = getattr(pl_module, "agent", None)
+    return getattr(agent, "multi_turn", True)
 
 
 def agent_metrics(rollout: Rollout) -> dict[str, Tensor]:

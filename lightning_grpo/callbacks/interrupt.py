@@ -1,29 +1,42 @@
-"""On Ctrl-C, save a resumable checkpoint of the last completed GRPO iteration and the adapter before exiting."""
+"""On Ctrl-C or SIGTERM, save a resumable checkpoint of the last completed GRPO iteration and the adapter, then exit."""
 
 from __future__ import annotations
 
+import shlex
+import sys
 from pathlib import Path
 from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
 
-__all__ = ["SaveOnInterrupt"]
+__all__ = ["SIGTERM_EXIT_CODE", "SaveOnInterrupt"]
+
+#: The exit status of a run stopped by SIGTERM (128 + 15, as a shell reports it): never 0, so a scheduler does not
+#: take a preempted job for a finished one.
+SIGTERM_EXIT_CODE = 143
 
 
 class SaveOnInterrupt(Callback):
-    r"""When a run is stopped with Ctrl-C (SIGINT), save a checkpoint to resume from and export the adapter.
+    r"""When a run is stopped with Ctrl-C (SIGINT) or SIGTERM, save a checkpoint to resume from and export the adapter.
 
-    Lightning turns Ctrl-C into a graceful shutdown and calls ``on_exception``; this callback then writes
+    **SIGTERM** (a cluster scheduler's preemption, ``kill``): Lightning notes the signal and lets the current GRPO
+    iteration finish; at its end every rank agrees whether any rank received it (one small all-reduce per
+    iteration), so under DDP and FSDP2 all ranks stop after the same step. The checkpoint of that step and the
+    adapter are saved (by every rank together), the resume command is printed, and the process exits with status
+    :data:`SIGTERM_EXIT_CODE` (143), not 0 as Lightning alone would.
+
+    **Ctrl-C**: Lightning turns it into a graceful shutdown and calls ``on_exception``; this callback then writes
     ``interrupted-step=<N>.ckpt`` (``N`` = ``trainer.global_step``, the optimizer steps completed) into the
     ``ModelCheckpoint``'s folder (or ``dirpath``), and the adapter in PEFT format beside the
     :class:`~lightning_grpo.callbacks.AdapterExport` exports (or beside the checkpoint). Stopped while sampling or
     scoring, the module still holds the last completed iteration, which is what is saved: resuming from the file
     repeats the interrupted iteration exactly. Stopped between two optimizer steps of one iteration (several
     mini-batches or ``ppo_epochs``), the adapter is half-updated: nothing is saved then, and a warning says so.
-    Runs of several processes (DDP, FSDP2) are not saved either: each rank stops at its own point, possibly inside a
-    collective, so they resume from their last periodic checkpoint.
+    Runs of several processes (DDP, FSDP2) are not saved on Ctrl-C: each rank stops at its own point, possibly inside
+    a collective, so they resume from their last periodic checkpoint (SIGTERM is saved: the ranks agree first).
     Resume with ``--ckpt_path <the file>`` (docs/distributed.md).
 
     Args:
@@ -42,6 +55,7 @@ class SaveOnInterrupt(Callback):
         self.dirpath = dirpath
         self.export_adapter = export_adapter
         self._step_at_batch_start: int | None = None  # set while an iteration runs
+        self._stopped = False  # SIGTERM handled at an iteration's end
 
     @override
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
@@ -52,9 +66,19 @@ class SaveOnInterrupt(Callback):
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         self._step_at_batch_start = None
+        received = trainer.received_sigterm
+        if trainer.world_size > 1:  # a collective at the same point on every rank: they stop after the same step
+            received = trainer.strategy.reduce_boolean_decision(received, all=False)
+        if received:
+            self._stopped = True
+            self._save(trainer, pl_module, "Stopped by SIGTERM")
+            raise SIGTERMException(SIGTERM_EXIT_CODE)
 
     @override
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        if isinstance(exception, SIGTERMException):
+            self._on_sigterm(trainer, pl_module, exception)
+            return
         if not isinstance(exception, KeyboardInterrupt) or not trainer.training:
             return
         if trainer.world_size > 1:  # ranks stop at different points, possibly inside a collective: no safe save
@@ -70,15 +94,30 @@ class SaveOnInterrupt(Callback):
                 "resume from the last periodic checkpoint."
             )
             return
+        self._save(trainer, pl_module, "Interrupted")
+
+    def _on_sigterm(self, trainer: Trainer, pl_module: LightningModule, exception: SIGTERMException) -> None:
+        """Lightning's own SIGTERM stop (the signal came after this iteration's check): exit non-zero all the same."""
+        if exception.code in (None, 0):
+            exception.code = SIGTERM_EXIT_CODE
+        if self._stopped or not trainer.training:
+            return
+        if trainer.world_size > 1 or self._step_at_batch_start is not None:
+            rank_zero_warn("Stopped by SIGTERM mid-iteration: no checkpoint saved; resume from the last checkpoint.")
+            return
+        self._save(trainer, pl_module, "Stopped by SIGTERM")
+
+    def _save(self, trainer: Trainer, pl_module: LightningModule, why: str) -> None:
+        """Save the checkpoint (every rank calls it) and the adapter; print where, and how to resume."""
         path = self.checkpoint_path(trainer)
         trainer.save_checkpoint(path)
-        message = f"Interrupted: saved {path}; resume with --ckpt_path {path}"
+        message = f"{why} after step {trainer.global_step}: saved {path}"
         if self.export_adapter and callable(getattr(pl_module, "export_adapter", None)):
             adapter = self._adapter_path(trainer)
             if getattr(pl_module, "export_adapter_all_ranks", False) or trainer.is_global_zero:
                 pl_module.export_adapter(adapter)
             message += f"; the adapter is in {adapter}"
-        rank_zero_info(message)
+        rank_zero_info(f"{message}\nResume with: {resume_command(path)}")
 
     def checkpoint_path(self, trainer: Trainer) -> Path:
         """``<folder>/interrupted-step=<global_step>.ckpt``."""
@@ -94,3 +133,26 @@ class SaveOnInterrupt(Callback):
             if callable(getattr(callback, "path_for", None)):  # AdapterExport: beside its exports
                 return callback.path_for(trainer, name)
         return self.checkpoint_path(trainer).with_name(name)
+
+
+def resume_command(checkpoint: Path, argv: list[str] | None = None) -> str:
+    """The command line that resumes from ``checkpoint``: this one (``argv``, default ``sys.argv``) with
+    ``--ckpt_path``, or the Python call for a run started from Python.
+
+    Example::
+
+        >>> argv = ["/usr/bin/lightning-grpo", "fit", "--config", "my run.yaml", "--ckpt_path", "old.ckpt"]
+        >>> resume_command(Path("ckpt/interrupted-step=3.ckpt"), argv)
+        "lightning-grpo fit --config 'my run.yaml' --ckpt_path ckpt/interrupted-step=3.ckpt"
+    """
+    argv = list(sys.argv if argv is None else argv)
+    program = Path(argv[0]).name if argv else ""
+    if program not in ("lightning-grpo", "__main__.py") or argv[1:2] != ["fit"]:
+        return f"trainer.fit(module, data, ckpt_path={str(checkpoint)!r})"
+    args, skip = [], False
+    for arg in argv[1:]:  # without the checkpoint it may have resumed from
+        if not skip and not arg.startswith("--ckpt_path"):
+            args.append(arg)
+        skip = arg == "--ckpt_path"
+    name = "lightning-grpo" if program == "lightning-grpo" else "python -m lightning_grpo"
+    return f"{name} {shlex.join([*args, '--ckpt_path', str(checkpoint)])}"

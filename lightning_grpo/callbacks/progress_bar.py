@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from lightning.pytorch import LightningModule, Trainer
-from lightning.pytorch.callbacks import TQDMProgressBar
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
+from lightning.pytorch.callbacks.progress.rich_progress import RichProgressBarTheme
 from typing_extensions import override
 
-__all__ = ["SHORT_NAMES", "WHILE_NONZERO", "GRPOProgressBar"]
+__all__ = ["SHORT_NAMES", "WHILE_NONZERO", "GRPOProgressBar", "readable_progress_bar"]
 
 #: Shown in the bar by default: short name -> the full name the loggers receive.
 SHORT_NAMES: Mapping[str, str] = MappingProxyType({"reward": "train/reward_mean", "kl": "train/kl"})
@@ -58,3 +59,28 @@ class GRPOProgressBar(TQDMProgressBar):
         shown = {short: logged[name].item() for short, name in self.metrics.items() if name in logged}
         warnings = {short: logged[name].item() for short, name in WHILE_NONZERO.items() if name in logged}
         return {**shown, **{short: value for short, value in warnings.items() if value != 0}}
+
+
+def readable_progress_bar(trainer: Trainer) -> list[GRPOProgressBar]:
+    """A :class:`GRPOProgressBar` in place of Lightning's default bar; none when the user chose a bar or none.
+
+    Lightning adds a plain ``TQDMProgressBar()`` (or ``RichProgressBar()``) when the trainer was given no progress
+    bar: that one is taken out of ``trainer.callbacks`` and the returned bar, added last by
+    ``configure_callbacks``, shows the GRPO metrics instead. A bar the user configured (another class, or other
+    settings) stays, and so does ``enable_progress_bar=False``.
+    """
+    bar = trainer.progress_bar_callback
+    if bar is None or not _is_lightning_default(bar):
+        return []
+    trainer.callbacks = [callback for callback in trainer.callbacks if callback is not bar]
+    return [GRPOProgressBar()]
+
+
+def _is_lightning_default(bar: Callback) -> bool:
+    """Whether ``bar`` is the bar Lightning creates by itself: exactly its class, with default settings."""
+    if type(bar) is TQDMProgressBar:
+        default = TQDMProgressBar()
+        return bar.refresh_rate == default.refresh_rate and bar.process_position == default.process_position
+    if type(bar) is RichProgressBar:
+        return bar.refresh_rate == RichProgressBar().refresh_rate and bar.theme == RichProgressBarTheme()
+    return False

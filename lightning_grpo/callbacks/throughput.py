@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import ThroughputMonitor as LightningThroughputMonitor
+from lightning.pytorch.trainer.states import RunningStage
 from typing_extensions import override
 
 from lightning_grpo.callbacks._outputs import check_positive_int, check_prefix, step_output
@@ -25,7 +26,7 @@ class ThroughputMonitor(LightningThroughputMonitor):
     a *sample* as one sampled completion and an *item* as one token the policy sampled (``Rollout.sampled_mask``;
     tool and environment tokens of multi-turn trajectories are not counted), in training and in validation.
     On rank zero, at the trainer's logging steps, it sends to the loggers (not to the progress bar) under ``train/``
-    (``validate/`` for validation):
+    (``validate/`` for validation), in training with the step's other metrics (one ``metrics.csv`` row per step):
 
     * ``device/samples_per_sec``, ``device/items_per_sec``, ``device/batches_per_sec``: completions, completion
       tokens and iterations per second of wall-clock time on rank zero, averaged over the last ``window_size``
@@ -72,6 +73,7 @@ class ThroughputMonitor(LightningThroughputMonitor):
         self.prefix = check_prefix(prefix)
         self._rollout: Rollout | None = None
         self._step_started: float | None = None
+        self._pending: dict[str, Any] = {}  # Lightning's training part, logged with the step's other metrics
 
     def _completions(self, batch: Any) -> int:
         """Lightning's ``batch_size_fn``: the samples of the step are the completions of its rollout."""
@@ -100,6 +102,22 @@ class ThroughputMonitor(LightningThroughputMonitor):
         self._rollout = step["rollout"]
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)  # Lightning's part, rank zero
         self._log_phases(pl_module, step)
+        if trainer.world_size > 1:  # rank zero measured them: every rank logs the same values
+            self._pending = trainer.strategy.broadcast(self._pending, src=0)
+        if self._pending:  # in the step's row of the loggers (a logger call of its own would add a second row)
+            pl_module.log_dict(self._pending)
+            self._pending = {}
+
+    @override
+    def _compute(self, trainer: Trainer, iter_num: int | None = None) -> None:
+        """Lightning's, except in training: its metrics are kept for ``pl_module.log_dict`` in the step's row."""
+        stage = trainer.state.stage
+        if stage != RunningStage.TRAINING:
+            super()._compute(trainer, iter_num)
+            return
+        throughput = self._throughputs[stage]  # Lightning's own state, filled by its on_train_batch_end
+        metrics = {f"{stage.value}{throughput.separator}{k}": v for k, v in throughput.compute().items()}
+        self._pending = {name: float(value) for name, value in metrics.items()}
 
     @override
     def on_validation_batch_end(

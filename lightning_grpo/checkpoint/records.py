@@ -23,10 +23,13 @@ from peft import PeftModel
 from torch.nn import Module
 from transformers import PreTrainedTokenizerBase
 
+from lightning_grpo.policy.finite import check_finite
+
 __all__ = [
     "CHECKPOINT_KEY",
     "CheckedCheckpointIO",
     "CheckpointMismatchError",
+    "CheckpointWriteError",
     "UnreadableCheckpointError",
     "check_same_policy",
     "describe_policy",
@@ -42,6 +45,10 @@ _SAMPLE_TOLERANCE = 1e-3  # relative: re-computed warm-ups or other BLAS builds 
 
 class UnreadableCheckpointError(RuntimeError):
     """A checkpoint file that cannot be read: empty, truncated, damaged or not a checkpoint."""
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint that could not be written (a full disk, a file size limit); the previous one is left intact."""
 
 
 class CheckpointMismatchError(ValueError):
@@ -135,8 +142,23 @@ class CheckedCheckpointIO(CheckpointIO):
         self.checkpoint_io = checkpoint_io
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
-        """Save with the wrapped plugin."""
-        self.checkpoint_io.save_checkpoint(checkpoint, path, storage_options=storage_options)
+        """Save with the wrapped plugin, into a temporary file renamed over ``path`` once complete (local paths).
+
+        Raises:
+            CheckpointWriteError: The write failed (e.g. ``[Errno 27] File too large``, ``[Errno 28] No space left``):
+                the message names the file and the previous checkpoint, which is intact.
+        """
+        local = isinstance(path, str | Path) and "://" not in str(path)
+        target = Path(path)
+        partial = target.with_name(f".{target.name}.partial") if local else target
+        try:
+            self.checkpoint_io.save_checkpoint(checkpoint, partial, storage_options=storage_options)
+            if local:
+                partial.replace(target)
+        except OSError as error:
+            if local:
+                partial.unlink(missing_ok=True)
+            raise CheckpointWriteError(error.errno, write_failed_message(target, error)) from error
 
     def load_checkpoint(self, path: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """Load with the wrapped plugin; a file it cannot read raises :class:`UnreadableCheckpointError`."""
@@ -158,6 +180,22 @@ def install_checked_io(strategy: Strategy) -> None:
     """Wrap ``strategy.checkpoint_io`` in a :class:`CheckedCheckpointIO` (once)."""
     if not isinstance(strategy.checkpoint_io, CheckedCheckpointIO):
         strategy.checkpoint_io = CheckedCheckpointIO(strategy.checkpoint_io)
+
+
+def write_failed_message(path: Path, error: OSError) -> str:
+    """The message for a checkpoint that could not be written: the file, the reason, the checkpoint that is safe."""
+    earlier = sorted(path.parent.glob("*.ckpt"), key=lambda p: p.stat().st_mtime)
+    if path.exists():  # a file rewritten at each save (last.ckpt): the write went to a temporary file
+        safe = f"{path} still holds the previous checkpoint, intact: resume from it with --ckpt_path {path}"
+    elif earlier:
+        safe = f"the previous checkpoint {earlier[-1]} is intact: resume from it with --ckpt_path {earlier[-1]}"
+    else:
+        safe = "no earlier checkpoint was touched"
+    reason = error.strerror or str(error)
+    return (
+        f"could not write checkpoint {path}: {reason} (errno {error.errno}); the disk may be full or a file size "
+        f"limit reached. Nothing was written under that name, and {safe}. Free space and run again."
+    )
 
 
 def unreadable_message(path: Any, error: BaseException) -> str:
@@ -204,7 +242,12 @@ def _same_sample(saved: list[float], current: list[float]) -> bool:
 
 def keep_adapter_only(checkpoint: dict[str, Any], module: Module, record: dict[str, Any]) -> None:
     """Drop the frozen base weights from a Lightning ``checkpoint`` (only ``module``'s trainable parameters stay)
-    and store ``record`` (what the checkpoint was trained on) under :data:`CHECKPOINT_KEY`."""
+    and store ``record`` (what the checkpoint was trained on) under :data:`CHECKPOINT_KEY`.
+
+    Raises:
+        NonFiniteError: An adapter weight holds a NaN or an infinity: the checkpoint is not written.
+    """
     trainable = {name for name, param in module.named_parameters() if param.requires_grad}
     checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}
+    check_finite(checkpoint["state_dict"].items(), "write a checkpoint")  # the previous checkpoint stays the last
     checkpoint[CHECKPOINT_KEY] = record

@@ -11,6 +11,6 @@ Example::
 from __future__ import annotations
 
 from lightning_grpo.data.datamodule import PromptDataModule
-from lightning_grpo.data.sources import load_records
+from lightning_grpo.data.sources import MissingDataError, load_records
 
-__all__ = ["PromptDataModule", "load_records"]
+__all__ = ["MissingDataError", "PromptDataModule", "load_records"]

@@ -20,7 +20,7 @@ from lightning_grpo.data.prompts import (
     template_fields,
 )
 from lightning_grpo.data.sampler import ResumableSampler, StreamSampler
-from lightning_grpo.data.sources import _HF_PREFIX, PromptSource, load_records
+from lightning_grpo.data.sources import _HF_PREFIX, PromptSource, check_source_path, load_records
 
 __all__ = ["PromptDataModule"]
 
@@ -296,6 +296,9 @@ def _check_arguments(dm: PromptDataModule) -> None:
         if not isinstance(dm.prompt_template, str):
             raise ValueError(f"`prompt_template` must be a str.format template or None, got {dm.prompt_template!r}")
         template_fields(dm.prompt_template)  # fails early on a malformed or positional template
+    check_source_path(dm.train_data, "train_data")  # now, not after the model is built
+    if dm.val_data is not None:
+        check_source_path(dm.val_data, "val_data")
     _check_int("batch_size", dm.batch_size, minimum=1)
     _check_int("num_workers", dm.num_workers, minimum=0)
     for name in ("val_batch_size", "max_prompt_length"):

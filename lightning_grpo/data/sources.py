@@ -22,7 +22,7 @@ from typing import Any
 
 from lightning_grpo.agents.messages import validate_messages
 
-__all__ = ["SUFFIXES", "PromptSource", "load_records"]
+__all__ = ["SUFFIXES", "MissingDataError", "PromptSource", "check_source_path", "load_records"]
 
 #: File suffixes :func:`load_records` reads.
 SUFFIXES = (".jsonl", ".json")
@@ -31,6 +31,31 @@ _HF_PREFIX = "hf:"
 #: What :func:`load_records` accepts: a path, ``"hf:<name>[@<split>]"``, a list of dicts, or a ``datasets.Dataset`` /
 #: ``DatasetDict`` (typed ``Any`` so that ``datasets`` stays optional).
 PromptSource = str | os.PathLike | Sequence[Mapping[str, Any]] | Any
+
+
+class MissingDataError(FileNotFoundError):
+    """A prompt file that does not exist (or has a suffix that cannot be read)."""
+
+
+def check_source_path(source: PromptSource, argument: str) -> None:
+    """Refuse a path ``source`` that does not exist or cannot be read, before anything is loaded or built.
+
+    Sources that are not paths (lists, datasets, ``"hf:..."``) pass; their rows are checked when loaded.
+
+    Raises:
+        MissingDataError: Naming the argument, the path (and where it was looked for) and the fix.
+    """
+    if not isinstance(source, str | os.PathLike) or str(source).startswith(_HF_PREFIX):
+        return
+    path = Path(source)
+    if not path.is_file():
+        where = "" if path.is_absolute() else f" (looked for in {Path.cwd()})"
+        raise MissingDataError(
+            f"{argument}: prompt file {str(source)!r} not found{where}; pass an existing .jsonl or .json file, "
+            "'hf:<dataset name>', or a list of dicts"
+        )
+    if path.suffix.lower() not in SUFFIXES:
+        raise MissingDataError(f"{argument}: {path} has suffix {path.suffix!r}; allowed: {', '.join(SUFFIXES)}")
 
 
 def load_records(

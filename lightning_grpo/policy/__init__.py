@@ -5,6 +5,7 @@ The reference policy is the policy with its adapter disabled, so no second copy 
 base with bitsandbytes (QLoRA), :mod:`~lightning_grpo.policy.hub` turns failed downloads into clear errors.
 """
 
+from lightning_grpo.policy.finite import NonFiniteError
 from lightning_grpo.policy.hub import ModelLoadError
 from lightning_grpo.policy.loading import (
     PolicyConfig,
@@ -17,6 +18,7 @@ from lightning_grpo.policy.loading import (
 
 __all__ = [
     "ModelLoadError",
+    "NonFiniteError",
     "PolicyConfig",
     "export_adapter",
     "load_policy",

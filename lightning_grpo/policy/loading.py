@@ -6,6 +6,7 @@ copy of the weights exists.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from lightning_grpo.policy.finite import check_finite
 from lightning_grpo.policy.hub import from_pretrained
 from lightning_grpo.policy.quantization import (
     Quantization,
@@ -187,7 +189,9 @@ def load_policy(model: str | PreTrainedModel | PeftModel, config: PolicyConfig, 
         base = _load_base(model, config)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)  # the adapter's initialisation is reproducible, whatever the global RNG state
-            policy = get_peft_model(base, lora)
+            with warnings.catch_warnings():  # peft reads transformers' deprecated alias: not the user's to fix
+                warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
+                policy = get_peft_model(base, lora)
     _prepare_adapter_and_kernels(policy, config)
     if config.gradient_checkpointing:
         policy.base_model.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -211,8 +215,13 @@ def reference_mode(policy: PeftModel) -> Iterator[PeftModel]:
 
 
 def export_adapter(policy: PeftModel, path: str | Path) -> Path:
-    """Write the adapter in PEFT format (``adapter_config.json`` + safetensors) for ``PeftModel.from_pretrained``."""
+    """Write the adapter in PEFT format (``adapter_config.json`` + safetensors) for ``PeftModel.from_pretrained``.
+
+    Raises:
+        NonFiniteError: An adapter weight holds a NaN or an infinity (nothing is written).
+    """
     path = Path(path)
+    check_finite(((n, p) for n, p in policy.named_parameters() if p.requires_grad), f"write the adapter to {path}")
     path.mkdir(parents=True, exist_ok=True)
     policy.save_pretrained(str(path))
     return path

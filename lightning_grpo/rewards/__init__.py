@@ -11,7 +11,14 @@ a reference),
 from __future__ import annotations
 
 from lightning_grpo.rewards._text import completion_text
-from lightning_grpo.rewards.base import RewardError, RewardFunction, RewardFunctions, RewardScores, TrainerState
+from lightning_grpo.rewards.base import (
+    RewardError,
+    RewardFunction,
+    RewardFunctions,
+    RewardInputError,
+    RewardScores,
+    TrainerState,
+)
 from lightning_grpo.rewards.format import DEFAULT_PATTERN, FormatReward, format_reward
 from lightning_grpo.rewards.math_answer import answers_match, extract_answer, math_answer
 from lightning_grpo.rewards.model import RewardModel
@@ -24,6 +31,7 @@ __all__ = [
     "RewardError",
     "RewardFunction",
     "RewardFunctions",
+    "RewardInputError",
     "RewardModel",
     "RewardScores",
     "TrainerState",

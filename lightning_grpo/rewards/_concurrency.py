@@ -6,12 +6,12 @@ See ``docs/rewards.md`` ("Async and slow rewards").
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,11 +67,7 @@ def run_calls(calls: Sequence[RewardCall]) -> tuple[list[Any], dict[str, float]]
         except Exception as err:
             raise _CallFailed(call, err) from err
         return [output], {call.name: time.perf_counter() - start}
-    pool = ThreadPoolExecutor(max_workers=max(1, len(calls)), thread_name_prefix="reward")
-    try:
-        return _run_loop(_gather(calls, pool))
-    finally:
-        pool.shutdown(wait=False, cancel_futures=True)  # a sync call past its timeout cannot be stopped: leave it
+    return _run_loop(_gather(calls))
 
 
 def _run_loop(coroutine: Any) -> Any:
@@ -88,7 +84,7 @@ def _run_loop(coroutine: Any) -> Any:
         except BaseException as err:  # re-raised in the caller's thread
             result["error"] = err
 
-    thread = threading.Thread(target=target, name="reward-loop")
+    thread = threading.Thread(target=target, name="reward-loop", daemon=True)
     thread.start()
     thread.join()
     if "error" in result:
@@ -96,19 +92,39 @@ def _run_loop(coroutine: Any) -> Any:
     return result["value"]
 
 
-async def _gather(calls: Sequence[RewardCall], pool: ThreadPoolExecutor) -> tuple[list[Any], dict[str, float]]:
+async def _gather(calls: Sequence[RewardCall]) -> tuple[list[Any], dict[str, float]]:
     seconds: dict[str, float] = {}
-    outputs = await asyncio.gather(*(_one(call, pool, seconds) for call in calls))
+    outputs = await asyncio.gather(*(_one(call, seconds) for call in calls))
     return list(outputs), seconds
 
 
-async def _one(call: RewardCall, pool: ThreadPoolExecutor, seconds: dict[str, float]) -> Any:
+def _in_daemon_thread(loop: asyncio.AbstractEventLoop, call: RewardCall) -> asyncio.Future:
+    """Run a sync call in a daemon thread: one past its timeout is abandoned and never keeps the process alive.
+
+    (A ``ThreadPoolExecutor``'s threads are joined at interpreter exit, so a hung reward would hang the exit too.)
+    """
+    future = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if not future.done():
+            future.set_exception(error) if error is not None else future.set_result(result)
+
+    def target() -> None:
+        try:
+            result, error = call.fn(*call.args, **call.kwargs), None
+        except BaseException as err:  # handed to the awaiting coroutine
+            result, error = None, err
+        with contextlib.suppress(RuntimeError):  # a closed loop: the step gave up on this call at its timeout
+            loop.call_soon_threadsafe(settle, result, error)
+
+    threading.Thread(target=target, name=f"lightning_grpo-reward-{call.name}", daemon=True).start()
+    return future
+
+
+async def _one(call: RewardCall, seconds: dict[str, float]) -> Any:
     loop, start = asyncio.get_running_loop(), time.perf_counter()
     try:
-        if is_async(call.fn):
-            awaitable = call.fn(*call.args, **call.kwargs)
-        else:
-            awaitable = loop.run_in_executor(pool, functools.partial(call.fn, *call.args, **call.kwargs))
+        awaitable = call.fn(*call.args, **call.kwargs) if is_async(call.fn) else _in_daemon_thread(loop, call)
         output = await asyncio.wait_for(awaitable, call.timeout)
         if inspect.isawaitable(output):  # a sync callable that returned a coroutine
             output = await asyncio.wait_for(output, call.timeout)

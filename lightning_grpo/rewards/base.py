@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -67,6 +67,10 @@ class TrainerState:
 
 class RewardError(RuntimeError):
     """A reward function failed, or returned something that cannot be a reward."""
+
+
+class RewardInputError(RewardError):
+    """Reward functions that need keywords the data does not offer (found at fit start, before any step)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -146,6 +150,29 @@ class RewardFunctions:
         self._timeouts = check_timeouts(timeout, self._names)
         self._specs = tuple(KeywordSpec.of(fn, name) for fn, name in zip(fns, self._names, strict=True))
 
+    @classmethod
+    def of(
+        cls,
+        functions: RewardFunctions | Sequence[Callable[..., Any]] | Mapping[str, Callable[..., Any]],
+        weights: Sequence[float] | Mapping[str, float] | None = None,
+        *,
+        timeout: float | Mapping[str, float | None] | None = None,
+    ) -> RewardFunctions:
+        """``RewardFunctions(functions, weights, timeout=timeout)``; a ``RewardFunctions`` is returned as it is.
+
+        Raises:
+            ValueError: ``functions`` is a ``RewardFunctions`` and ``weights`` or ``timeout`` is given too (set them
+                in one place).
+        """
+        if not isinstance(functions, RewardFunctions):
+            return cls(functions, weights, timeout=timeout)
+        if weights is not None or timeout is not None:
+            raise ValueError(
+                "reward_funcs is a RewardFunctions, which holds its weights and timeouts: give reward_weights and "
+                "GRPOConfig.reward_timeout as None, or pass the functions as a list"
+            )
+        return functions
+
     @property
     def names(self) -> tuple[str, ...]:
         """The reward names, in order; the keys of :attr:`RewardScores.per_function`."""
@@ -223,6 +250,27 @@ class RewardFunctions:
         rewards = torch.where(applied.any(0), total, torch.full_like(total, math.nan))
         return RewardScores(rewards=rewards, per_function=per_function, seconds=seconds)
 
+    def check_keywords(self, offered: Iterable[str], where: str = "the batch") -> None:
+        """Refuse, before any step, a function whose required parameters none of the ``offered`` keywords fill.
+
+        Args:
+            offered: Every keyword a call will offer (``prompts``, ``completions``, the data's columns, extras).
+            where: What offers them, for the message (e.g. ``"the data (columns ['answer'])"``).
+
+        Raises:
+            RewardInputError: Naming the function, the keywords it lacks and the fix.
+        """
+        keywords = {key: None for key in offered if key not in ("prompts", "completions")}
+        for name, spec in zip(self._names, self._specs, strict=True):
+            try:
+                spec.arguments([], [], keywords)
+            except KeyError as err:
+                raise RewardInputError(
+                    f"reward function {name!r} needs keyword(s) {err.args[0]}, which {where} does not offer; "
+                    f"it offers {sorted({'prompts', 'completions', *keywords})}. Rename the function's parameters "
+                    "to those names, give them defaults, or add the columns to the data."
+                ) from None
+
     def _call(self, index: int, prompts: list[Any], completions: list[Any], keywords: dict[str, Any]) -> RewardCall:
         name, spec = self._names[index], self._specs[index]
         try:
@@ -240,7 +288,8 @@ def _failure(failed: _CallFailed) -> RewardError:
     if error is None:
         return RewardError(
             f"reward function {name!r} did not finish within its timeout of {failed.call.timeout:g} s; raise "
-            "RewardFunctions(timeout=...) for it, or make it faster (a sync function keeps running in its thread)"
+            f"GRPOConfig(reward_timeout={{{name!r}: ...}}) (YAML: model.init_args.grpo.reward_timeout) or "
+            "RewardFunctions(timeout=...), or make it faster (a sync function is abandoned in its daemon thread)"
         )
     return RewardError(f"reward function {name!r} raised {type(error).__name__}: {error}")
 

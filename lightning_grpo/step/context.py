@@ -53,6 +53,8 @@ class StepContext:
         timer: Times the phases (``generate``, ``score``, ``update``, ...).
         warned: Keys of the warnings already given in this run: :meth:`warn_once` reads and adds to it (the module
             hands the same set to every step's context).
+        skipped: Global steps skipped in this run for a non-finite loss or gradient (``on_nonfinite="skip"``; the
+            module hands the same list to every step's context).
 
     Example::
 
@@ -69,6 +71,7 @@ class StepContext:
     log: Callable[..., Any]
     timer: PhaseTimer
     warned: set[str] = field(default_factory=set)
+    skipped: list[int] = field(default_factory=list)
 
     def any_rank(self, flag: bool) -> bool:
         """Whether ``flag`` holds on any rank (a collective)."""

@@ -19,6 +19,7 @@ from lightning_grpo.rollout import Rollout
 from lightning_grpo.rollout.generation import eval_mode
 from lightning_grpo.step.batch import LossCounts, UpdateBatch
 from lightning_grpo.step.context import StepContext, StepModule
+from lightning_grpo.step.finite import gradient_flag, nonfinite_flags, step_is_finite
 from lightning_grpo.step.timing import PhaseTimer
 
 __all__ = ["MetricSums", "fixed_logprobs", "minibatch_indices", "rollout_agreement", "run_updates", "sampling_logprobs"]
@@ -146,15 +147,20 @@ def run_updates(module: StepModule, context: StepContext, batch: UpdateBatch) ->
     generator = torch.Generator().manual_seed(context.seed)
     norm = float(cfg.loss_agg_norm or cfg.max_new_tokens)
     sums, shares = MetricSums(), []
-    for epoch in range(cfg.ppo_epochs):
-        for step, rows in enumerate(minibatch_indices(len(batch), mini, generator)):
-            minibatch = replace(batch.select(rows.to(context.device)), at_sampling_weights=epoch == step == 0)
-            counts = LossCounts.of(minibatch.loss_mask, norm, context.sum_across_ranks)
-            shares.append(_accumulate(module, context, minibatch, counts, micro, sums))
-            if cfg.max_grad_norm is not None:
-                module.clip_gradients(optimizer, gradient_clip_val=cfg.max_grad_norm, gradient_clip_algorithm="norm")
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+    epochs = [rows for _ in range(cfg.ppo_epochs) for rows in minibatch_indices(len(batch), mini, generator)]
+    for index, rows in enumerate(epochs):  # the mini-batches of every pass, each pass a fresh permutation
+        minibatch = replace(batch.select(rows.to(context.device)), at_sampling_weights=index == 0)
+        counts = LossCounts.of(minibatch.loss_mask, norm, context.sum_across_ranks)
+        part, flags = _accumulate(module, context, minibatch, counts, micro, sums)
+        shares.append(part)
+        flags = torch.cat([flags, gradient_flag(module.policy.parameters(), context.device)])
+        if not step_is_finite(context, flags, on_nonfinite=cfg.on_nonfinite, max_skipped=cfg.max_skipped_steps):
+            optimizer.zero_grad(set_to_none=True)  # nothing of this iteration's remaining updates is applied
+            break
+        if cfg.max_grad_norm is not None:
+            module.clip_gradients(optimizer, gradient_clip_val=cfg.max_grad_norm, gradient_clip_algorithm="norm")
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
     scheduler = module.lr_schedulers()
     if scheduler is not None:
         scheduler.step()
@@ -165,23 +171,26 @@ def run_updates(module: StepModule, context: StepContext, batch: UpdateBatch) ->
 
 def _accumulate(
     module: StepModule, context: StepContext, minibatch: UpdateBatch, counts: LossCounts, micro: int, sums: MetricSums
-) -> dict[str, Tensor]:
+) -> tuple[dict[str, Tensor], Tensor]:
     """Backward over the micro-batches of one mini-batch; gradients sync across ranks on the last one only.
 
     Returns this rank's parts of the mini-batch ``loss`` and ``pg_loss`` (computed with global normalisers, so
-    the parts of all ranks add up to the global values); the other metrics go to ``sums``, weighted by tokens.
+    the parts of all ranks add up to the global values) and the non-finite flags of its terms
+    (:func:`~lightning_grpo.step.finite.nonfinite_flags`); the other metrics go to ``sums``, weighted by tokens.
     """
     device, optimizer = context.device, module.optimizers()
     shares = {"loss": torch.zeros((), device=device), "pg_loss": torch.zeros((), device=device)}
     chunks = torch.arange(len(minibatch), device=device).split(micro)
     scale = context.grad_scale  # each rank's loss is its share of the global loss; ranks average gradients
+    flags = torch.zeros(4, device=device)
     for i, rows in enumerate(chunks):
         part = minibatch.select(rows)
         last = i == len(chunks) - 1
         with optimizer.toggle_model(sync_grad=last), distributed.gradient_sync(module.policy, last):
             loss, metrics = module.compute_loss(part, counts)
             module.manual_backward(loss * scale)
+        flags = torch.maximum(flags, nonfinite_flags(loss, metrics))
         shares["loss"] += loss.detach()
         shares["pg_loss"] += metrics.pop("pg_loss").detach()
         sums.add(metrics, part.loss_mask.sum())
-    return shares
+    return shares, flags

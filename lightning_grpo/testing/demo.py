@@ -19,9 +19,11 @@ import argparse
 import csv
 import math
 import os
+import sys
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +121,17 @@ def _parse(argv: Sequence[str] | None, prog: str) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+@contextmanager
+def _only_these_arguments() -> Iterator[None]:
+    """Hide the demo's own command line from LightningCLI, which warns when it gets ``args`` and ``sys.argv`` both."""
+    saved = sys.argv
+    sys.argv = saved[:1]
+    try:
+        yield
+    finally:
+        sys.argv = saved
+
+
 def main(argv: Sequence[str] | None = None, prog: str = "lightning-grpo demo") -> tuple[float, float, int]:
     """Run the demo.
 
@@ -133,13 +146,15 @@ def main(argv: Sequence[str] | None = None, prog: str = "lightning-grpo demo") -
     options = _parse(argv, prog)
     if not options.config.exists():
         raise SystemExit(f"demo: config {options.config} not found; pass an existing YAML file with --config")
+    print(f"demo: GRPO trains a tiny model on single-digit addition, on CPU, offline ({options.config})", flush=True)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the demo never needs the network
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     warnings.filterwarnings("ignore", message=".*isinstance\\(treespec, LeafSpec\\).*")
     warnings.filterwarnings("ignore", message="Total length of `list` across ranks is zero")
     from lightning_grpo.cli import GRPOCLI  # after the environment is set
 
-    cli = GRPOCLI(args=_cli_args(options.config, options.max_steps, options.output_dir, options.seed))
+    with _only_these_arguments():
+        cli = GRPOCLI(args=_cli_args(options.config, options.max_steps, options.output_dir, options.seed))
     seconds = time.perf_counter() - start
     log_dir = Path(cli.trainer.logger.log_dir)
     rewards = read_rewards(log_dir / "metrics.csv")

@@ -199,6 +199,7 @@ class TinyModel(Qwen2ForCausalLM):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             super().__init__(tiny_config(build_tiny_tokenizer(), hidden_size=hidden_size, num_layers=num_layers))
+        self.loss_type = "ForCausalLM"  # transformers finds no loss in the class name and would log that it guessed
         settings = WarmupSettings(hidden_size=hidden_size, num_layers=num_layers, seed=seed)
         _warm_or_load(self, task, settings, cache_dir)
         self.task = task

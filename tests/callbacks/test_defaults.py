@@ -12,7 +12,7 @@ def test_defaults_log_every_metric_to_the_loggers(make_module, tmp_path):
     assert samples.every_n_steps == 50
     logger = ListLogger()
     fit(make_module(), callbacks, iterations=2, logger=logger)
-    # per iteration: the trainer's call, and Lightning's ThroughputMonitor's own call at the same global step
+    # one logger call per iteration: Lightning's throughput totals join the step's metrics
     assert sorted({step for _, step in logger.logged}) == [0, 1]
     names = {name for metrics, step in logger.logged if step == 1 for name in metrics}
     assert not any(name.startswith(("train/clip/", "train/group/reward")) for name in names)  # one name each

@@ -12,12 +12,17 @@ def _python_blocks() -> list[str]:
     return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
 
 
-def test_readme_usage_sketch_runs(tmp_path, monkeypatch):
+def test_readme_usage_sketch_runs_and_learns_what_it_says(tmp_path, monkeypatch, capsys, warm_tiny_cache):
     monkeypatch.chdir(tmp_path)
     namespace: dict = {}
     exec(compile(_python_blocks()[0], str(README), "exec"), namespace)
     assert (tmp_path / "adapter" / "adapter_config.json").exists()
-    assert namespace["module"].trainer.global_step == 3
+    assert namespace["trainer"].global_step == 60
+    printed = re.search(r"mean reward (\d\.\d\d) -> (\d\.\d\d)", capsys.readouterr().out).group(0)
+    assert f"`{printed}`" in README.read_text()  # the numbers the README shows are the ones this run prints
+    assert namespace["last"] > namespace["first"] + 0.3
+    steps = [line.split(",")[-1] for line in (tmp_path / "runs/lightning_logs/version_0/metrics.csv").open()]
+    assert len(steps) == 61  # a header and one row per step
 
 
 def test_readme_subclass_sketch_overrides_one_step(tokenizer):
