@@ -73,6 +73,21 @@ def _demo(seed: int, out: Path) -> dict[str, float]:
     return _rise(first, last)
 
 
+def _readme(seed: int, out: Path) -> dict[str, float]:
+    """README's Python example as written (``seed=S`` added to its ``GRPOModule`` unless S is 0), run in ``out``."""
+    import re
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    code = re.findall(r"```python\n(.*?)```", readme, flags=re.DOTALL)[0]
+    if seed:
+        code = code.replace("tokenizer=TinyTokenizer(),", f"tokenizer=TinyTokenizer(), seed={seed},", 1)
+    out.mkdir(parents=True, exist_ok=True)
+    os.chdir(out)
+    namespace: dict[str, Any] = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    return _rise(namespace["first"], namespace["last"])
+
+
 def count_a_curve(seed: int, steps: int = 30, lr: float = 1e-2) -> list[float]:
     """Mean reward per step of a random tiny model rewarded for the fraction of ``a`` in 8-token completions."""
     import lightning as L
@@ -123,6 +138,7 @@ def _dynamic_sampling(seed: int, out: Path) -> dict[str, float]:
 #: The claims. Thresholds are what the tests and docs assert; the table says whether the worst run clears them.
 CASES: dict[str, Case] = {
     "count_a": Case(_count_a, {"rise": 0.3}, "tests/module/test_fit.py::test_mean_reward_rises_on_a_tiny_task"),
+    "readme": Case(_readme, {"rise": 0.3}, "README (In Python), tests/docs/test_readme.py"),
     "demo": Case(_demo, {"rise": 0.3}, "README, tests/testing/test_demo.py::test_the_full_demo_raises_the_reward"),
     "tool_calling": Case(
         _example("tool_calling"),

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 
@@ -12,14 +14,19 @@ def _python_blocks() -> list[str]:
     return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
 
 
+@pytest.mark.learning
 def test_readme_usage_sketch_runs_and_learns_what_it_says(tmp_path, monkeypatch, capsys, warm_tiny_cache):
     monkeypatch.chdir(tmp_path)
     namespace: dict = {}
     exec(compile(_python_blocks()[0], str(README), "exec"), namespace)
     assert (tmp_path / "adapter" / "adapter_config.json").exists()
     assert namespace["trainer"].global_step == 60
-    printed = re.search(r"mean reward (\d\.\d\d) -> (\d\.\d\d)", capsys.readouterr().out).group(0)
-    assert f"`{printed}`" in README.read_text()  # the numbers the README shows are the ones this run prints
+    printed = re.search(r"mean reward (\d\.\d\d) -> (\d\.\d\d)", capsys.readouterr().out)
+    shown = re.search(r"`mean reward (\d\.\d\d) -> (\d\.\d\d)`", README.read_text())
+    # the README shows what this run prints, give or take what another CPU's kernels change (docs/benchmarks.md,
+    # "Learning": `python -m benchmarks.learning --cases readme`)
+    for run, readme in zip(printed.groups(), shown.groups(), strict=True):
+        assert abs(float(run) - float(readme)) <= 0.05, (printed.group(0), shown.group(0))
     assert namespace["last"] > namespace["first"] + 0.3
     steps = [line.split(",")[-1] for line in (tmp_path / "runs/lightning_logs/version_0/metrics.csv").open()]
     assert len(steps) == 61  # a header and one row per step
