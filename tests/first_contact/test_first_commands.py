@@ -37,3 +37,15 @@ def test_the_demo_speaks_first(tmp_path):
 
 def test_the_tiny_model_names_its_loss():
     assert TinyModel().loss_type == "ForCausalLM"  # transformers would log that it does not know the loss
+
+
+def test_bitsandbytes_hub_kernel_hint_is_dropped_and_nothing_else(caplog):
+    import logging
+
+    import lightning_grpo  # noqa: F401 - installs the filter
+
+    logger = logging.getLogger("bitsandbytes.backends.cpu.ops")
+    with caplog.at_level(logging.WARNING, logger=logger.name):
+        logger.warning("Failed to load CPU gemm_4bit_forward from kernels-community: %s. Please ...", "no kernels")
+        logger.warning("another bitsandbytes warning")
+    assert [r.getMessage() for r in caplog.records] == ["another bitsandbytes warning"]
