@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import shlex
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +24,11 @@ SIGTERM_EXIT_CODE = 143
 class SaveOnInterrupt(Callback):
     r"""When a run is stopped with Ctrl-C (SIGINT) or SIGTERM, save a checkpoint to resume from and export the adapter.
 
-    **SIGTERM** (a cluster scheduler's preemption, ``kill``): Lightning notes the signal and lets the current GRPO
-    iteration finish; at its end every rank agrees whether any rank received it (one small all-reduce per
-    iteration), so under DDP and FSDP2 all ranks stop after the same step. The checkpoint of that step and the
+    **SIGTERM** (a cluster scheduler's preemption, ``kill``): the signal is only noted (this callback's handler
+    replaces Lightning's for the training loop: Lightning 2.6's runs a collective inside the signal handler and lets
+    each rank stop on its own, which can deadlock DDP), and the current GRPO iteration finishes; at its end every rank
+    agrees whether any rank received it (one small all-reduce per iteration), so under DDP and FSDP2 all ranks stop
+    after the same step. The checkpoint of that step and the
     adapter are saved (by every rank together), the resume command is printed, and the process exits with status
     :data:`SIGTERM_EXIT_CODE` (143), not 0 as Lightning alone would.
 
@@ -56,6 +60,17 @@ class SaveOnInterrupt(Callback):
         self.export_adapter = export_adapter
         self._step_at_batch_start: int | None = None  # set while an iteration runs
         self._stopped = False  # SIGTERM handled at an iteration's end
+        self._sigterm = False  # SIGTERM received, not yet acted on
+
+    @override
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Note SIGTERM only; Lightning restores the handlers it found when fit ends."""
+        self._sigterm = False
+        if threading.current_thread() is threading.main_thread():  # signal handlers live in the main thread
+            signal.signal(signal.SIGTERM, self._note_sigterm)
+
+    def _note_sigterm(self, signum: int, frame: Any) -> None:
+        self._sigterm = True
 
     @override
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
@@ -66,7 +81,7 @@ class SaveOnInterrupt(Callback):
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         self._step_at_batch_start = None
-        received = trainer.received_sigterm
+        received = self._sigterm or trainer.received_sigterm
         if trainer.world_size > 1:  # a collective at the same point on every rank: they stop after the same step
             received = trainer.strategy.reduce_boolean_decision(received, all=False)
         if received:
