@@ -57,6 +57,7 @@ _NUMBER_RULES: dict[str, dict[str, Any]] = {
     "val_success_threshold": {},
     "max_sampling_rounds": _INT,
     "max_skipped_steps": {"integer": True, "minimum": 0},
+    "tis_cap": {"minimum": 1.0, "allow_none": True},
 }
 
 
@@ -109,6 +110,13 @@ class GRPOConfig:
             draws, much cheaper on CPU; uses our own decoding loop).
         drop_finished: Drop finished samples from the batch and KV cache while sampling (our own decoding loop).
         static_cache: Sample with a static KV cache and a compiled decode step (CUDA only).
+        rollout_backend: What samples the rollouts: ``"hf"`` (Hugging Face ``generate``, or our own loop) or
+            ``"vllm"`` (a colocated vLLM engine; the module's ``vllm`` settings, ``docs/vllm.md``; TRL ``use_vllm``
+            with ``vllm_mode="colocate"``).
+        tis_cap: Truncated importance sampling (TIS) for a sampler whose log-probs differ from the trainer's: each
+            token's policy loss is weighted by ``min(exp(old_logprobs - rollout logprobs), tis_cap)``, no gradient
+            through the weight (verl's rollout correction, TRL ``vllm_importance_sampling_cap``); ``None``: off.
+            Needs the behaviour log-probs the sampler records (``docs/vllm.md``).
         val_num_generations: Samples per validation prompt (k of ``val/pass@k``).
         val_temperature: Validation sampling temperature; ``None`` uses ``temperature``.
         val_success_threshold: A validation sample counts as solved (``val/accuracy``, ``val/pass@k``) when its
@@ -168,6 +176,8 @@ class GRPOConfig:
     sampler: Sampler = "multinomial"
     drop_finished: bool = False
     static_cache: bool = False
+    rollout_backend: Literal["hf", "vllm"] = "hf"
+    tis_cap: float | None = None
     val_num_generations: int = 1
     val_temperature: float | None = None
     val_success_threshold: float = 1.0
@@ -214,6 +224,7 @@ class GRPOConfig:
             ("advantage_scale", ("group", "batch", "none")),
             ("sampler", SAMPLERS),
             ("old_logprobs", ("recompute", "rollout")),
+            ("rollout_backend", ("hf", "vllm")),
         ):
             if getattr(self, setting) not in valid:
                 options = ", ".join(repr(v) for v in valid)

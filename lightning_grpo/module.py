@@ -27,6 +27,7 @@ from lightning_grpo.algorithms.statistics import masked_mean
 from lightning_grpo.callbacks._outputs import missing_callbacks
 from lightning_grpo.callbacks.defaults import default_callbacks as monitoring_callbacks
 from lightning_grpo.callbacks.progress_bar import readable_progress_bar
+from lightning_grpo.callbacks.rollout_engine import CloseRolloutEngine
 from lightning_grpo.checkpoint import check_resume, describe_policy, install_checked_io, keep_adapter_only, settings_of
 from lightning_grpo.config import GRPOConfig
 from lightning_grpo.metrics import ValidationMetrics
@@ -36,12 +37,20 @@ from lightning_grpo.rewards import RewardFunctions, RewardScores, TrainerState
 from lightning_grpo.rollout import Rollout, SamplingSettings, TokenLogProbs, completion_logprobs
 from lightning_grpo.rollout.agent import AgentSettings
 from lightning_grpo.rollout.multi_turn import sample_rollout
+from lightning_grpo.rollout.vllm_settings import VLLMConfig
 from lightning_grpo.step import LossCounts, PhaseTimer, StepContext, StepOutput, UpdateBatch
 from lightning_grpo.step.context import any_rank
 from lightning_grpo.step.dynamic_sampling import check_datamodule, dynamic_sample
 from lightning_grpo.step.fit_checks import check_reward_keywords
+from lightning_grpo.step.rollout_engine import VLLMRollout
 from lightning_grpo.step.seeding import seeded, step_seed
-from lightning_grpo.step.update import fixed_logprobs, rollout_agreement, run_updates, sampling_logprobs
+from lightning_grpo.step.update import (
+    fixed_logprobs,
+    importance_weighted,
+    rollout_agreement,
+    run_updates,
+    sampling_logprobs,
+)
 from lightning_grpo.step.zero_signal import check_signal
 
 __all__ = ["GRPOModule", "StepOutput"]  # StepOutput is defined in lightning_grpo.step
@@ -71,6 +80,8 @@ class GRPOModule(LightningModule):
         default_callbacks: Add the monitoring callbacks of :func:`~lightning_grpo.callbacks.default_callbacks` that
             the trainer lacks (:meth:`configure_callbacks`), so any ``Trainer`` logs ``train/reward_mean`` and the
             rest; ``False``: only the trainer's callbacks.
+        vllm: Settings of the colocated vLLM engine of ``grpo.rollout_backend="vllm"`` (``docs/vllm.md``); ``None``:
+            the defaults.
 
     Example::
 
@@ -101,6 +112,7 @@ class GRPOModule(LightningModule):
         environment_factory: EnvironmentFactory | None = None,
         tool_parser: ToolCallParser | None = None,
         default_callbacks: bool = True,
+        vllm: VLLMConfig | None = None,
     ) -> None:
         super().__init__()
         self.automatic_optimization = False
@@ -118,6 +130,13 @@ class GRPOModule(LightningModule):
         )  # fmt: skip
         self.optimizer_factory, self.scheduler_factory, self.seed = optimizer, lr_scheduler, seed
         self.use_default_callbacks = default_callbacks
+        self.rollout_engine = VLLMRollout.of(  # None: Hugging Face generate
+            vllm,
+            cfg,
+            self.policy_config,
+            model_name=None if name is None else str(name),
+            generate_overridden=type(self).generate is not GRPOModule.generate,
+        )
         self.timer, self._warned = PhaseTimer(), set[str]()  # the run's warnings given: shared by every step's context
         self.skipped_steps: list[int] = []  # steps skipped for non-finite values (GRPOConfig.on_nonfinite="skip")
         self.val_metrics = ValidationMetrics(self.config.val_num_generations, self.config.val_success_threshold)
@@ -138,6 +157,9 @@ class GRPOModule(LightningModule):
         timer = context.timer
         timer.reset()
         with seeded(context.seed, self.device):  # depends only on (seed, step, rank): a resumed run samples the same
+            if self.rollout_engine is not None:
+                with timer("sync"):  # the adapter reaches the engine (docs/vllm.md)
+                    self._engine_sampler()
             with timer("generate"):
                 rollout = self.generate(batch)  # 1
             with timer("score"):
@@ -174,9 +196,10 @@ class GRPOModule(LightningModule):
         columns = {key: list(values) for key, values in batch.items() if key != "prompt"}
         sync = partial(any_rank, sum_across_ranks=self._sum_across_ranks, device=self.device)
         sync = sync if settings.synced_gpus else None
+        sample = self._engine_sampler() if self.rollout_engine is not None else None  # None: Hugging Face generate
         return sample_rollout(
             self.policy, self.tokenizer, list(batch["prompt"]), settings, self.agent,
-            max_prompt_length=self.config.max_prompt_length, columns=columns, any_rank_active=sync,
+            max_prompt_length=self.config.max_prompt_length, columns=columns, any_rank_active=sync, sample=sample,
         )  # fmt: skip
 
     def sampling_settings(
@@ -211,6 +234,8 @@ class GRPOModule(LightningModule):
         """Step 4: the loss mask, old log-probs (only if the rollout serves several updates), reference log-probs."""
         cfg = self.config
         self.config.check_rollout_size(len(rollout))
+        if self.rollout_engine is not None:
+            self.rollout_engine.sleep()  # vllm.sleep_mode: the engine's memory goes to the update
         loss_mask = rollout.sampled_mask  # tool and environment tokens are context: no loss, KL, entropy or count
         if cfg.mask_truncated_completions:
             loss_mask = loss_mask * (~rollout.truncated)[:, None]
@@ -251,8 +276,9 @@ class GRPOModule(LightningModule):
             clip_low=cfg.clip_low, clip_high=cfg.clip_high, dual_clip=cfg.dual_clip, delta=cfg.delta,
         )  # fmt: skip
         agg = lambda values: counts.aggregate(values, mask, cfg.loss_agg_mode)  # noqa: E731 (global normalisers)
+        per_token, tis = importance_weighted(per_token, batch, old, cfg.tis_cap)  # TIS when tis_cap is set
         pg_loss = agg(per_token)
-        metrics = {"pg_loss": pg_loss, **vars(stats), "entropy": masked_mean(current.entropy.detach(), mask)}
+        metrics = {"pg_loss": pg_loss, **vars(stats), **tis, "entropy": masked_mean(current.entropy.detach(), mask)}
         metrics.update(rollout_agreement(batch, logprobs))  # before the first optimizer step only
         loss = pg_loss
         if batch.ref_logprobs is not None:
@@ -328,10 +354,11 @@ class GRPOModule(LightningModule):
         A trainer's callback of the same type (or a related one) wins; Lightning's default progress bar becomes
         :class:`~lightning_grpo.callbacks.GRPOProgressBar`, the user's own stays. ``default_callbacks=False``: none.
         """
+        closing = [CloseRolloutEngine()] if self.rollout_engine is not None else []
         if not self.use_default_callbacks:
-            return []
+            return closing
         missing = missing_callbacks(monitoring_callbacks(), present=self.trainer.callbacks)
-        return [*missing, *readable_progress_bar(self.trainer)]  # the bar last: it shows what the others logged
+        return [*closing, *missing, *readable_progress_bar(self.trainer)]  # the bar last: it shows what they logged
 
     def on_fit_start(self) -> None:
         """Time phases, score with reward models on the module's device; check reward inputs and dynamic sampling."""
@@ -340,6 +367,8 @@ class GRPOModule(LightningModule):
         check_reward_keywords(self.rewards, self.trainer.datamodule, environment=bool(self.agent.environment_factory))
         if self.config.dynamic_sampling:
             check_datamodule(self.trainer.datamodule)
+        if self.rollout_engine is not None:
+            self.rollout_engine.start(self.policy, self.seed, sharded=distributed.is_sharded(self.policy))
 
     def on_train_start(self) -> None:
         """Check the batch sizes against the data's before the first rollout is sampled."""
@@ -372,6 +401,12 @@ class GRPOModule(LightningModule):
         params = [p for p in self.policy.parameters() if p.requires_grad]
         optimizer = self.optimizer_factory(params) if self.optimizer_factory else torch.optim.AdamW(params, lr=1e-5)
         return optimizer, None if self.scheduler_factory is None else self.scheduler_factory(optimizer)
+
+    def _engine_sampler(self) -> Any:
+        """The engine's sampler, the adapter of this step synced to it (gathered from every rank under FSDP2)."""
+        sharded, version = distributed.is_sharded(self.policy), self.global_step if self._trainer is not None else 0
+        gather = partial(distributed.full_adapter_state_dict, self.policy) if sharded else None
+        return self.rollout_engine.sampler(self.policy, version, gather)
 
     def _sum_across_ranks(self, tensor: Tensor) -> Tensor:
         """Sum over ranks (one all-reduce, mid-step) of what enters the loss and advantages; not logged metrics."""

@@ -16,6 +16,7 @@ from lightning_grpo.algorithms.advantages import (
 )
 from lightning_grpo.algorithms.aggregation import LOSS_AGG_MODES, LossAggMode, aggregate_loss, count_sequences
 from lightning_grpo.algorithms.fused_head import FusedHeadLogProbs, fused_head_logprobs
+from lightning_grpo.algorithms.importance import truncated_importance_weights
 from lightning_grpo.algorithms.kl import KL_ESTIMATORS, KLEstimator, kl_penalty
 from lightning_grpo.algorithms.logprobs import entropy_from_logits, selective_logprobs
 from lightning_grpo.algorithms.policy_losses import (
@@ -54,4 +55,5 @@ __all__ = [
     "kl_penalty",
     "policy_loss",
     "selective_logprobs",
+    "truncated_importance_weights",
 ]

@@ -8,7 +8,7 @@ continues from it. The sampling distribution and the random draws are those of p
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
@@ -30,6 +30,7 @@ from lightning_grpo.rollout.logprobs import position_ids_from_mask
 
 __all__ = [
     "SAMPLERS",
+    "SampleFn",
     "Sampled",
     "Sampler",
     "SamplingSettings",
@@ -60,6 +61,12 @@ class Sampled:
 
     sequences: torch.Tensor
     logprobs: torch.Tensor
+
+
+#: What samples the tokens of a rollout: :func:`sample_tokens` (Hugging Face) or a rollout engine's ``sample``
+#: (:class:`~lightning_grpo.rollout.vllm_engine.VLLMEngine`), called as ``sample(model, tokenizer, prompt_ids,
+#: prompt_mask, settings)``.
+SampleFn = Callable[..., Sampled]
 
 
 @contextmanager
@@ -168,6 +175,7 @@ def generate_rollout(
     *,
     max_prompt_length: int,
     columns: dict[str, Sequence[Any]] | None = None,
+    sample: SampleFn | None = None,
 ) -> Rollout:
     """Sample ``settings.num_generations`` completions for each prompt.
 
@@ -182,6 +190,7 @@ def generate_rollout(
         settings: Sampling settings.
         max_prompt_length: Longest allowed prompt in tokens.
         columns: Dataset row fields, one list of ``B`` values each; repeated G times into the rollout.
+        sample: The sampler (:data:`SampleFn`); ``None``: :func:`sample_tokens`.
 
     Returns:
         A :class:`Rollout` of ``B * G`` samples, samples of one prompt consecutive.
@@ -189,7 +198,7 @@ def generate_rollout(
     device = next(model.parameters()).device
     prompt_ids, prompt_mask = tokenize_prompts(tokenizer, prompts, max_prompt_length, device)
     with eval_mode(model):
-        sampled = sample_tokens(model, tokenizer, prompt_ids, prompt_mask, settings)
+        sampled = (sample or sample_tokens)(model, tokenizer, prompt_ids, prompt_mask, settings)
     completion_ids = sampled.sequences[:, prompt_ids.shape[1] :]
     return _rollout(tokenizer, prompt_ids, prompt_mask, completion_ids, sampled.logprobs, prompts, columns or {})
 

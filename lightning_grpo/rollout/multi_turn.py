@@ -31,6 +31,7 @@ from lightning_grpo.rollout.batch import Rollout, TurnStats
 from lightning_grpo.rollout.chat import continuation_ids, render_messages
 from lightning_grpo.rollout.generation import (
     Sampled,
+    SampleFn,
     SamplingSettings,
     eos_token_ids,
     eval_mode,
@@ -54,8 +55,12 @@ def sample_rollout(
     max_prompt_length: int,
     columns: dict[str, Sequence[Any]] | None = None,
     any_rank_active: Callable[[bool], bool] | None = None,
+    sample: SampleFn | None = None,
 ) -> Rollout:
     """Sample G completions per prompt: string prompts as plain text, conversational prompts through the template.
+
+    ``sample`` draws the tokens of every sampling call (:data:`~lightning_grpo.rollout.generation.SampleFn`; ``None``:
+    Hugging Face ``generate`` through :func:`~lightning_grpo.rollout.generation.sample_tokens`).
 
     Raises:
         ValueError: Prompts mix strings and message lists, a message is malformed, or tools/an environment are set
@@ -69,7 +74,7 @@ def sample_rollout(
                 '[{"role": "user", "content": "..."}]); got string prompts'
             )
         return generate_rollout(
-            model, tokenizer, prompts, settings, max_prompt_length=max_prompt_length, columns=columns
+            model, tokenizer, prompts, settings, max_prompt_length=max_prompt_length, columns=columns, sample=sample
         )
     if not all(isinstance(p, list | tuple) for p in prompts):
         kinds = sorted({type(p).__name__ for p in prompts})
@@ -77,7 +82,7 @@ def sample_rollout(
     messages = [validate_messages(p, name=f"prompt {i}") for i, p in enumerate(prompts)]
     return generate_conversations(
         model, tokenizer, messages, settings, agent,
-        max_prompt_length=max_prompt_length, columns=columns, any_rank_active=any_rank_active,
+        max_prompt_length=max_prompt_length, columns=columns, any_rank_active=any_rank_active, sample=sample,
     )  # fmt: skip
 
 
@@ -92,6 +97,7 @@ def generate_conversations(
     max_prompt_length: int,
     columns: dict[str, Sequence[Any]] | None = None,
     any_rank_active: Callable[[bool], bool] | None = None,
+    sample: SampleFn | None = None,
 ) -> Rollout:
     """Sample ``settings.num_generations`` trajectories for each conversational prompt.
 
@@ -105,6 +111,8 @@ def generate_conversations(
         columns: Dataset row fields, one list of ``B`` values each.
         any_rank_active: Under FSDP, whether any rank still has a running trajectory (a collective); a rank with none
             keeps joining the sampling calls of the others until all are done. ``None`` on one process.
+        sample: The sampler of every turn (:data:`~lightning_grpo.rollout.generation.SampleFn`); ``None``:
+            :func:`~lightning_grpo.rollout.generation.sample_tokens`.
 
     Returns:
         A :class:`Rollout` of ``B * G`` trajectories with ``sampled_mask`` and :class:`TurnStats`.
@@ -114,15 +122,17 @@ def generate_conversations(
     texts = [render_messages(tokenizer, t.prompt, tools=agent.tool_schemas) for t in trajectories]
     device = next(model.parameters()).device
     prompt_ids, prompt_mask = tokenize_prompts(tokenizer, texts, max_prompt_length, device)
+    sample = sample or sample_tokens
     with eval_mode(model):
         for turn in range(agent.max_turns):
             active = [i for i, t in enumerate(trajectories) if not t.done]
             if not (any_rank_active(bool(active)) if any_rank_active is not None else active):
                 break
             if not active:  # other ranks still sample: join their synchronised calls
-                sample_tokens(model, tokenizer, prompt_ids[:1], prompt_mask[:1], replace(settings, num_generations=1))
+                sample(model, tokenizer, prompt_ids[:1], prompt_mask[:1], replace(settings, num_generations=1))
                 continue
-            sampled = _sample_turn(model, tokenizer, prompt_ids, prompt_mask, trajectories, active, settings, turn)
+            sampled = _sample_turn(sample, (model, tokenizer), prompt_ids, prompt_mask, trajectories, active, settings,
+                                   turn)  # fmt: skip
             _react(tokenizer, [trajectories[i] for i in active], sampled, settings.max_new_tokens, agent)
     return _rollout(tokenizer, prompt_ids, prompt_mask, trajectories, settings.num_generations, columns, agent)
 
@@ -147,8 +157,8 @@ def _start(
 
 
 def _sample_turn(
-    model: nn.Module,
-    tokenizer: PreTrainedTokenizerBase,
+    sample: SampleFn,
+    policy: tuple[nn.Module, PreTrainedTokenizerBase],
     prompt_ids: torch.Tensor,
     prompt_mask: torch.Tensor,
     trajectories: list[Trajectory],
@@ -157,15 +167,15 @@ def _sample_turn(
     turn: int,
 ) -> list[tuple[list[int], list[float]]]:
     """One batched sampling call over the running trajectories; the raw new tokens of each and their log-probs."""
-    g = settings.num_generations
+    (model, tokenizer), g = policy, settings.num_generations
     if turn == 0 and _groups_share_prompt(prompt_ids, prompt_mask, g):
         rows = torch.arange(0, len(prompt_ids), g, device=prompt_ids.device)  # the first of each group: G samples each
-        out = sample_tokens(model, tokenizer, prompt_ids[rows], prompt_mask[rows], settings)
+        out = sample(model, tokenizer, prompt_ids[rows], prompt_mask[rows], settings)
         return _new_tokens(out, prompt_ids.shape[1])
     contexts = [prompt_ids[i][prompt_mask[i].bool()].tolist() + trajectories[i].tokens for i in active]
     budget = max(settings.max_new_tokens - len(trajectories[i].tokens) for i in active)
     ids, mask = _left_pad(contexts, tokenizer.pad_token_id, prompt_ids.device)
-    out = sample_tokens(model, tokenizer, ids, mask, replace(settings, num_generations=1, max_new_tokens=budget))
+    out = sample(model, tokenizer, ids, mask, replace(settings, num_generations=1, max_new_tokens=budget))
     return _new_tokens(out, ids.shape[1])
 
 

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from lightning_grpo import distributed
+from lightning_grpo.algorithms.importance import truncated_importance_weights
 from lightning_grpo.algorithms.statistics import SumAcrossRanks, masked_mean
 from lightning_grpo.metrics import reduce_across_ranks
 from lightning_grpo.rollout import Rollout
@@ -22,7 +23,15 @@ from lightning_grpo.step.context import StepContext, StepModule
 from lightning_grpo.step.finite import gradient_flag, nonfinite_flags, step_is_finite
 from lightning_grpo.step.timing import PhaseTimer
 
-__all__ = ["MetricSums", "fixed_logprobs", "minibatch_indices", "rollout_agreement", "run_updates", "sampling_logprobs"]
+__all__ = [
+    "MetricSums",
+    "fixed_logprobs",
+    "importance_weighted",
+    "minibatch_indices",
+    "rollout_agreement",
+    "run_updates",
+    "sampling_logprobs",
+]
 
 
 def fixed_logprobs(module: StepModule, rollout: Rollout, *, reference: bool) -> Tensor:
@@ -75,6 +84,30 @@ def rollout_agreement(batch: UpdateBatch, logprobs: Tensor) -> dict[str, Tensor]
     diff, mask = (logprobs.detach() - behaviour.to(logprobs.device)).abs(), batch.loss_mask.bool()  # (n, T)
     worst = torch.where(mask, diff, torch.zeros_like(diff)).amax() if diff.numel() else diff.new_zeros(())
     return {"rollout_logprob_diff_mean": masked_mean(diff, mask), "rollout_logprob_diff_max": worst}
+
+
+def importance_weighted(
+    per_token: Tensor, batch: UpdateBatch, old_logprobs: Tensor, cap: float | None
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The policy loss weighted by truncated importance sampling (``GRPOConfig.tis_cap``), and its metrics.
+
+    Returns ``per_token`` unchanged and no metrics when ``cap`` is ``None``. Metrics: ``tis_weight_mean`` and
+    ``tis_capped_frac`` (the share of loss tokens whose weight hit the cap).
+
+    Raises:
+        ValueError: The rollout holds no behaviour log-probs (a ``generate`` override that does not fill them).
+    """
+    if cap is None:
+        return per_token, {}
+    behaviour = batch.rollout.logprobs
+    if behaviour is None:
+        raise ValueError("tis_cap needs the sampled log-probs (Rollout.logprobs), but this rollout has none: fill "
+                         "Rollout.logprobs in your generate override, or set tis_cap: null")  # fmt: skip
+    weights = truncated_importance_weights(old_logprobs.detach(), behaviour.to(per_token.device), cap)  # (n, T)
+    mask = batch.loss_mask.bool()
+    capped = (weights >= cap * (1 - 1e-6)).float()
+    metrics = {"tis_weight_mean": masked_mean(weights, mask), "tis_capped_frac": masked_mean(capped, mask)}
+    return per_token * weights, metrics
 
 
 def minibatch_indices(num_samples: int, mini_batch_size: int, generator: torch.Generator) -> Iterator[Tensor]:

@@ -1,0 +1,241 @@
+"""A colocated vLLM engine as the rollout sampler: same prompts, settings, groups, seeds and log-probs as ``generate``.
+
+The engine runs inside the training process (vLLM's in-process engine core), on the training device. It is built
+once at fit start from the base model; before each rollout the current adapter (or the merged weights) reaches it
+(:meth:`VLLMEngine.sync`). :meth:`VLLMEngine.sample` has the signature of
+:func:`~lightning_grpo.rollout.generation.sample_tokens`, so single-turn and multi-turn sampling use it unchanged.
+docs/vllm.md explains the settings and the traps this file handles.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from peft import PeftModel
+from torch import nn
+from transformers import PreTrainedTokenizerBase
+
+from lightning_grpo.policy.weights import base_weights, merged_weights
+from lightning_grpo.rollout.generation import Sampled, SamplingSettings, eos_token_ids
+from lightning_grpo.rollout.vllm_settings import VLLMConfig, check_installed
+
+__all__ = ["VLLMEngine"]
+
+_ADAPTER = "policy"  # the engine's one LoRA: synced in place under this name and id
+
+
+@contextmanager
+def _contained_side_effects() -> Iterator[None]:
+    """Undo what building an in-process vLLM engine does to the process.
+
+    It reseeds Python's, NumPy's and torch's global random generators to its own seed, replaces
+    ``torch.set_num_threads`` with a no-op that logs a warning, and sets ``LD_PRELOAD`` (which child processes, such
+    as DDP workers or tool subprocesses, would inherit).
+    """
+    import numpy as np
+
+    states = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    set_num_threads, preload = torch.set_num_threads, os.environ.get("LD_PRELOAD")
+    try:
+        yield
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.set_rng_state(states[2])
+        torch.set_num_threads = set_num_threads
+        if preload is None:
+            os.environ.pop("LD_PRELOAD", None)
+        else:
+            os.environ["LD_PRELOAD"] = preload
+
+
+def _work_dir(config: VLLMConfig) -> Path:
+    root = config.work_dir or ("/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None)
+    if root is not None:
+        Path(root).mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix="lightning-grpo-vllm-", dir=root))
+
+
+class VLLMEngine:
+    """The policy's sampler on vLLM. Build it with :meth:`start`; call :meth:`sync` after every update.
+
+    Args:
+        llm: The ``vllm.LLM``.
+        config: Its settings.
+        work_dir: Folder of its adapter (and base model) files, removed by :meth:`close`.
+        device: The training device (``cuda`` enables sleep mode when asked for).
+    """
+
+    def __init__(self, llm: Any, config: VLLMConfig, work_dir: Path, device: torch.device) -> None:
+        self.llm, self.config, self.work_dir, self.device = llm, config, work_dir, device
+        self.lora_request: Any = None  # set by the first adapter sync
+        self.synced_version: int | None = None
+        self.asleep = False
+
+    @classmethod
+    def start(
+        cls,
+        policy: PeftModel,
+        config: VLLMConfig,
+        *,
+        model_name: str | None,
+        max_model_len: int,
+        max_lora_rank: int,
+        seed: int,
+    ) -> VLLMEngine:
+        """Build the engine from the base model: ``model_name`` (hub id or folder), else the policy's base saved once.
+
+        Raises:
+            ImportError: vLLM is missing or transformers is outside its range.
+            RuntimeError: The engine failed to start (the message names the memory settings to lower).
+        """
+        check_installed()
+        device = next(policy.parameters()).device
+        work_dir = _work_dir(config)
+        source = model_name or str(_save_base(policy, work_dir / "base"))
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in this process: no second copy, no re-imported script
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{config.cpu_kv_cache_gb:g}")
+        kwargs = dict(
+            model=source, dtype=str(next(policy.get_base_model().parameters()).dtype).removeprefix("torch."),
+            seed=seed, max_model_len=max_model_len, enable_lora=config.sync == "adapter", max_lora_rank=max_lora_rank,
+            skip_tokenizer_init=True, generation_config="vllm", logprobs_mode="processed_logprobs",
+            enable_prefix_caching=config.enable_prefix_caching, gpu_memory_utilization=config.gpu_memory_utilization,
+            enforce_eager=config.enforce_eager if config.enforce_eager is not None else device.type != "cuda",
+            enable_sleep_mode=config.sleep_mode,
+        )  # fmt: skip
+        if config.sync != "adapter":
+            del kwargs["max_lora_rank"]
+        try:
+            with _contained_side_effects():
+                from vllm import LLM
+
+                llm = LLM(**kwargs)
+        except Exception as error:
+            shutil.rmtree(work_dir, ignore_errors=True)
+            raise RuntimeError(
+                f"the vLLM engine failed to start ({type(error).__name__}: {error}). If memory ran out, lower "
+                f"vllm.gpu_memory_utilization (now {config.gpu_memory_utilization}) on a GPU, vllm.cpu_kv_cache_gb "
+                f"(now {config.cpu_kv_cache_gb}) on CPU, or vllm.max_model_len (now {max_model_len})"
+            ) from error
+        return cls(llm, config, work_dir, device)
+
+    # ------------------------------------------------------------------ sync
+
+    def sync(self, policy: PeftModel, version: int, adapter_state: dict[str, torch.Tensor] | None = None) -> bool:
+        """Send the policy's current weights unless ``version`` was sent last; reset the prefix cache after.
+
+        Args:
+            policy: The policy.
+            version: Identifies the weights (the global step): a version already sent is not sent again.
+            adapter_state: The adapter's full weights (gathered under FSDP2); ``None``: the policy's own.
+
+        Returns:
+            Whether weights were sent.
+        """
+        if version == self.synced_version:
+            return False
+        self.wake()
+        if self.config.sync == "adapter":
+            self._load_adapter(policy, adapter_state)
+        else:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": merged_weights(policy)})
+        self.llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
+        self.synced_version = version
+        return True
+
+    def _load_adapter(self, policy: PeftModel, adapter_state: dict[str, torch.Tensor] | None) -> None:
+        from vllm.lora.request import LoRARequest
+
+        path = self.work_dir / "adapter"
+        policy.save_pretrained(str(path), state_dict=adapter_state)
+        first = self.lora_request is None
+        self.lora_request = LoRARequest(_ADAPTER, 1, str(path), load_inplace=not first)
+        self.llm.llm_engine.add_lora(self.lora_request)
+
+    # ------------------------------------------------------------------ sampling
+
+    @torch.no_grad()
+    def sample(
+        self,
+        model: nn.Module,
+        tokenizer: PreTrainedTokenizerBase,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        settings: SamplingSettings,
+    ) -> Sampled:
+        """``(B*G, P+T)`` prompt and sampled tokens, G consecutive rows per prompt, and each token's log-prob.
+
+        The signature of :func:`~lightning_grpo.rollout.generation.sample_tokens` (``model`` is not used: the engine
+        holds the synced weights). Prompts go in as our token ids; the seed of the request comes from torch's global
+        generator, which the step seeds, so the same seed samples the same completions.
+        """
+        self.wake()
+        rows = zip(prompt_ids, prompt_mask, strict=True)
+        prompts = [{"prompt_token_ids": row[mask.bool()].tolist()} for row, mask in rows]  # our tokens, unpadded
+        seed = int(torch.randint(0, 2**31 - 1 - len(prompts), (1,)))
+        params = [self._params(settings, tokenizer, seed + i) for i in range(len(prompts))]
+        outputs = self.llm.generate(prompts, params, lora_request=self.lora_request, use_tqdm=False)
+        completions = [c for out in outputs for c in sorted(out.outputs, key=lambda c: c.index)]
+        width = max(1, *(len(c.token_ids) for c in completions))
+        tokens = torch.full((len(completions), width), tokenizer.pad_token_id, dtype=torch.long)
+        logprobs = torch.zeros(tokens.shape, dtype=torch.float32)
+        for i, completion in enumerate(completions):
+            ids = list(completion.token_ids)
+            tokens[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+            steps = zip(completion.logprobs, ids, strict=True)
+            logprobs[i, : len(ids)] = torch.tensor([step[token].logprob for step, token in steps])
+        g = settings.num_generations
+        sequences = torch.cat([prompt_ids.repeat_interleave(g, dim=0), tokens.to(prompt_ids.device)], dim=1)
+        return Sampled(sequences, logprobs.to(prompt_ids.device))
+
+    @staticmethod
+    def _params(settings: SamplingSettings, tokenizer: PreTrainedTokenizerBase, seed: int) -> Any:
+        """vLLM's sampling parameters for ``settings``: every knob set, so no engine default changes the draw."""
+        from vllm import SamplingParams
+
+        return SamplingParams(
+            n=settings.num_generations, temperature=settings.temperature, top_p=settings.top_p,
+            top_k=settings.top_k or -1, min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0,
+            frequency_penalty=0.0, max_tokens=settings.max_new_tokens, min_tokens=settings.min_new_tokens,
+            stop_token_ids=eos_token_ids(tokenizer).tolist(), ignore_eos=True, logprobs=0, seed=seed,
+            detokenize=False,
+        )  # fmt: skip
+
+    # ------------------------------------------------------------------ memory and shutdown
+
+    def sleep(self) -> None:
+        """With ``sleep_mode`` on CUDA: free the KV cache and offload the weights until the next sync or sample."""
+        if self.config.sleep_mode and self.device.type == "cuda" and not self.asleep:
+            self.llm.sleep(level=1)
+            self.asleep = True
+
+    def wake(self) -> None:
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
+
+    def close(self) -> None:
+        """Shut the engine down and remove its files; safe to call twice."""
+        llm, self.llm = self.llm, None
+        if llm is not None:
+            core = getattr(llm.llm_engine, "engine_core", None)
+            if core is not None and hasattr(core, "shutdown"):
+                core.shutdown()
+            del llm
+        shutil.rmtree(self.work_dir, ignore_errors=True)
+
+
+def _save_base(policy: PeftModel, path: Path) -> Path:
+    """Write the policy's base (adapter off) in Hugging Face format once, for the engine to load."""
+    base = policy.get_base_model()
+    state = dict(base_weights(policy))
+    base.save_pretrained(str(path), state_dict=state, safe_serialization=True)
+    return path
