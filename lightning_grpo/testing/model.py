@@ -203,7 +203,8 @@ class TinyModel(Qwen2ForCausalLM):
         cache_dir: str | None = None,
         num_heads: int = 4,
     ) -> None:
-        config = tiny_config(build_tiny_tokenizer(), hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads)
+        tokenizer = build_tiny_tokenizer()
+        config = tiny_config(tokenizer, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             super().__init__(config)
