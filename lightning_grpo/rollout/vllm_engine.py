@@ -9,6 +9,7 @@ docs/vllm.md explains the settings and the traps this file handles.
 
 from __future__ import annotations
 
+import copy
 import os
 import random
 import shutil
@@ -231,17 +232,39 @@ class VLLMEngine:
             if core is not None and hasattr(core, "shutdown"):
                 core.shutdown()
             del llm
+            _shutdown_compile_workers()
         shutil.rmtree(self.work_dir, ignore_errors=True)
 
 
+def _shutdown_compile_workers() -> None:
+    """Stop the worker processes torch's compiler started for the engine's compiled sampling ops (vLLM compiles its
+    log-prob kernel with ``torch.compile``): they would outlive the process that started them. A later compile starts
+    new ones."""
+    try:
+        from torch._inductor.async_compile import shutdown_compile_workers
+    except ImportError:  # another torch: nothing to stop
+        return
+    shutdown_compile_workers()
+
+
 def _save_base(policy: PeftModel, path: Path) -> Path:
-    """Write the policy's base (adapter off) in Hugging Face format once, for the engine to load."""
+    """Write the policy's base (adapter off) in Hugging Face format once, for the engine to load.
+
+    Written here rather than by ``save_pretrained``, which writes on rank 0 only under ``torch.distributed`` (each
+    rank's engine needs its own copy). A subclass of a library model (the tiny test model) is saved as the library's
+    class, the one the engine knows.
+    """
+    from safetensors.torch import save_file
+
     base = policy.get_base_model()
-    state = dict(base_weights(policy))
-    base.save_pretrained(str(path), state_dict=state, safe_serialization=True)
-    library = next(c for c in type(base).__mro__ if c.__module__.startswith("transformers."))
-    if library is not type(base):  # a subclass (e.g. the tiny test model): the engine knows the library's class
-        config = type(base.config).from_pretrained(str(path))
-        config.architectures = [library.__name__]
-        config.save_pretrained(str(path))
+    path.mkdir(parents=True, exist_ok=True)
+    state, seen = {}, set()
+    for name, weight in base_weights(policy):
+        weight = weight.detach().contiguous()
+        state[name] = weight.clone() if weight.data_ptr() in seen else weight  # tied weights: one file entry each
+        seen.add(weight.data_ptr())
+    save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
+    config = copy.deepcopy(base.config)
+    config.architectures = [next(c for c in type(base).__mro__ if c.__module__.startswith("transformers.")).__name__]
+    config.to_json_file(str(path / "config.json"))
     return path

@@ -39,8 +39,15 @@ def _tail(path: Path, lines: int = 60) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else "(no log)"
 
 
-def run_ranks(args: list[str], workdir: Path, *, world_size: int = 2, timeout: float = 150.0) -> float:
-    """Run ``python -m tests.distributed.worker *args`` on ``world_size`` ranks; fail on an error or a hang.
+def run_ranks(
+    args: list[str],
+    workdir: Path,
+    *,
+    world_size: int = 2,
+    timeout: float = 150.0,
+    worker: str = "tests.distributed.worker",
+) -> float:
+    """Run ``python -m <worker> *args`` on ``world_size`` ranks; fail on an error or a hang.
 
     Each rank runs in its own session so that, on failure or timeout, every process it started is killed.
 
@@ -53,7 +60,7 @@ def run_ranks(args: list[str], workdir: Path, *, world_size: int = 2, timeout: f
     """
     start = time.monotonic()
     logs = [workdir / f"rank{rank}.log" for rank in range(world_size)]
-    procs = _spawn([sys.executable, "-m", "tests.distributed.worker", *args], logs)
+    procs = _spawn([sys.executable, "-m", worker, *args], logs)
     try:
         while any(p.poll() is None for p in procs) and time.monotonic() - start < timeout:
             if any(p.poll() not in (None, 0) for p in procs):
@@ -90,13 +97,22 @@ def _spawn(command: list[str], logs: list[Path]) -> list[subprocess.Popen]:
     return procs
 
 
-def _stop_session(proc: subprocess.Popen) -> bool:
-    """Kill what is left of the session ``proc`` leads and reap ``proc``; whether anything was left."""
-    try:
-        os.killpg(proc.pid, 0)  # raises when no process of the session remains
-    except ProcessLookupError:
-        proc.wait()
-        return False
+def _stop_session(proc: subprocess.Popen, grace: float = 3.0) -> bool:
+    """Kill what is left of the session ``proc`` leads and reap ``proc``; whether anything was left.
+
+    A finished rank's helpers that end on their own as it exits (Python's ``multiprocessing`` resource tracker reads
+    its pipe until the rank closes it) get ``grace`` seconds; whatever is still there after that was left behind.
+    """
+    deadline = time.monotonic() + (grace if proc.poll() is not None else 0.0)
+    while True:
+        try:
+            os.killpg(proc.pid, 0)  # raises when no process of the session remains
+        except ProcessLookupError:
+            proc.wait()
+            return False
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     return True
