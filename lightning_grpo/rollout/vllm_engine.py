@@ -58,6 +58,16 @@ def _contained_side_effects() -> Iterator[None]:
             os.environ["LD_PRELOAD"] = preload
 
 
+def _scalar_kernels_under_default_capability() -> None:
+    """Under ``ATEN_CPU_CAPABILITY=default`` (how this project emulates other CPUs), let torch's compiler emit scalar
+    code for the ops vLLM compiles: it would vectorize for the real CPU and include the headers of the emulated one,
+    which lack the vector types, and the build fails (``'at::vec' has not been declared``; seen with torch 2.13)."""
+    if os.environ.get("ATEN_CPU_CAPABILITY", "").lower() == "default":
+        import torch._inductor.config as inductor
+
+        inductor.cpp.simdlen = 1
+
+
 def _work_dir(config: VLLMConfig) -> Path:
     root = config.work_dir or ("/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None)
     if root is not None:
@@ -114,6 +124,7 @@ class VLLMEngine:
         )  # fmt: skip
         if config.sync != "adapter":
             del kwargs["max_lora_rank"]
+        _scalar_kernels_under_default_capability()
         try:
             with _contained_side_effects():
                 from vllm import LLM
