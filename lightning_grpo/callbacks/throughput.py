@@ -42,9 +42,10 @@ class ThroughputMonitor(LightningThroughputMonitor):
       summed across ranks (the sampling rate of the job).
     * ``throughput/trained_tokens_per_sec``: loss tokens (``loss_mask``) times ``ppo_epochs`` over the seconds of the
       ``update`` phase, summed across ranks.
-    * ``time/<phase>``: seconds of each phase ``GRPOModule`` timed (``generate``, ``score``, ``old_logprobs``,
-      ``reference``, ``update``; only those that ran), and ``time/step``: the whole ``training_step`` as seen from
-      the batch-start and batch-end hooks. The maximum across ranks: the slowest rank sets the pace.
+    * ``time/<phase>``: seconds of each phase ``GRPOModule`` timed (``sync`` with the vLLM backend, ``generate``,
+      ``score``, ``old_logprobs``, ``reference``, ``update``; only those that ran), and ``time/step``: the whole
+      ``training_step`` as seen from the batch-start and batch-end hooks. The maximum across ranks: the slowest rank
+      sets the pace.
     * ``memory/peak_mib``: peak memory in MiB, the maximum across ranks. On CUDA, the peak allocated by tensors in
       this iteration (``torch.cuda.max_memory_allocated``, reset at each batch start); on CPU, the peak resident set
       size of the process since it started (``ru_maxrss``; it cannot be reset).

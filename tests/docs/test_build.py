@@ -21,6 +21,7 @@ import pytest
 from lightning_grpo.algorithms import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES
 from lightning_grpo.config import GRPOConfig
 from lightning_grpo.policy import PolicyConfig
+from lightning_grpo.rollout.vllm_settings import VLLMConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -59,7 +60,7 @@ def test_docs_build_strict(tmp_path: Path) -> None:
     assert 'id="lightning_grpo.module.GRPOModule"' in (site / "api/module/index.html").read_text(encoding="utf-8")
 
 
-@pytest.mark.parametrize("config", [GRPOConfig, PolicyConfig], ids=lambda c: c.__name__)
+@pytest.mark.parametrize("config", [GRPOConfig, PolicyConfig, VLLMConfig], ids=lambda c: c.__name__)
 def test_every_config_field_is_documented(config: type) -> None:
     documented = _table_names(DOCS / "configuration.md")
     missing = [field.name for field in dataclasses.fields(config) if field.name not in documented]
