@@ -44,6 +44,7 @@ def test_configs_exist():
     assert {
         "configs/debug/tiny.yaml",
         "configs/qwen2.5-0.5b/gsm8k-lora.yaml",
+        "configs/qwen2.5-0.5b/gsm8k-lora-vllm.yaml",
         "configs/qwen2.5-1.5b/gsm8k-lora.yaml",
     } <= names
 
