@@ -159,7 +159,7 @@ class GRPOModule(LightningModule):
         with seeded(context.seed, self.device):  # depends only on (seed, step, rank): a resumed run samples the same
             if self.rollout_engine is not None:
                 with timer("sync"):  # the adapter reaches the engine (docs/vllm.md)
-                    self._engine_sampler()
+                    self.rollout_engine.sampler(self.policy, self.global_step)
             with timer("generate"):
                 rollout = self.generate(batch)  # 1
             with timer("score"):
@@ -196,7 +196,8 @@ class GRPOModule(LightningModule):
         columns = {key: list(values) for key, values in batch.items() if key != "prompt"}
         sync = partial(any_rank, sum_across_ranks=self._sum_across_ranks, device=self.device)
         sync = sync if settings.synced_gpus else None
-        sample = self._engine_sampler() if self.rollout_engine is not None else None  # None: Hugging Face generate
+        engine, version = self.rollout_engine, self.global_step if self._trainer is not None else 0
+        sample = engine.sampler(self.policy, version) if engine is not None else None  # None: Hugging Face generate
         return sample_rollout(
             self.policy, self.tokenizer, list(batch["prompt"]), settings, self.agent,
             max_prompt_length=self.config.max_prompt_length, columns=columns, any_rank_active=sync, sample=sample,
@@ -401,12 +402,6 @@ class GRPOModule(LightningModule):
         params = [p for p in self.policy.parameters() if p.requires_grad]
         optimizer = self.optimizer_factory(params) if self.optimizer_factory else torch.optim.AdamW(params, lr=1e-5)
         return optimizer, None if self.scheduler_factory is None else self.scheduler_factory(optimizer)
-
-    def _engine_sampler(self) -> Any:
-        """The engine's sampler, the adapter of this step synced to it (gathered from every rank under FSDP2)."""
-        sharded, version = distributed.is_sharded(self.policy), self.global_step if self._trainer is not None else 0
-        gather = partial(distributed.full_adapter_state_dict, self.policy) if sharded else None
-        return self.rollout_engine.sampler(self.policy, version, gather)
 
     def _sum_across_ranks(self, tensor: Tensor) -> Tensor:
         """Sum over ranks (one all-reduce, mid-step) of what enters the loss and advantages; not logged metrics."""

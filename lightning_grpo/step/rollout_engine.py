@@ -4,12 +4,11 @@ put to sleep for the update, closed at the end of fit or on an exception (docs/v
 from __future__ import annotations
 
 import atexit
-from collections.abc import Callable
 
-import torch
 from peft import PeftModel
 
 from lightning_grpo.config import GRPOConfig
+from lightning_grpo.distributed import full_adapter_state_dict, is_sharded
 from lightning_grpo.policy import PolicyConfig
 from lightning_grpo.rollout.generation import SampleFn
 from lightning_grpo.rollout.vllm_settings import VLLMConfig, check_installed, check_sampling, engine_lora_rank
@@ -85,18 +84,17 @@ class VLLMRollout:
         )  # fmt: skip
         atexit.register(self.close)
 
-    def sampler(
-        self, policy: PeftModel, version: int, gather: Callable[[], dict[str, torch.Tensor]] | None = None
-    ) -> SampleFn:
+    def sampler(self, policy: PeftModel, version: int) -> SampleFn:
         """The engine's sampler, after sending it weights ``version`` (the global step) if they are not there yet.
 
-        ``gather`` returns the adapter's full weights (under FSDP2, a collective every rank calls with the same
-        ``version``); ``None``: the policy's own.
+        Under FSDP2 the adapter is gathered whole first: a collective, which every rank reaches with the same
+        ``version``.
         """
         if self.engine is None:
             raise RuntimeError("the vLLM engine is not running: it starts at fit start (GRPOModule.on_fit_start)")
         if version != self.engine.synced_version:
-            self.engine.sync(policy, version, gather() if gather is not None else None)
+            adapter = full_adapter_state_dict(policy) if is_sharded(policy) else None
+            self.engine.sync(policy, version, adapter)
         return self.engine.sample
 
     def sleep(self) -> None:
