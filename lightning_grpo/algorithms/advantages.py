@@ -34,7 +34,7 @@ from torch import Tensor
 
 from lightning_grpo.algorithms._checks import check_floating
 from lightning_grpo.algorithms.catalogue import choose
-from lightning_grpo.algorithms.process import process_advantages, with_outcome_step
+from lightning_grpo.algorithms.process import process_advantages
 from lightning_grpo.algorithms.statistics import SumAcrossRanks, mean_std, moments
 
 AdvantageEstimator = Literal["grpo", "rloo", "reinforce_pp_baseline", "grpo_process"]
@@ -106,14 +106,12 @@ class AdvantageSettings:
         sum_across_ranks: Sums a tensor over data-parallel ranks, for batch-level statistics; ``None``: one process.
         step_rewards: For process estimators: ``(N, T)`` the reward of each step at the token where it ends, NaN
             elsewhere; ``None`` when nothing gave step rewards.
-        outcome_weight: For ``grpo_process``: the weight of the outcome reward as a final step (0: steps alone).
     """
 
     scale: AdvantageScale = "group"
     eps: float = 1e-6
     sum_across_ranks: SumAcrossRanks | None = None
     step_rewards: Tensor | None = None
-    outcome_weight: float = 0.0
 
 
 #: ``(stats, completion_mask, settings) -> advantages``: ``(N,)``, or ``(N, T)`` zero on padding.
@@ -154,10 +152,8 @@ def _grpo_process(stats: GroupStats, completion_mask: Tensor | None, settings: A
             "grpo_process needs step_rewards (N, T), completion_mask (N, T) and group_ids: step rewards come from "
             "environment turn rewards or reward functions that return StepRewards (docs/math.md, Process supervision)"
         )
-    outcome = torch.where(stats.valid, stats.rewards, torch.nan)  # (N,) NaN: no outcome step
-    steps = with_outcome_step(settings.step_rewards, outcome, completion_mask, settings.outcome_weight)  # (N, T)
     return process_advantages(
-        steps, stats.group_ids, completion_mask, scale=settings.scale, eps=settings.eps,
+        settings.step_rewards, stats.group_ids, completion_mask, scale=settings.scale, eps=settings.eps,
         sum_across_ranks=settings.sum_across_ranks,
     )  # fmt: skip
 
@@ -180,7 +176,6 @@ def compute_advantages(
     completion_mask: Tensor | None = None,
     sum_across_ranks: SumAcrossRanks | None = None,
     step_rewards: Tensor | None = None,
-    outcome_weight: float = 0.0,
 ) -> Tensor:
     """Group-relative advantages, one per sequence (per token for ``reinforce_pp_baseline``).
 
@@ -196,9 +191,8 @@ def compute_advantages(
             the REINFORCE++ whitening use global statistics. Groups never straddle ranks, so group statistics stay
             local.
         step_rewards: ``(N, T)`` the reward of each step at the token where it ends, NaN elsewhere; required by
-            ``grpo_process``.
-        outcome_weight: For ``grpo_process``: ``rewards`` times this weight is the reward of a step ending at each
-            row's last token (summed with a step ending there); 0 leaves the outcome out.
+            ``grpo_process`` (which reads no ``rewards``: add an outcome step with
+            :func:`~lightning_grpo.algorithms.process.with_outcome_step`).
 
     Returns:
         ``(N,)`` advantages in ``rewards.dtype`` — ``(N, T)`` for ``reinforce_pp_baseline`` and ``grpo_process``,
@@ -222,7 +216,7 @@ def compute_advantages(
             f"group_ids {tuple(group_ids.shape)}"
         )
     stats = group_stats(rewards, group_ids)
-    settings = AdvantageSettings(scale, eps, sum_across_ranks, step_rewards, outcome_weight)
+    settings = AdvantageSettings(scale, eps, sum_across_ranks, step_rewards)
     advantages = estimate(stats, completion_mask, settings)
     if advantages.ndim == 1:  # token-level estimators zero their own invalid rows
         advantages = torch.where(stats.valid & ~stats.constant, advantages, 0.0)

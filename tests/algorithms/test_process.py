@@ -74,10 +74,8 @@ def test_outcome_only_reproduces_outcome_grpo():
     rewards = torch.tensor([1.0, 0.0, 0.5, 3.0, NAN, 2.0])
     groups = torch.tensor([0, 0, 0, 1, 1, 1])
     mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 0], [1, 0, 0, 0]])
-    steps = torch.full(mask.shape, NAN)
-    got = compute_advantages(
-        rewards, groups, estimator="grpo_process", completion_mask=mask, step_rewards=steps, outcome_weight=1.0
-    )
+    steps = with_outcome_step(torch.full(mask.shape, NAN), rewards, mask, 1.0)
+    got = compute_advantages(rewards, groups, estimator="grpo_process", completion_mask=mask, step_rewards=steps)
     outcome = compute_advantages(rewards, groups)[:, None] * mask
     torch.testing.assert_close(got, outcome)
 
