@@ -18,7 +18,7 @@ from torch import Tensor
 
 from lightning_grpo.algorithms.statistics import SumAcrossRanks, mean_std, moments
 
-__all__ = ["check_step_rewards", "process_advantages", "with_outcome_step"]
+__all__ = ["check_step_rewards", "constant_step_groups", "process_advantages", "with_outcome_step"]
 
 
 def check_step_rewards(step_rewards: Tensor, completion_mask: Tensor) -> None:
@@ -88,6 +88,16 @@ def _group_moments(values: Tensor, valid: Tensor, inverse: Tensor, num_groups: i
         0, inverse, torch.where(valid, x, torch.inf).amin(1), "amin"
     )
     return count, mean, torch.where(count > 1, var.sqrt(), 0.0), high <= low
+
+
+def constant_step_groups(step_rewards: Tensor, group_ids: Tensor) -> Tensor:
+    """``(G,)`` bool per group (in ``torch.unique(group_ids)`` order): its step rewards are all equal, or absent.
+
+    Such a group gets advantage 0 everywhere: no learning signal (``train/zero_std_frac`` under ``grpo_process``).
+    """
+    _, inverse = torch.unique(group_ids, return_inverse=True)
+    num_groups = int(inverse.max()) + 1 if inverse.numel() else 0
+    return _group_moments(step_rewards.double(), ~torch.isnan(step_rewards), inverse, num_groups)[3]
 
 
 def process_advantages(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from lightning_grpo.algorithms.process import constant_step_groups
 from lightning_grpo.rewards import RewardScores
 from lightning_grpo.rollout import Rollout
 from lightning_grpo.step.context import StepContext
@@ -39,11 +40,16 @@ def check_signal(context: StepContext, rollout: Rollout, scores: RewardScores) -
         rollout: The step's rollout.
         scores: Its rewards.
     """
-    starts, informative = informative_groups(scores.rewards, rollout.group_ids)
-    local = torch.tensor([len(starts), int((~informative).sum()), int(scores.valid.sum())], dtype=torch.float64)
+    if scores.step_rewards is not None:  # grpo_process: the signal is in the step rewards (docs/math.md)
+        constant = constant_step_groups(scores.step_rewards, rollout.group_ids)
+        counts = [len(constant), int(constant.sum()), int((~torch.isnan(scores.step_rewards)).sum())]
+    else:
+        starts, informative = informative_groups(scores.rewards, rollout.group_ids)
+        counts = [len(starts), int((~informative).sum()), int(scores.valid.sum())]
+    local = torch.tensor(counts, dtype=torch.float64)
     groups, zero, valid = context.sum_across_ranks(local.to(context.device))
     fraction = (zero / groups.clamp(min=1)).float()
-    context.log("train/zero_std_frac", fraction, on_step=True, prog_bar=True, batch_size=len(starts))
+    context.log("train/zero_std_frac", fraction, on_step=True, prog_bar=True, batch_size=counts[0])
     kind = "no_reward" if valid == 0 else "zero_std" if zero == groups else None
     if kind is not None:
         message = NO_REWARD_MESSAGE if kind == "no_reward" else ZERO_STD_MESSAGE
