@@ -113,7 +113,9 @@ def test_grpo_process_without_step_rewards_is_refused_at_fit_start(make_module):
 
 
 def test_grpo_process_refuses_dynamic_sampling():
-    with pytest.raises(ValueError, match="dynamic_sampling .* cannot be combined with advantage_estimator='grpo_process'"):
+    with pytest.raises(
+        ValueError, match=r"dynamic_sampling .* cannot be combined with advantage_estimator='grpo_process'"
+    ):
         GRPOConfig(advantage_estimator="grpo_process", dynamic_sampling=True)
     with pytest.raises(ValueError, match="process_outcome_weight"):
         GRPOConfig(process_outcome_weight=math.inf)
