@@ -119,3 +119,15 @@ def test_grpo_process_refuses_dynamic_sampling():
         GRPOConfig(advantage_estimator="grpo_process", dynamic_sampling=True)
     with pytest.raises(ValueError, match="process_outcome_weight"):
         GRPOConfig(process_outcome_weight=math.inf)
+
+
+@pytest.mark.learning
+def test_process_supervision_learns_the_second_turn():
+    """What holds on every run of ``python -m benchmarks.learning --cases process_supervision`` (3 seeds x 3 CPU
+    instruction sets; docs/benchmarks.md, "Process supervision"): with ``grpo_process`` the second turn learns to use
+    the first. Whether it beats outcome supervision is not asserted: it does not on every run (the table says so)."""
+    from benchmarks.process_supervision import compare_arms
+
+    figures = compare_arms(seed=0)
+    assert figures["process_turn2_rise"] >= PROCESS_TURN2_RISE
+    assert figures["outcome_turn2_rise"] >= OUTCOME_TURN2_RISE
