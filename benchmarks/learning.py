@@ -160,7 +160,7 @@ CASES: dict[str, Case] = {
     ),
     "process_supervision": Case(
         _process_supervision,
-        {"turn2_gain": 0.0},
+        {"process_turn2_rise": 0.04, "outcome_turn2_rise": 0.2},
         "docs/benchmarks.md (Process supervision), tests/module/test_process.py",
     ),
 }

@@ -95,17 +95,24 @@ def warm_up_game(tokenizer: PreTrainedTokenizerBase, rng: random.Random) -> tupl
 
 
 class Curve(Callback):
-    """Per step: the mean episode reward and the mean reward of each turn."""
+    """Per step: the mean episode reward, the mean reward of each turn, and the mean advantage of turn-2 tokens."""
 
     def __init__(self) -> None:
         self.episode: list[float] = []
         self.turns: list[list[float]] = [[], []]
+        self.turn2_advantage: list[float] = []
 
     def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        rollout, advantages = outputs["rollout"], outputs["advantages"]
         self.episode.append(float(outputs["rewards"].rewards.mean()))
         for k in range(2):
-            values = [r[k] or 0.0 if len(r) > k else 0.0 for r in outputs["rollout"].turns.turn_rewards]
+            values = [r[k] or 0.0 if len(r) > k else 0.0 for r in rollout.turns.turn_rewards]
             self.turns[k].append(sum(values) / len(values))
+        if advantages.dim() == 1:  # outcome: one advantage per trajectory
+            advantages = advantages[:, None].expand(rollout.sampled_mask.shape)
+        inserted_before = (1 - rollout.sampled_mask).cumsum(1) > 0
+        second = (rollout.sampled_mask == 1) & inserted_before  # sampled after inserted tokens: turn 2
+        self.turn2_advantage.append(float(advantages[second].mean()) if second.any() else 0.0)
 
 
 def run_arm(model: Any, tokenizer: Any, estimator: str, seed: int, steps: int, lr: float) -> Curve:
@@ -151,6 +158,7 @@ def compare_arms(seed: int, steps: int = 30, lr: float = 3e-3, warmup_steps: int
         figures[f"{arm}_turn2_first"] = mean(curve.turns[1][:span])
         figures[f"{arm}_turn2_last"] = mean(curve.turns[1][-span:])
         figures[f"{arm}_turn2_rise"] = figures[f"{arm}_turn2_last"] - figures[f"{arm}_turn2_first"]
+        figures[f"{arm}_turn2_advantage_first"] = mean(curve.turn2_advantage[:span])
     figures["turn2_gain"] = figures["process_turn2_last"] - figures["outcome_turn2_last"]
     return figures
 

@@ -14,13 +14,19 @@ from lightning_grpo.rollout import Rollout
 from lightning_grpo.step.context import StepContext
 from lightning_grpo.step.dynamic_sampling import informative_groups
 
-__all__ = ["NO_REWARD_MESSAGE", "ZERO_STD_MESSAGE", "check_signal"]
+__all__ = ["NO_REWARD_MESSAGE", "NO_STEP_MESSAGE", "ZERO_STD_MESSAGE", "check_signal"]
 
 #: Warned once when every reward function returned ``None`` for every row of a step.
 NO_REWARD_MESSAGE = (
     "Every reward function returned None for every completion of step {step}: no reward, no advantage, a loss of 0. "
     "Check that the reward functions apply to this data (their columns, e.g. `answer`, must be in the dataset) and "
     "return numbers for the rows they should score."
+)
+#: Warned once when no completion of a ``grpo_process`` step has a step reward.
+NO_STEP_MESSAGE = (
+    "No completion of step {step} has a step reward (advantage_estimator='grpo_process'): every advantage is 0. Check "
+    "that the environment returns EnvStep.reward for its turns, or that the step reward functions return StepRewards "
+    "(not None) for the completions they should score; train/process/no_step_frac tracks the fraction without steps."
 )
 #: Warned once when every group of a step has zero reward variance.
 ZERO_STD_MESSAGE = (
@@ -52,5 +58,6 @@ def check_signal(context: StepContext, rollout: Rollout, scores: RewardScores) -
     context.log("train/zero_std_frac", fraction, on_step=True, prog_bar=True, batch_size=counts[0])
     kind = "no_reward" if valid == 0 else "zero_std" if zero == groups else None
     if kind is not None:
-        message = NO_REWARD_MESSAGE if kind == "no_reward" else ZERO_STD_MESSAGE
+        message = ZERO_STD_MESSAGE if kind == "zero_std" else NO_REWARD_MESSAGE
+        message = NO_STEP_MESSAGE if kind == "no_reward" and scores.step_rewards is not None else message
         context.warn_once(kind, message.format(step=context.global_step, groups=int(groups)))

@@ -4,6 +4,7 @@ per-token advantages, metrics are logged, and a run without step rewards is refu
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -12,8 +13,13 @@ from lightning.pytorch import Callback
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig
 from lightning_grpo.algorithms.process import process_advantages, with_outcome_step
 from lightning_grpo.rewards import StepRewards, step_reward
+from lightning_grpo.step.zero_signal import NO_STEP_MESSAGE
 from lightning_grpo.testing.agents import CountdownEnv, short_turn_model
 from tests.conftest import count_a, make_trainer, prompt_loader
+
+# Worst of the 9 runs of the learning matrix (docs/benchmarks.md, "Process supervision"): 0.08 and 0.33.
+PROCESS_TURN2_RISE = 0.04
+OUTCOME_TURN2_RISE = 0.2
 
 
 @step_reward
@@ -104,6 +110,21 @@ def test_outcome_weight_adds_the_outcome_as_a_last_step(make_module):
     outcome = 2.0 * torch.tensor(count_a(None, rollout.completions))  # halves' totals are not outcome rewards
     torch.testing.assert_close(scores.step_rewards, with_outcome_step(alone, outcome, rollout.completion_mask, 1.0),
                                equal_nan=True)  # fmt: skip
+
+
+def test_zero_signal_is_judged_on_step_rewards(make_module):
+    @step_reward
+    def none(completions, **_):
+        return [None] * len(completions)
+
+    module = make_module([count_a, none], advantage_estimator="grpo_process")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _, trainer = _fit(module, ["1+1=", "2+2="])
+    messages = [str(w.message) for w in caught]
+    assert NO_STEP_MESSAGE.format(step=0) in messages  # count_a scores every row, but no row has a step
+    assert float(trainer.callback_metrics["train/zero_std_frac"]) == 1.0
+    assert float(trainer.callback_metrics["train/process/no_step_frac"]) == 1.0
 
 
 def test_grpo_process_without_step_rewards_is_refused_at_fit_start(make_module):
