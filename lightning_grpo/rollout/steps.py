@@ -110,7 +110,8 @@ def step_rewards_tensor(
         weights: Reward name to its weight.
 
     Raises:
-        ValueError: Step ends outside a completion, or step rewards on a multi-turn completion; the row is named.
+        ValueError: Step ends outside a completion, step rewards on a multi-turn completion, or a turn reward that is
+            not finite; the row is named.
     """
     out = torch.full(rollout.completion_ids.shape, math.nan, dtype=torch.float32)
     ids = rollout.completion_token_ids
@@ -129,7 +130,9 @@ def step_rewards_tensor(
                 _add(out, row, position, weights[name] * reward)
     if rollout.turns is not None:
         for row, (rewards, ends) in enumerate(zip(rollout.turns.turn_rewards, rollout.turns.turn_ends, strict=True)):
-            for reward, end in zip(rewards, ends, strict=True):
+            for turn, (reward, end) in enumerate(zip(rewards, ends, strict=True)):
+                if reward is not None and not math.isfinite(reward):
+                    raise ValueError(f"row {row}: the environment's reward {reward} for turn {turn} is not finite")
                 if reward is not None:
                     _add(out, row, end, float(reward))
     return out.to(rollout.completion_ids.device)

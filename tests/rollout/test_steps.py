@@ -128,3 +128,6 @@ def test_environment_turn_rewards_end_at_the_last_token_of_the_judged_turn(token
         expected = torch.full((rollout.completion_ids.shape[1],), NAN)
         expected[turns.turn_ends[i]] = torch.tensor(turns.turn_rewards[i])
         torch.testing.assert_close(got[i], expected, equal_nan=True)
+    rollout.turns.turn_rewards[1][0] = math.nan  # an environment that returned NaN for a turn
+    with pytest.raises(ValueError, match="row 1: the environment's reward nan for turn 0 is not finite"):
+        step_rewards_tensor(tokenizer, rollout, {}, {})
