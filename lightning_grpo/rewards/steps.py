@@ -38,7 +38,7 @@ class StepRewards:
     Example::
 
         >>> text = "2+3=5\\n5*2=10\\n"
-        >>> StepRewards([1.0, 0.0], [6, 12]) == StepRewards.split(text, [1.0, 0.0])
+        >>> StepRewards([1.0, 0.0], [6, 13]) == StepRewards.split(text, [1.0, 0.0])  # "2+3=5\\n", "5*2=10\\n"
         True
     """
 
