@@ -142,6 +142,12 @@ def _dynamic_sampling(seed: int, out: Path) -> dict[str, float]:
     }
 
 
+def _process_supervision(seed: int, out: Path) -> dict[str, float]:
+    from benchmarks.process_supervision import compare_arms
+
+    return compare_arms(seed)
+
+
 #: The claims. Thresholds are what the tests and docs assert; the table says whether the worst run clears them.
 CASES: dict[str, Case] = {
     "count_a": Case(_count_a, {"rise": 0.3}, "tests/module/test_fit.py::test_mean_reward_rises_on_a_tiny_task"),
@@ -159,6 +165,11 @@ CASES: dict[str, Case] = {
         {"all_wrong_at_start": 0.5, "dynamic_rise": 0.05},
         "docs/benchmarks.md (Dynamic sampling), tests/module/test_dynamic_sampling.py",
         ceilings={"step_ratio": 0.5},
+    ),
+    "process_supervision": Case(
+        _process_supervision,
+        {"process_turn2_rise": 0.04, "outcome_turn2_rise": 0.2},
+        "docs/benchmarks.md (Process supervision), tests/module/test_process.py",
     ),
 }
 

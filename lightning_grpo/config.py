@@ -32,7 +32,7 @@ _OPEN = {
     "advantage_estimator": (ADVANTAGE_ESTIMATORS, "advantage estimator"),
 }
 
-_GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_pp_baseline")
+_GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_pp_baseline", "grpo_process")
 _INT: dict[str, Any] = {"integer": True, "minimum": 1}  # a count or size: an int >= 1
 _OPTIONAL_INT: dict[str, Any] = {**_INT, "allow_none": True}
 #: Every numeric setting and its allowed range (``check_number``'s arguments); a new numeric field adds a line here.
@@ -49,6 +49,7 @@ _NUMBER_RULES: dict[str, dict[str, Any]] = {
     "kl_coef": {"minimum": 0.0},
     "loss_agg_norm": _OPTIONAL_INT,
     "advantage_eps": {"minimum": 0.0},
+    "process_outcome_weight": {},
     "entropy_coef": {"minimum": 0.0},
     "max_grad_norm": {"minimum": 0.0, "exclusive_minimum": True, "allow_none": True},
     "logprob_chunk_size": _INT,
@@ -90,9 +91,14 @@ class GRPOConfig:
         loss_agg_mode: ``"token-mean"``, ``"token-sum"``, ``"seq-mean-token-mean"``, ``"seq-mean-token-sum"`` or
             ``"seq-mean-token-sum-norm"``.
         loss_agg_norm: Divisor of ``seq-mean-token-sum-norm``; ``None`` uses ``max_new_tokens``.
-        advantage_estimator: ``"grpo"``, ``"rloo"``, ``"reinforce_pp_baseline"``, or the import path of your own.
-        advantage_scale: For ``grpo``: ``"group"`` std, ``"batch"`` std, or ``"none"`` (Dr. GRPO).
+        advantage_estimator: ``"grpo"``, ``"rloo"``, ``"reinforce_pp_baseline"``, ``"grpo_process"`` (process
+            supervision: step rewards, ``docs/math.md``), or the import path of your own.
+        advantage_scale: For ``grpo`` and ``grpo_process``: ``"group"`` std, ``"batch"`` std, or ``"none"``
+            (Dr. GRPO).
         advantage_eps: Added to the std before dividing.
+        process_outcome_weight: For ``grpo_process``: the outcome reward (the weighted sum of the reward functions)
+            times this weight is the reward of one more step, ending at the completion's last token; 0 (the
+            default): the step rewards alone, as DeepSeekMath §4.1.3.
         entropy_coef: Weight of an entropy bonus (0 = none; the entropy is still logged, without gradient).
         mask_truncated_completions: Leave completions that hit ``max_new_tokens`` out of the loss (DAPO).
         max_grad_norm: Clip the adapter's gradient norm to this before each optimizer step; ``None`` disables it.
@@ -166,6 +172,7 @@ class GRPOConfig:
     advantage_estimator: AdvantageEstimator | ImportPath = "grpo"
     advantage_scale: AdvantageScale = "group"
     advantage_eps: float = 1e-6
+    process_outcome_weight: float = 0.0
     entropy_coef: float = 0.0
     mask_truncated_completions: bool = False
     max_grad_norm: float | None = 1.0
@@ -241,6 +248,11 @@ class GRPOConfig:
             raise ValueError(
                 f"num_generations={self.num_generations}: the group estimator {self.advantage_estimator!r} needs "
                 "num_generations >= 2 (a group of one has no baseline)"
+            )
+        if self.advantage_estimator == "grpo_process" and self.dynamic_sampling:
+            raise ValueError(
+                "dynamic_sampling keeps groups whose outcome rewards differ, which says nothing of their step rewards: "
+                "it cannot be combined with advantage_estimator='grpo_process'; turn one of them off"
             )
         check_clip_args(self.clip_low, self.clip_high, self.dual_clip, self.delta)  # the loss checks the same
 

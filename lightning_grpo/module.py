@@ -42,6 +42,7 @@ from lightning_grpo.step import LossCounts, PhaseTimer, StepContext, StepOutput,
 from lightning_grpo.step.context import any_rank
 from lightning_grpo.step.dynamic_sampling import check_datamodule, dynamic_sample
 from lightning_grpo.step.fit_checks import check_reward_keywords
+from lightning_grpo.step.process import advantage_inputs, check_step_sources, gather_step_rewards
 from lightning_grpo.step.rollout_engine import VLLMRollout
 from lightning_grpo.step.seeding import seeded, step_seed
 from lightning_grpo.step.update import (
@@ -168,7 +169,7 @@ class GRPOModule(LightningModule):
                 rollout, scores = dynamic_sample(self, context, rollout, scores)
             check_signal(context, rollout, scores)  # logs train/zero_std_frac; warns once on a zero-signal step
             with timer("score"):
-                advantages = self.compute_advantages(scores.rewards, rollout)  # 3
+                advantages = self.compute_advantages(scores.rewards, rollout, **advantage_inputs(scores))  # 3
             update = self.prepare_update(rollout, advantages)  # 4 (timed inside: old_logprobs, reference)
             with timer("update"):
                 loss, metrics = self.update_policy(update)  # 5
@@ -221,14 +222,16 @@ class GRPOModule(LightningModule):
             completion_lengths=rollout.completion_lengths.tolist(), trainer_state=TrainerState.of(self._trainer),
         )  # fmt: skip
         per_function = {k: v.to(self.device) for k, v in scores.per_function.items()}
-        return RewardScores(scores.rewards.to(self.device), per_function, scores.seconds)
+        steps = gather_step_rewards(self.config, self.tokenizer, rollout, scores, self.rewards)  # grpo_process only
+        return RewardScores(scores.rewards.to(self.device), per_function, scores.seconds, scores.steps, steps)
 
-    def compute_advantages(self, rewards: Tensor, rollout: Rollout) -> Tensor:
-        """Step 3: group-relative advantages ``(N,)`` (``(N, T)`` for token-level estimators)."""
+    def compute_advantages(self, rewards: Tensor, rollout: Rollout, step_rewards: Tensor | None = None) -> Tensor:
+        """Step 3: group-relative advantages ``(N,)`` (``(N, T)`` for token-level estimators and ``grpo_process``)."""
         cfg = self.config  # token-level estimators whiten over the policy's tokens (rollout.sampled_mask)
         return compute_advantages(
             rewards, rollout.group_ids, estimator=cfg.advantage_estimator, scale=cfg.advantage_scale,
             eps=cfg.advantage_eps, completion_mask=rollout.sampled_mask, sum_across_ranks=self._sum_across_ranks,
+            step_rewards=step_rewards,
         )  # fmt: skip
 
     def prepare_update(self, rollout: Rollout, advantages: Tensor) -> UpdateBatch:
@@ -366,6 +369,7 @@ class GRPOModule(LightningModule):
         self.timer.device = self.device
         self.rewards.to(self.device, getattr(self.policy, "dtype", None))  # reward models are not in the policy
         check_reward_keywords(self.rewards, self.trainer.datamodule, environment=bool(self.agent.environment_factory))
+        check_step_sources(self.config, self.rewards, environment=bool(self.agent.environment_factory))
         if self.config.dynamic_sampling:
             check_datamodule(self.trainer.datamodule)
         if self.rollout_engine is not None:

@@ -9,6 +9,9 @@ Estimators (choose by name, see :data:`ADVANTAGE_ESTIMATORS`):
 * ``rloo`` — REINFORCE leave-one-out (Ahmadian et al., 2024, arXiv:2402.14740): ``r - mean of the other G-1``.
 * ``reinforce_pp_baseline`` — REINFORCE++ with group baseline (Hu, 2025, arXiv:2501.03262): ``r - mean_g``, then
   whitened over all valid tokens of the batch.
+* ``grpo_process`` — DeepSeekMath §4.1.3, process supervision: the step rewards of a group normalised together, each
+  token's advantage the sum of the normalised rewards of the steps ending at or after it
+  (:mod:`~lightning_grpo.algorithms.process`).
 
 Rewards that are NaN (every reward function skipped the row) are left out of every statistic and get advantage 0;
 groups whose valid rewards are all equal get 0. Groups are located by ``group_ids`` and need not be contiguous; the
@@ -31,9 +34,10 @@ from torch import Tensor
 
 from lightning_grpo.algorithms._checks import check_floating
 from lightning_grpo.algorithms.catalogue import choose
+from lightning_grpo.algorithms.process import process_advantages
 from lightning_grpo.algorithms.statistics import SumAcrossRanks, mean_std, moments
 
-AdvantageEstimator = Literal["grpo", "rloo", "reinforce_pp_baseline"]
+AdvantageEstimator = Literal["grpo", "rloo", "reinforce_pp_baseline", "grpo_process"]
 AdvantageScale = Literal["group", "batch", "none"]
 
 __all__ = [
@@ -59,6 +63,7 @@ class GroupStats:
     total: Tensor  # (N,) group sum
     std: Tensor  # (N,) unbiased group std (0 when fewer than 2 valid members)
     constant: Tensor  # (N,) bool: every valid reward of the group is equal (no learning signal)
+    group_ids: Tensor | None = None  # (N,) the group of each sample, as given
 
 
 def _group_reduce(values: Tensor, inverse: Tensor, num_groups: int, reduce: str, fill: float) -> Tensor:
@@ -81,7 +86,7 @@ def group_stats(rewards: Tensor, group_ids: Tensor) -> GroupStats:
     high = _group_reduce(torch.where(valid, r, -torch.inf), inverse, num_groups, "amax", -torch.inf)
     low = _group_reduce(torch.where(valid, r, torch.inf), inverse, num_groups, "amin", torch.inf)
     constant = (high <= low)[inverse]
-    return GroupStats(r, valid, count[inverse], mean[inverse], total[inverse], std[inverse], constant)
+    return GroupStats(r, valid, count[inverse], mean[inverse], total[inverse], std[inverse], constant, group_ids)
 
 
 def _batch_moments(values: Tensor, weights: Tensor, sum_across_ranks: SumAcrossRanks | None) -> tuple[Tensor, Tensor]:
@@ -99,11 +104,14 @@ class AdvantageSettings:
         scale: For ``grpo``: ``"group"`` (divide by the group std), ``"batch"`` (by the batch std) or ``"none"``.
         eps: Added to the std before dividing.
         sum_across_ranks: Sums a tensor over data-parallel ranks, for batch-level statistics; ``None``: one process.
+        step_rewards: For process estimators: ``(N, T)`` the reward of each step at the token where it ends, NaN
+            elsewhere; ``None`` when nothing gave step rewards.
     """
 
     scale: AdvantageScale = "group"
     eps: float = 1e-6
     sum_across_ranks: SumAcrossRanks | None = None
+    step_rewards: Tensor | None = None
 
 
 #: ``(stats, completion_mask, settings) -> advantages``: ``(N,)``, or ``(N, T)`` zero on padding.
@@ -138,10 +146,22 @@ def _reinforce_pp_baseline(stats: GroupStats, completion_mask: Tensor | None, se
     return (tokens - mean) / (std + settings.eps) * weights * keep[:, None]  # constant groups, skipped rows stay 0
 
 
+def _grpo_process(stats: GroupStats, completion_mask: Tensor | None, settings: AdvantageSettings) -> Tensor:
+    if settings.step_rewards is None or completion_mask is None or stats.group_ids is None:
+        raise ValueError(
+            "grpo_process needs step_rewards (N, T), completion_mask (N, T) and group_ids: step rewards come from "
+            "environment turn rewards or reward functions that return StepRewards (docs/math.md, Process supervision)"
+        )
+    return process_advantages(
+        settings.step_rewards, stats.group_ids, completion_mask, scale=settings.scale, eps=settings.eps,
+        sum_across_ranks=settings.sum_across_ranks,
+    )  # fmt: skip
+
+
 #: Read-only catalogue of the built-in estimators: name -> :data:`AdvantageFunction`; ``estimator`` may also be the
 #: import path of such a function (:mod:`~lightning_grpo.algorithms.catalogue`).
 ADVANTAGE_ESTIMATORS: Mapping[str, AdvantageFunction] = MappingProxyType(
-    {"grpo": _grpo, "rloo": _rloo, "reinforce_pp_baseline": _reinforce_pp_baseline}
+    {"grpo": _grpo, "rloo": _rloo, "reinforce_pp_baseline": _reinforce_pp_baseline, "grpo_process": _grpo_process}
 )
 _SCALES = MappingProxyType({"group": "group", "batch": "batch", "none": "none"})
 
@@ -155,23 +175,28 @@ def compute_advantages(
     eps: float = 1e-6,
     completion_mask: Tensor | None = None,
     sum_across_ranks: SumAcrossRanks | None = None,
+    step_rewards: Tensor | None = None,
 ) -> Tensor:
     """Group-relative advantages, one per sequence (per token for ``reinforce_pp_baseline``).
 
     Args:
         rewards: ``(N,)`` float scalar reward per sample; NaN marks a row no reward function applied to.
         group_ids: ``(N,)`` integer group of each sample (samples of one prompt share an id; any order).
-        estimator: ``"grpo"``, ``"rloo"``, ``"reinforce_pp_baseline"``, or the import path of an
-            :data:`AdvantageFunction`.
+        estimator: ``"grpo"``, ``"rloo"``, ``"reinforce_pp_baseline"``, ``"grpo_process"``, or the import path of
+            an :data:`AdvantageFunction`.
         scale: For ``grpo``: ``"group"`` (divide by the group std), ``"batch"`` (by the batch std) or ``"none"``.
         eps: Added to the std before dividing.
-        completion_mask: ``(N, T)`` valid-token mask; required by ``reinforce_pp_baseline``.
+        completion_mask: ``(N, T)`` valid-token mask; required by ``reinforce_pp_baseline`` and ``grpo_process``.
         sum_across_ranks: Sums a tensor over data-parallel ranks (e.g. an all-reduce); makes ``scale="batch"`` and
             the REINFORCE++ whitening use global statistics. Groups never straddle ranks, so group statistics stay
             local.
+        step_rewards: ``(N, T)`` the reward of each step at the token where it ends, NaN elsewhere; required by
+            ``grpo_process`` (which reads no ``rewards``: add an outcome step with
+            :func:`~lightning_grpo.algorithms.process.with_outcome_step`).
 
     Returns:
-        ``(N,)`` advantages in ``rewards.dtype`` — ``(N, T)`` for ``reinforce_pp_baseline``, zero on padding.
+        ``(N,)`` advantages in ``rewards.dtype`` — ``(N, T)`` for ``reinforce_pp_baseline`` and ``grpo_process``,
+        zero on padding.
 
     Raises:
         ValueError: Unknown estimator or scale, shape mismatch, or a missing ``completion_mask``.
@@ -191,7 +216,8 @@ def compute_advantages(
             f"group_ids {tuple(group_ids.shape)}"
         )
     stats = group_stats(rewards, group_ids)
-    advantages = estimate(stats, completion_mask, AdvantageSettings(scale, eps, sum_across_ranks))
+    settings = AdvantageSettings(scale, eps, sum_across_ranks, step_rewards)
+    advantages = estimate(stats, completion_mask, settings)
     if advantages.ndim == 1:  # token-level estimators zero their own invalid rows
         advantages = torch.where(stats.valid & ~stats.constant, advantages, 0.0)
     return advantages.to(rewards.dtype)

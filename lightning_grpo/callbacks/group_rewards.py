@@ -15,7 +15,7 @@ from lightning_grpo.callbacks._outputs import check_prefix, step_output
 from lightning_grpo.metrics import reduce_across_ranks
 from lightning_grpo.rewards import RewardScores
 
-__all__ = ["GroupRewardStats", "group_reward_stats"]
+__all__ = ["GroupRewardStats", "group_reward_stats", "process_stats"]
 
 
 class GroupRewardStats(Callback):
@@ -29,6 +29,9 @@ class GroupRewardStats(Callback):
     * ``group/adv_mean``, ``group/adv_std``: mean and unbiased std of the advantages over valid rows (over valid
       tokens for token-level advantages).
     * ``reward/<name>``: mean raw value of each reward function over the rows it applied to.
+    * ``process/steps_mean``, ``process/step_reward_mean``, ``process/no_step_frac``: with ``grpo_process`` only,
+      steps per completion, mean (weighted) step reward, and fraction of completions without any step reward
+      (their advantages are 0), over the step rewards the estimator reads.
 
     The fraction of groups without learning signal is ``train/zero_std_frac``, which ``GRPOModule`` logs itself.
     Rows that every reward function skipped (NaN reward) are left out of every statistic. The statistics are exact
@@ -114,7 +117,32 @@ def group_reward_stats(
     }
     for (name, _, _), (count, total) in zip(per_function, sums[8:].view(-1, 2), strict=True):
         stats[f"reward/{name}"] = ratio(total, count)
+    if scores.step_rewards is not None:
+        stats.update(process_stats(scores.step_rewards, sum_across_ranks))
     return {name: value.float() for name, value in stats.items()}
+
+
+def process_stats(step_rewards: Tensor, sum_across_ranks: SumAcrossRanks | None = None) -> dict[str, Tensor]:
+    """Steps per completion, mean step reward and fraction of completions without a step, over the global batch.
+
+    Example::
+
+        >>> nan = float("nan")
+        >>> stats = process_stats(torch.tensor([[1.0, nan, 3.0], [nan, nan, nan]]))
+        >>> stats["process/steps_mean"], stats["process/step_reward_mean"], stats["process/no_step_frac"]
+        (tensor(1., dtype=torch.float64), tensor(2., dtype=torch.float64), tensor(0.5000, dtype=torch.float64))
+    """
+    ends = ~torch.isnan(step_rewards)  # (N, T)
+    steps = ends.sum(1)  # (N,)
+    total = torch.where(ends, step_rewards, 0.0).double().sum()
+    sums = torch.stack([torch.tensor(float(len(steps))), steps.sum().double(), total, (steps == 0).sum().double()])
+    sums = sums.to(step_rewards.device, torch.float64)
+    rows, count, total, none = sums if sum_across_ranks is None else sum_across_ranks(sums)
+    return {
+        "process/steps_mean": ratio(count, rows),
+        "process/step_reward_mean": ratio(total, count),
+        "process/no_step_frac": ratio(none, rows),
+    }
 
 
 def _weights(advantages: Tensor, valid: Tensor, completion_mask: Tensor) -> Tensor:

@@ -5,7 +5,8 @@ list[float | None]``, sync or ``async``, called by keyword; see :mod:`lightning_
 sequence-classification model is one too: :class:`RewardModel`. Built-ins: :func:`math_answer` (final answer against
 a reference),
 :data:`format_reward` / :class:`FormatReward` (a pattern such as ``<think>...</think><answer>...</answer>``) and
-:class:`OverlongPenalty` (DAPO's soft overlong punishment).
+:class:`OverlongPenalty` (DAPO's soft overlong punishment). For process supervision a function returns
+:class:`StepRewards` per completion (marked with :func:`step_reward`); :class:`ProcessRewardModel` is one.
 """
 
 from __future__ import annotations
@@ -23,22 +24,28 @@ from lightning_grpo.rewards.format import DEFAULT_PATTERN, FormatReward, format_
 from lightning_grpo.rewards.math_answer import answers_match, extract_answer, math_answer
 from lightning_grpo.rewards.model import RewardModel
 from lightning_grpo.rewards.overlong import OverlongPenalty, soft_overlong_penalty
+from lightning_grpo.rewards.process_model import ProcessRewardModel
+from lightning_grpo.rewards.steps import StepRewards, gives_step_rewards, step_reward
 
 __all__ = [
     "DEFAULT_PATTERN",
     "FormatReward",
     "OverlongPenalty",
+    "ProcessRewardModel",
     "RewardError",
     "RewardFunction",
     "RewardFunctions",
     "RewardInputError",
     "RewardModel",
     "RewardScores",
+    "StepRewards",
     "TrainerState",
     "answers_match",
     "completion_text",
     "extract_answer",
     "format_reward",
+    "gives_step_rewards",
     "math_answer",
     "soft_overlong_penalty",
+    "step_reward",
 ]

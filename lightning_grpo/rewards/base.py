@@ -23,6 +23,7 @@ from lightning_grpo.rewards._concurrency import RewardCall, _CallFailed, run_cal
 from lightning_grpo.rewards._signature import KeywordSpec, unique_names
 from lightning_grpo.rewards._text import DATASET_INDEX, excerpt
 from lightning_grpo.rewards._validation import check_inputs, check_timeouts, check_weights, split_functions
+from lightning_grpo.rewards.steps import StepRewards
 
 __all__ = ["RewardError", "RewardFunction", "RewardFunctions", "RewardScores", "TrainerState"]
 
@@ -83,6 +84,11 @@ class RewardScores:
         per_function: Reward name to ``(N,)`` float32 raw (unweighted) values, NaN where that function returned
             ``None``.
         seconds: Reward name to the wall-clock seconds its call took (the functions run concurrently).
+        steps: Reward name to its :class:`~lightning_grpo.rewards.StepRewards` per row (``None`` for rows it scored
+            with a number or skipped), for each function that returned step rewards; their totals are in
+            ``per_function`` and ``rewards``.
+        step_rewards: ``(N, T)`` the weighted reward of each step at the token where it ends, NaN elsewhere (reward
+            functions' steps and environment turn rewards); set by ``GRPOModule.score`` for ``grpo_process``.
 
     Example::
 
@@ -95,6 +101,8 @@ class RewardScores:
     rewards: Tensor
     per_function: dict[str, Tensor]
     seconds: dict[str, float] = field(default_factory=dict)
+    steps: dict[str, list[StepRewards | None]] = field(default_factory=dict)
+    step_rewards: Tensor | None = None
 
     @property
     def valid(self) -> Tensor:
@@ -239,16 +247,18 @@ class RewardFunctions:
             outputs, seconds = run_calls(calls)
         except _CallFailed as failed:
             raise _failure(failed) from failed.error
-        per_function = {
-            name: _to_tensor(output, name, prompts, completions, keywords.get(DATASET_INDEX))
-            for name, output in zip(self._names, outputs, strict=True)
-        }
+        per_function, steps = {}, {}
+        for name, output in zip(self._names, outputs, strict=True):
+            values = _as_list(output, name, len(completions))
+            per_function[name] = _to_tensor(values, name, prompts, completions, keywords.get(DATASET_INDEX))
+            if any(isinstance(value, StepRewards) for value in values):
+                steps[name] = [value if isinstance(value, StepRewards) else None for value in values]
         values = torch.stack(list(per_function.values()))  # (F, N)
         weights = torch.tensor(self._weights, dtype=torch.float32).unsqueeze(1)  # (F, 1)
         applied = ~torch.isnan(values)
         total = torch.where(applied, values * weights, torch.zeros_like(values)).sum(0)  # (N,)
         rewards = torch.where(applied.any(0), total, torch.full_like(total, math.nan))
-        return RewardScores(rewards=rewards, per_function=per_function, seconds=seconds)
+        return RewardScores(rewards=rewards, per_function=per_function, seconds=seconds, steps=steps)
 
     def check_keywords(self, offered: Iterable[str], where: str = "the batch") -> None:
         """Refuse, before any step, a function whose required parameters none of the ``offered`` keywords fill.
@@ -315,7 +325,9 @@ def _as_list(output: Any, name: str, n: int) -> list[Any]:
 
 
 def _to_float(value: Any) -> float | None:
-    """``value`` as a float (bools count as 0/1), or ``None`` when it is not a number."""
+    """``value`` as a float (bools count as 0/1; step rewards as their sum), or ``None`` when it is not a number."""
+    if isinstance(value, StepRewards):
+        return value.total
     if isinstance(value, numbers.Real):  # bool, int, float, Fraction, NumPy scalars
         return float(value)
     if isinstance(value, Tensor) and value.numel() == 1 and not value.is_complex():
@@ -324,10 +336,9 @@ def _to_float(value: Any) -> float | None:
 
 
 def _to_tensor(
-    output: Any, name: str, prompts: list[Any], completions: list[Any], dataset_index: Sequence[Any] | None
+    values: list[Any], name: str, prompts: list[Any], completions: list[Any], dataset_index: Sequence[Any] | None
 ) -> Tensor:
-    """``(N,)`` float32 of a function's output, NaN for ``None``; raises on anything that is not a finite number."""
-    values = _as_list(output, name, len(completions))
+    """``(N,)`` float32 of a function's values, NaN for ``None``; raises on anything that is not a finite number."""
     where = lambda index: _row_context(index, prompts, completions, dataset_index)  # noqa: E731
     floats: list[float] = []
     for index, value in enumerate(values):
@@ -335,7 +346,7 @@ def _to_tensor(
         if number is None:
             raise RewardError(
                 f"reward function {name!r} returned a non-numeric value {value!r:.40} ({type(value).__name__}) at "
-                f"{where(index)}; expected a float, int, bool or None"
+                f"{where(index)}; expected a float, int, bool, StepRewards or None"
             )
         floats.append(number)
     tensor = torch.tensor(floats, dtype=torch.float32).reshape(len(floats))

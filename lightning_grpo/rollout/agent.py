@@ -91,6 +91,7 @@ class Trajectory:
     tokens: list[int] = field(default_factory=list)
     sampled: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    reward_ends: list[int] = field(default_factory=list)  # per environment step: the last token of the judged turn
     turns: int = 0
     tool_calls: int = 0
     tool_errors: int = 0

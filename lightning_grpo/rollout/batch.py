@@ -47,6 +47,8 @@ class TurnStats:
         tool_timeouts: Tool calls that ran past their timeout.
         max_turns_reached: ``True`` where the trajectory was cut because it reached ``max_turns``.
         turn_rewards: Per-turn environment rewards of each trajectory (``None`` where a turn gave none).
+        turn_ends: For each entry of ``turn_rewards``, the index in the completion of the last token of the policy
+            turn the environment judged (where that turn's step ends for ``grpo_process``).
     """
 
     num_turns: Tensor
@@ -55,6 +57,7 @@ class TurnStats:
     tool_timeouts: Tensor
     max_turns_reached: Tensor
     turn_rewards: list[list[float | None]] = field(default_factory=list)
+    turn_ends: list[list[int]] = field(default_factory=list)
 
 
 @dataclass
@@ -200,7 +203,6 @@ def _map_rows(obj: Any, fn: Any) -> Any:
 
 
 def _cat_turns(turns: Sequence[TurnStats]) -> TurnStats:
-    tensors = {
-        f.name: torch.cat([getattr(t, f.name) for t in turns]) for f in fields(TurnStats) if f.name != "turn_rewards"
-    }
-    return TurnStats(**tensors, turn_rewards=[r for t in turns for r in t.turn_rewards])
+    lists = ("turn_rewards", "turn_ends")
+    tensors = {f.name: torch.cat([getattr(t, f.name) for t in turns]) for f in fields(TurnStats) if f.name not in lists}
+    return TurnStats(**tensors, **{name: [r for t in turns for r in getattr(t, name)] for name in lists})

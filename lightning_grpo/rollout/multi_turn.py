@@ -274,6 +274,7 @@ def _step_environments(
     observations = {}
     for index, step in zip(indices, steps, strict=True):
         trajectory = running[index]
+        trajectory.reward_ends.append(len(trajectory.tokens) - 1)  # the last token of the turn it judged
         if step.done or not step.observation:
             trajectory.stop()
         elif trajectory.turns >= agent.max_turns:
@@ -343,6 +344,7 @@ def _rollout(
             tool_timeouts=count("tool_timeouts"),
             max_turns_reached=count("max_turns_reached"),
             turn_rewards=turn_rewards,
+            turn_ends=[list(t.reward_ends) for t in trajectories],
         ),
         logprobs=logprobs.to(device),
     )

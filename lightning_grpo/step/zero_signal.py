@@ -8,18 +8,25 @@ from __future__ import annotations
 
 import torch
 
+from lightning_grpo.algorithms.process import constant_step_groups
 from lightning_grpo.rewards import RewardScores
 from lightning_grpo.rollout import Rollout
 from lightning_grpo.step.context import StepContext
 from lightning_grpo.step.dynamic_sampling import informative_groups
 
-__all__ = ["NO_REWARD_MESSAGE", "ZERO_STD_MESSAGE", "check_signal"]
+__all__ = ["NO_REWARD_MESSAGE", "NO_STEP_MESSAGE", "ZERO_STD_MESSAGE", "check_signal"]
 
 #: Warned once when every reward function returned ``None`` for every row of a step.
 NO_REWARD_MESSAGE = (
     "Every reward function returned None for every completion of step {step}: no reward, no advantage, a loss of 0. "
     "Check that the reward functions apply to this data (their columns, e.g. `answer`, must be in the dataset) and "
     "return numbers for the rows they should score."
+)
+#: Warned once when no completion of a ``grpo_process`` step has a step reward.
+NO_STEP_MESSAGE = (
+    "No completion of step {step} has a step reward (advantage_estimator='grpo_process'): every advantage is 0. Check "
+    "that the environment returns EnvStep.reward for its turns, or that the step reward functions return StepRewards "
+    "(not None) for the completions they should score; train/process/no_step_frac tracks the fraction without steps."
 )
 #: Warned once when every group of a step has zero reward variance.
 ZERO_STD_MESSAGE = (
@@ -39,12 +46,18 @@ def check_signal(context: StepContext, rollout: Rollout, scores: RewardScores) -
         rollout: The step's rollout.
         scores: Its rewards.
     """
-    starts, informative = informative_groups(scores.rewards, rollout.group_ids)
-    local = torch.tensor([len(starts), int((~informative).sum()), int(scores.valid.sum())], dtype=torch.float64)
+    if scores.step_rewards is not None:  # grpo_process: the signal is in the step rewards (docs/math.md)
+        constant = constant_step_groups(scores.step_rewards, rollout.group_ids)
+        counts = [len(constant), int(constant.sum()), int((~torch.isnan(scores.step_rewards)).sum())]
+    else:
+        starts, informative = informative_groups(scores.rewards, rollout.group_ids)
+        counts = [len(starts), int((~informative).sum()), int(scores.valid.sum())]
+    local = torch.tensor(counts, dtype=torch.float64)
     groups, zero, valid = context.sum_across_ranks(local.to(context.device))
     fraction = (zero / groups.clamp(min=1)).float()
-    context.log("train/zero_std_frac", fraction, on_step=True, prog_bar=True, batch_size=len(starts))
+    context.log("train/zero_std_frac", fraction, on_step=True, prog_bar=True, batch_size=counts[0])
     kind = "no_reward" if valid == 0 else "zero_std" if zero == groups else None
     if kind is not None:
-        message = NO_REWARD_MESSAGE if kind == "no_reward" else ZERO_STD_MESSAGE
+        message = ZERO_STD_MESSAGE if kind == "zero_std" else NO_REWARD_MESSAGE
+        message = NO_STEP_MESSAGE if kind == "no_reward" and scores.step_rewards is not None else message
         context.warn_once(kind, message.format(step=context.global_step, groups=int(groups)))

@@ -38,7 +38,7 @@ def _lists(what, bad, names):
 
 
 def test_unknown_advantage_estimator():
-    assert list(ADVANTAGE_ESTIMATORS) == ["grpo", "rloo", "reinforce_pp_baseline"]
+    assert list(ADVANTAGE_ESTIMATORS) == ["grpo", "rloo", "reinforce_pp_baseline", "grpo_process"]
     with pytest.raises(ValueError, match=_lists("advantage estimator", "ppo", ADVANTAGE_ESTIMATORS)):
         compute_advantages(REWARDS, GROUPS, estimator="ppo")
 

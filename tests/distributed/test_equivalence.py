@@ -66,6 +66,19 @@ def test_dist_logged_metrics_are_global(request, single_process, strategy):
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
+def test_dist_process_metrics_are_global(request, single_process, strategy):
+    # grpo_process: the step rewards' batch std (in the adapter, above) and the step metrics are global.
+    ranks = _rank_results(request.getfixturevalue(f"{strategy}_run"), "equivalence")
+    got, expected = (
+        ranks[0]["metrics"]["process-batch-std-micro2"],
+        single_process["process-batch-std-micro2"]["metrics"],
+    )
+    for name in ("steps_mean", "step_reward_mean", "no_step_frac"):
+        assert got[f"train/process/{name}"] == pytest.approx(expected[f"train/process/{name}"], rel=1e-6)
+    assert expected["train/process/steps_mean"] > 2 and expected["train/process/step_reward_mean"] > 0
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
 def test_dist_sum_across_ranks_all_reduces(request, strategy):
     ranks = _rank_results(request.getfixturevalue(f"{strategy}_run"), "equivalence")
     assert [r["summed"] for r in ranks] == [3.0, 3.0]  # rank 0 gives 1, rank 1 gives 2

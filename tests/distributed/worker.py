@@ -21,6 +21,7 @@ from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig, PromptDataModule, Rollout
 from lightning_grpo.distributed import full_adapter_state_dict
+from lightning_grpo.rewards import StepRewards, step_reward
 from lightning_grpo.testing import build_tiny_model, build_tiny_tokenizer
 from lightning_grpo.testing.agents import CountdownEnv, short_turn_model
 from tests.conftest import count_a, make_trainer, prompt_loader, prompt_records
@@ -45,7 +46,25 @@ EQUIVALENCE_CASES: dict[str, dict[str, Any]] = {
     "seq-mean-token-mean-whole": {"loss_agg_mode": "seq-mean-token-mean", "micro_batch_size": None},
     # Clipping normalises away a scale error, but catches a gradient norm taken over one rank's shard only.
     "token-mean-micro2-clipped": {"loss_agg_mode": "token-mean", "micro_batch_size": 2, "max_grad_norm": 0.1},
+    # Process supervision (grpo_process): the batch std of every step reward of the global batch, and an outcome step.
+    "process-batch-std-micro2": {
+        "micro_batch_size": 2,
+        "advantage_estimator": "grpo_process",
+        "advantage_scale": "batch",
+        "process_outcome_weight": 0.5,
+        "reward_funcs": "process",
+    },
 }
+
+
+@step_reward
+def a_per_chunk(completions: list[str], **_: Any) -> list[StepRewards]:
+    """Steps of three characters (the last may be shorter), each scored by its count of ``a``."""
+    starts = lambda c: range(0, len(c), 3)  # noqa: E731
+    return [
+        StepRewards([c[i : i + 3].count("a") for i in starts(c)], [min(i + 3, len(c)) for i in starts(c)])
+        for c in completions
+    ]
 
 
 def rank() -> int:
@@ -86,10 +105,11 @@ def build_module(
     defaults = {"num_generations": G, "max_new_tokens": 6, "max_prompt_length": 16}
     policy = settings.pop("policy", PolicyConfig(lora_r=4, lora_alpha=8))
     scheduler = settings.pop("lr_scheduler", None)
+    reward_funcs = [count_a, a_per_chunk] if settings.pop("reward_funcs", None) == "process" else [count_a]
     optimizer = torch.optim.SGD if sgd else torch.optim.AdamW
     return module_cls(
         build_tiny_model(tokenizer),
-        [count_a],
+        reward_funcs,
         tokenizer=tokenizer,
         policy=policy,
         grpo=GRPOConfig(**{**defaults, **settings}),
