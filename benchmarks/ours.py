@@ -15,6 +15,7 @@ from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 from torch.utils.data import DataLoader
 
+from benchmarks.measure import reset_peak_rss, rss_bytes
 from benchmarks.models import load_tokenizer
 from benchmarks.workload import Workload, fraction_of_sevens, make_prompts
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig, Rollout
@@ -94,15 +95,19 @@ class StepRecorder(Callback):
 
     def __init__(self, device: str) -> None:
         self.device, self.steps, self._start, self._cpu_start = device, [], 0.0, 0.0
+        self._rss_start: int | None = None
+        self._peak_reset = False
 
     def _sync(self) -> None:
         if self.device == "cuda":
             torch.cuda.synchronize()
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, idx: int) -> None:
-        """Start the step clocks."""
+        """Start the step clocks; read the RSS and reset the peak RSS, so that the step's own peak can be read."""
         self._sync()
         pl_module.cpu_seconds = {}
+        self._rss_start = rss_bytes()
+        self._peak_reset = reset_peak_rss()
         self._start, self._cpu_start = time.perf_counter(), time.process_time()
 
     def on_train_batch_end(
@@ -120,6 +125,8 @@ class StepRecorder(Callback):
                 "cpu_phases": {phase: pl_module.cpu_seconds.get(phase, 0.0) for phase in PHASES},
                 "generated_tokens": int(outputs["rollout"].completion_mask.sum()),
                 "trained_tokens": int(outputs["loss_mask"].sum()) * pl_module.config.ppo_epochs,
+                "rss_start_bytes": self._rss_start,  # weights, adapter, optimizer state (from step 2), libraries
+                "step_peak_rss_bytes": rss_bytes("VmHWM") if self._peak_reset else None,  # this step's peak alone
             }
         )
 
@@ -162,6 +169,7 @@ def _module(work: Workload, model_dir: Path) -> BenchModule:
 
 def run_ours(work: Workload, model_dir: Path) -> dict[str, Any]:
     """Train ``warmup_steps + steps`` GRPO steps; return the per-step records and the loaded-model memory."""
+    libraries_rss = rss_bytes()  # torch, transformers, peft, bitsandbytes, lightning imported; no model yet
     module = _module(work, model_dir)
     prompts = make_prompts(module.tokenizer, work.prompts, work.prompt_length, work.seed)
     rows = [{"prompt": p} for p in prompts] * (work.warmup_steps + work.steps)
@@ -180,4 +188,5 @@ def run_ours(work: Workload, model_dir: Path) -> dict[str, Any]:
         callbacks=[recorder],
     )
     trainer.fit(module, loader)
-    return {"steps": recorder.steps, "framework": f"lightning_grpo (lightning {L.__version__})"}
+    framework = f"lightning_grpo (lightning {L.__version__})"
+    return {"steps": recorder.steps, "framework": framework, "libraries_rss_bytes": libraries_rss}
