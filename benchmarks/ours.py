@@ -15,7 +15,7 @@ from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from benchmarks.measure import reset_peak_rss, rss_bytes
+from benchmarks.measure import reset_peak_rss, rss_bytes, trim_heap
 from benchmarks.models import load_tokenizer
 from benchmarks.workload import Workload, fraction_of_sevens, make_prompts
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig, Rollout
@@ -97,6 +97,7 @@ class StepRecorder(Callback):
         self.device, self.steps, self._start, self._cpu_start = device, [], 0.0, 0.0
         self._rss_start: int | None = None
         self._peak_reset = False
+        self.peak_before_reset = 0
 
     def _sync(self) -> None:
         if self.device == "cuda":
@@ -106,8 +107,10 @@ class StepRecorder(Callback):
         """Start the step clocks; read the RSS and reset the peak RSS, so that the step's own peak can be read."""
         self._sync()
         pl_module.cpu_seconds = {}
+        self.peak_before_reset = max(self.peak_before_reset, rss_bytes("VmHWM") or 0)  # loading, earlier steps
+        trim_heap()
         self._rss_start = rss_bytes()
-        self._peak_reset = reset_peak_rss()
+        self._peak_reset = reset_peak_rss()  # resets ru_maxrss too: peak_before_reset keeps what came before
         self._start, self._cpu_start = time.perf_counter(), time.process_time()
 
     def on_train_batch_end(
@@ -189,4 +192,9 @@ def run_ours(work: Workload, model_dir: Path) -> dict[str, Any]:
     )
     trainer.fit(module, loader)
     framework = f"lightning_grpo (lightning {L.__version__})"
-    return {"steps": recorder.steps, "framework": framework, "libraries_rss_bytes": libraries_rss}
+    return {
+        "steps": recorder.steps,
+        "framework": framework,
+        "libraries_rss_bytes": libraries_rss,
+        "peak_before_reset_bytes": recorder.peak_before_reset,  # the process peak is the larger of this and ru_maxrss
+    }
