@@ -64,6 +64,8 @@ def run_case(work: Any, model_dir: Path, tmp: Path, verbose: bool) -> dict[str, 
         "libraries_bytes": raw["libraries_rss_bytes"],
         "step_start_bytes": step["rss_start_bytes"],
         "step_peak_bytes": step["step_peak_rss_bytes"],
+        "step_start_file_bytes": step["rss_file_start_bytes"],
+        "phase_peak_bytes": step["phase_peak_rss_bytes"],
         "generated_tokens": step["generated_tokens"],
         "trained_tokens": step["trained_tokens"],
     }
@@ -88,9 +90,10 @@ def _error(predicted: float, measured: float) -> str:
 def format_tables(results: list[dict[str, Any]]) -> str:
     """Two Markdown tables: the step against the whole model; its resident and transient parts against their terms.
 
-    Measured = step peak RSS − RSS before the model was loaded; resident = RSS at step start − that; transient = step
-    peak − RSS at step start. The model's resident part is weights + adapter state, its transient part the larger of
-    the update pass's activations and the sampling pass's cache and logits.
+    Measured = step peak RSS − RSS before the model was loaded; resident = RSS at step start − that (in parentheses
+    the mapped-file part of the RSS at step start, libraries' code included); transient = step peak − RSS at step
+    start, and the same for the sampling and the update phase alone. The model's resident part is weights + adapter
+    state, its transient part the larger of the update pass's activations and the sampling pass's cache and logits.
     """
     mib = lambda x: f"{x / MiB:,.0f}"  # noqa: E731
     first = [
@@ -99,9 +102,9 @@ def format_tables(results: list[dict[str, Any]]) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     second = [
-        "| base | checkpointing | resident MiB | model: weights + adapter MiB | error | step transient MiB "
-        "| model: activations MiB | error |",
-        "|---|---|---|---|---|---|---|---|",
+        "| base | checkpointing | resident MiB (mapped files) | model: weights + adapter MiB | error "
+        "| step transient MiB | sampling / update phase MiB | model: max(update, sampling) MiB | error |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         model, ckpt = _estimate(r["workload"]), "on" if r["workload"]["gradient_checkpointing"] else "off"
@@ -112,9 +115,11 @@ def format_tables(results: list[dict[str, Any]]) -> str:
             r["label"], ckpt, f"{r['step_seconds']:.1f} ({r['step_cpu_seconds']:.1f})", mib(r["process_peak_bytes"]),
             mib(r["step_peak_bytes"]), mib(measured), mib(model.total), _error(model.total, measured),
         ]) + " |")  # fmt: skip
+        phases = {k: v - r["step_start_bytes"] for k, v in r["phase_peak_bytes"].items()}
         second.append("| " + " | ".join([
-            r["label"], ckpt, mib(resident), mib(states), _error(states, resident), mib(transient), mib(passes),
-            _error(passes, transient),
+            r["label"], ckpt, f"{mib(resident)} ({mib(r['step_start_file_bytes'])})", mib(states),
+            _error(states, resident), mib(transient), f"{mib(phases['generate'])} / {mib(phases['update'])}",
+            mib(passes), _error(passes, transient),
         ]) + " |")  # fmt: skip
     return "\n".join(first) + "\n\n" + "\n".join(second)
 
