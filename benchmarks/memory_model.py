@@ -91,16 +91,15 @@ def estimate(
     Args:
         shape: The model's sizes.
         base: Format of the base linear layers: ``"float32"``, ``"bfloat16"``, ``"nf4"``, ``"fp4"`` or ``"int8"``.
-        dtype: Dtype of everything not quantized (embeddings, norms, output head) and of the activations.
-        lora_r: LoRA rank (adapters on every linear layer of the decoder, float32, trained with AdamW).
+        dtype: Dtype of everything not quantized and of the activations.
+        lora_r: LoRA rank (float32 adapters on every linear layer, AdamW).
         rows: Completions per forward/backward (the micro-batch, ``micro_batch_size``).
         prompt_length: Prompt tokens (P).
         max_new_tokens: Completion tokens (T).
         gradient_checkpointing: Whether the update pass keeps only each layer's input.
-        distinct_prompts: Distinct prompts among the rows (B, when a micro-batch holds whole groups): without
-            checkpointing each prompt runs once for its G rows (``share_prompt``), so ``B·P + rows·T`` tokens pass
-            through the model instead of ``rows·(P+T)``. ``None``: every row runs its own prompt.
-        sampling_rows: Completions sampled together (B·G: the whole rollout); ``None``: ``rows``.
+        distinct_prompts: Distinct prompts in a micro-batch: without checkpointing ``B·P + rows·T`` tokens pass
+            (shared prompts) instead of ``rows·(P+T)``. ``None``: every row runs its own prompt.
+        sampling_rows: Completions sampled together (B·G); ``None``: ``rows``.
         double_quantization: 4-bit only.
     """
     b, layers, h = _DTYPE_BYTES[dtype], shape.num_layers, shape.hidden_size
