@@ -102,19 +102,28 @@ def estimate(
         sampling_rows: Completions sampled together (B·G); ``None``: ``rows``.
         double_quantization: 4-bit only.
     """
-    b, layers, h = _DTYPE_BYTES[dtype], shape.num_layers, shape.hidden_size
+    b = _DTYPE_BYTES[dtype]
+    linear, other, adapter = _weight_bytes(shape, base, b, lora_r, double_quantization)
+    activations, generation = _pass_bytes(
+        shape, b, rows=rows, prompt_length=prompt_length, max_new_tokens=max_new_tokens,
+        gradient_checkpointing=gradient_checkpointing, distinct_prompts=distinct_prompts,
+        sampling_rows=sampling_rows or rows,
+    )  # fmt: skip
+    return MemoryEstimate(linear, other, adapter, activations, generation)
+
+
+def _weight_bytes(
+    shape: ModelPreset, base: str, b: int, lora_r: int, double_quantization: bool
+) -> tuple[float, float, float]:
+    """Bytes of the base's linear layers, of its other weights (in ``b`` bytes each) and of the adapter state."""
+    layers, h = shape.num_layers, shape.hidden_size
     linears = _linear_shapes(shape)
     per_layer = sum(i * o * base_bytes_per_weight(base, i, double_quantization=double_quantization) for i, o in linears)
     kvd = linears[1][1]
     embeddings = shape.vocab_size * h * (1 if shape.tied else 2)
     other = (embeddings + layers * (2 * h + h + 2 * kvd) + h) * b  # + norms, q/k/v biases, final norm
     adapter = ADAPTER_BYTES_PER_PARAM * layers * lora_r * sum(i + o for i, o in linears)
-    activations, generation = _pass_bytes(
-        shape, b, rows=rows, prompt_length=prompt_length, max_new_tokens=max_new_tokens,
-        gradient_checkpointing=gradient_checkpointing, distinct_prompts=distinct_prompts,
-        sampling_rows=sampling_rows or rows,
-    )  # fmt: skip
-    return MemoryEstimate(layers * per_layer, other, adapter, activations, generation)
+    return layers * per_layer, other, adapter
 
 
 def _pass_bytes(
