@@ -48,8 +48,11 @@ def run_side(side: str, workload_json: str, model_dir: Path, *, with_limits: boo
         result = run_trl(work, model_dir)
     else:
         raise ValueError(f"unknown side {side!r}: choose 'ours' or 'trl'")
+    peak = peak_memory_bytes(device)  # read before anything else allocates
+    if device != "cuda":  # our side resets the peak RSS at each step (benchmarks.ours): add back what came before
+        peak = max(peak, result.get("peak_before_reset_bytes", 0))
     result.update(
-        peak_memory_bytes=peak_memory_bytes(device),  # read before anything else allocates
+        peak_memory_bytes=peak,
         memory_kind="cuda_max_allocated" if device == "cuda" else "peak_rss",
         threads=torch.get_num_threads(),
         wall_seconds=time.perf_counter() - start,

@@ -20,6 +20,7 @@ import resource
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 
@@ -31,6 +32,9 @@ __all__ = [
     "median",
     "peak_memory_bytes",
     "profiled_peak_bytes",
+    "reset_peak_rss",
+    "rss_bytes",
+    "trim_heap",
     "update_flops",
 ]
 
@@ -45,6 +49,48 @@ def peak_memory_bytes(device: str) -> int:
     if device == "cuda":
         return int(torch.cuda.max_memory_allocated())
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def rss_bytes(field: str = "VmRSS") -> int | None:
+    """This process's resident set size now (``VmRSS``) or its peak (``VmHWM``) from ``/proc/self/status``, in bytes.
+
+    ``None`` where ``/proc`` does not exist (not Linux).
+    """
+    try:
+        lines = Path("/proc/self/status").read_text().splitlines()
+    except OSError:
+        return None
+    values = [int(line.split()[1]) * 1024 for line in lines if line.startswith(f"{field}:")]  # kB
+    return values[0] if values else None
+
+
+def trim_heap() -> None:
+    """Hand the memory that glibc's allocator keeps after ``free`` back to the kernel (``malloc_trim(0)``).
+
+    Without it the RSS at a step's start still holds the previous step's freed temporaries (glibc keeps freed blocks
+    under its mmap threshold, up to 32 MiB each), so it would not be what the process holds live. A no-op without
+    glibc.
+    """
+    import contextlib
+    import ctypes
+    import gc
+
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def reset_peak_rss() -> bool:
+    """Reset this process's peak RSS (``VmHWM``) to its current RSS; ``False`` where the kernel does not allow it.
+
+    Writing ``5`` to ``/proc/self/clear_refs`` resets ``VmHWM`` (Linux 4.0+, see ``man 5 proc``); the peak read
+    afterwards with ``rss_bytes("VmHWM")`` is then the peak of what ran since, loading and earlier steps excluded.
+    """
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
 
 
 def profiled_peak_bytes(block: Callable[[], object]) -> int:

@@ -4,6 +4,8 @@
 ``fused-head``      extra memory of the fused head's log-prob + loss (forward and backward) against the hidden states.
 ``logprob-paths``   peak memory and CPU seconds of one log-prob forward + backward, for each path combination.
 ``min-p``           CPU seconds of ``generate`` with ``min_p=0.0`` (a no-op warper) and ``min_p=None``.
+``saved-activations``  bytes a token saves for backward per decoder layer (LoRA on every linear layer), fitted.
+``qlora-export``    an adapter trained on an NF4 base, run on the full-precision base it is exported to.
 
 Models are built from ``small-30m`` with random weights (:mod:`benchmarks.models`); nothing is downloaded.
 """
@@ -119,11 +121,90 @@ def min_p(directory: Path) -> None:
         print(f"min_p={value}: " + ", ".join(f"{s:.2f}" for s in runs) + " s CPU")
 
 
+def _saved_bytes(shape: tuple[int, int, int, int], layers: int, dtype: str, quantization: str | None) -> float:
+    """Bytes saved for backward (distinct storages, parameters excluded) per token by one forward of the policy."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from lightning_grpo.policy import PolicyConfig, load_policy
+
+    h, inter, heads, kv = shape
+    config = Qwen2Config(vocab_size=1024, hidden_size=h, intermediate_size=inter, num_hidden_layers=layers,
+                         num_attention_heads=heads, num_key_value_heads=kv, tie_word_embeddings=True)  # fmt: skip
+    torch.manual_seed(0)
+    policy = load_policy(Qwen2ForCausalLM(config), PolicyConfig(lora_r=16, dtype=dtype, quantization=quantization))
+    owned = {t.untyped_storage().data_ptr() for t in [*policy.parameters(), *policy.buffers()]}
+    saved: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in owned:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    ids = torch.randint(4, 1000, (4, 32))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        policy.train()(input_ids=ids, use_cache=False, logits_to_keep=1)
+    return sum(saved.values()) / ids.numel()
+
+
+def saved_activations(directory: Path) -> None:
+    """Per-layer bytes (4 layers minus 2, halved) on six Qwen2 shapes, fitted as ``a·h + b·I + c·kvd + d``."""
+    shapes = [(128, 512, 4, 2), (256, 512, 4, 2), (128, 1024, 4, 2), (128, 512, 4, 4), (256, 1024, 8, 2)]
+    shapes.append((192, 768, 6, 2))
+    for dtype, quantization in (("float32", None), ("bfloat16", None), ("bfloat16", "nf4")):
+        rows, per_layer = [], []
+        for h, inter, heads, kv in shapes:
+            four, two = (_saved_bytes((h, inter, heads, kv), n, dtype, quantization) for n in (4, 2))
+            rows.append([h, inter, kv * h // heads, 1])
+            per_layer.append((four - two) / 2)
+        fit = torch.linalg.lstsq(torch.tensor(rows, dtype=torch.float64), torch.tensor(per_layer)[:, None].double())
+        residual = (torch.tensor(rows, dtype=torch.float64) @ fit.solution).squeeze(1) - torch.tensor(per_layer)
+        a, b, c, d = fit.solution.squeeze(1).tolist()
+        measured = [round(x) for x in per_layer]
+        print(f"{dtype} {quantization}: {a:.2f} h + {b:.2f} I + {c:.2f} kvd + {d:.0f} bytes per token and layer "
+              f"(largest residual {residual.abs().max():.0f} bytes; measured {measured})")  # fmt: skip
+
+
+def qlora_export(directory: Path) -> None:
+    """The warmed-up tiny ``addition`` model: an adapter (seeded random, B off zero) on its NF4 base, exported and
+    loaded onto the float32 base; log-prob differences of the answer tokens, against NF4's own error without adapter."""
+    from peft import PeftModel
+
+    from lightning_grpo.policy import PolicyConfig, export_adapter, load_policy
+    from lightning_grpo.testing import build_tiny_tokenizer, load_tiny_model
+
+    tokenizer = build_tiny_tokenizer()
+    policy = load_policy(load_tiny_model("addition"), PolicyConfig(lora_r=8, quantization="nf4", dtype="float32"))
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for param in policy.parameters():
+            if param.requires_grad:
+                param.add_(0.05 * torch.randn(param.shape, generator=generator))
+    path = export_adapter(policy, directory / "adapter")
+    merged = PeftModel.from_pretrained(load_tiny_model("addition"), str(path)).merge_and_unload().eval()
+    ids = tokenizer([f"{a}+{b}={a + b}" for a in range(10) for b in range(10)], padding=True, return_tensors="pt")
+    with torch.no_grad(), policy.disable_adapter():
+        base_nf4 = policy.eval()(**ids).logits.log_softmax(-1)
+    with torch.no_grad():
+        trained, exported = policy(**ids).logits.log_softmax(-1), merged(**ids).logits.log_softmax(-1)
+        base = load_tiny_model("addition").eval()(**ids).logits.log_softmax(-1)
+    mask = ids["attention_mask"].bool()
+    for label, a, b in (("NF4 base vs float32 base", base_nf4, base), ("trained vs exported", trained, exported),
+                        ("trained vs its base (adapter effect)", trained, base_nf4)):  # fmt: skip
+        kl = (a.exp() * (a - b)).sum(-1)[mask]
+        print(f"{label}: KL mean {kl.mean():.2e} max {kl.max():.2e}; |d logprob| max {(a - b)[mask].abs().max():.3f}")
+    size = sum(f.stat().st_size for f in path.iterdir())
+    print(f"adapter files: {size / 2**10:.0f} KiB; base (float32 safetensors) would be "
+          f"{sum(p.numel() * 4 for p in merged.parameters()) / 2**10:.0f} KiB")  # fmt: skip
+
+
 MEASUREMENTS: dict[str, Callable[[Path], None]] = {
     "logits-to-keep": logits_to_keep,
     "fused-head": fused_head,
     "logprob-paths": logprob_paths,
     "min-p": min_p,
+    "saved-activations": saved_activations,
+    "qlora-export": qlora_export,
 }
 
 

@@ -49,9 +49,10 @@ class ModelPreset:
     intermediate_size: int
     max_position_embeddings: int = 4096
     rope_theta: float = 1_000_000.0
+    tied: bool = True
 
     def config(self) -> Qwen2Config:
-        """The transformers config (tied embeddings, as in Qwen2.5-0.5B)."""
+        """The transformers config (tied embeddings unless ``tied`` is false, as in Qwen2.5-0.5B)."""
         return Qwen2Config(
             vocab_size=self.vocab_size,
             hidden_size=self.hidden_size,
@@ -62,7 +63,7 @@ class ModelPreset:
             max_position_embeddings=self.max_position_embeddings,
             rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta},
             rms_norm_eps=1e-6,
-            tie_word_embeddings=True,
+            tie_word_embeddings=self.tied,
             pad_token_id=0,
             eos_token_id=1,
             bos_token_id=2,

@@ -15,6 +15,7 @@ from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 from torch.utils.data import DataLoader
 
+from benchmarks.measure import reset_peak_rss, rss_bytes, trim_heap
 from benchmarks.models import load_tokenizer
 from benchmarks.workload import Workload, fraction_of_sevens, make_prompts
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig, Rollout
@@ -39,14 +40,25 @@ class BenchModule(GRPOModule):
         super().__init__(*args, **kwargs)
         self.extra_sampling, self.logprob_options = dict(sampling), dict(logprob_options)
         self.cpu_seconds: dict[str, float] = {}
+        self.phase_peak_rss: dict[str, int] = {}
+        self.step_peak_rss = 0
 
     @contextmanager
     def _cpu(self, phase: str) -> Iterator[None]:
+        """CPU seconds of ``phase`` and, on Linux, its peak RSS (the peak is reset around it; ``step_peak_rss``
+        keeps the largest peak seen in the step, so the step's own peak survives the resets)."""
         start = time.process_time()
+        self.step_peak_rss = max(self.step_peak_rss, rss_bytes("VmHWM") or 0)
+        reset = reset_peak_rss()
         try:
             yield
         finally:
             self.cpu_seconds[phase] = self.cpu_seconds.get(phase, 0.0) + time.process_time() - start
+            if reset:
+                peak = rss_bytes("VmHWM") or 0
+                self.phase_peak_rss[phase] = max(self.phase_peak_rss.get(phase, 0), peak)
+                self.step_peak_rss = max(self.step_peak_rss, peak)
+                reset_peak_rss()
 
     def compute_logprobs(
         self, rollout: Rollout, *, reference: bool = False, with_entropy: bool = False
@@ -94,15 +106,24 @@ class StepRecorder(Callback):
 
     def __init__(self, device: str) -> None:
         self.device, self.steps, self._start, self._cpu_start = device, [], 0.0, 0.0
+        self._rss_start: int | None = None
+        self._rss_file_start: int | None = None
+        self._peak_reset = False
+        self.peak_before_reset = 0
 
     def _sync(self) -> None:
         if self.device == "cuda":
             torch.cuda.synchronize()
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, idx: int) -> None:
-        """Start the step clocks."""
+        """Start the step clocks; read the RSS and reset the peak RSS, so that the step's own peak can be read."""
         self._sync()
-        pl_module.cpu_seconds = {}
+        pl_module.cpu_seconds, pl_module.phase_peak_rss = {}, {}
+        self.peak_before_reset = max(self.peak_before_reset, rss_bytes("VmHWM") or 0)  # loading, earlier steps
+        trim_heap()
+        self._rss_start, self._rss_file_start = rss_bytes(), rss_bytes("RssFile")
+        self._peak_reset = reset_peak_rss()  # resets ru_maxrss too: peak_before_reset keeps what came before
+        pl_module.step_peak_rss = 0
         self._start, self._cpu_start = time.perf_counter(), time.process_time()
 
     def on_train_batch_end(
@@ -120,8 +141,18 @@ class StepRecorder(Callback):
                 "cpu_phases": {phase: pl_module.cpu_seconds.get(phase, 0.0) for phase in PHASES},
                 "generated_tokens": int(outputs["rollout"].completion_mask.sum()),
                 "trained_tokens": int(outputs["loss_mask"].sum()) * pl_module.config.ppo_epochs,
+                "rss_start_bytes": self._rss_start,  # weights, adapter, optimizer state (from step 2), libraries
+                "step_peak_rss_bytes": self._step_peak(pl_module),  # this step's peak alone
+                "phase_peak_rss_bytes": dict(pl_module.phase_peak_rss),  # each phase's peak RSS
+                "rss_file_start_bytes": self._rss_file_start,  # of which mapped files (safetensors weights)
             }
         )
+
+    def _step_peak(self, pl_module: L.LightningModule) -> int | None:
+        """The step's peak RSS: the largest of its phases' peaks and of what ran between them."""
+        if not self._peak_reset:
+            return None
+        return max(pl_module.step_peak_rss, rss_bytes("VmHWM") or 0)
 
 
 def _module(work: Workload, model_dir: Path) -> BenchModule:
@@ -162,6 +193,7 @@ def _module(work: Workload, model_dir: Path) -> BenchModule:
 
 def run_ours(work: Workload, model_dir: Path) -> dict[str, Any]:
     """Train ``warmup_steps + steps`` GRPO steps; return the per-step records and the loaded-model memory."""
+    libraries_rss = rss_bytes()  # torch, transformers, peft, bitsandbytes, lightning imported; no model yet
     module = _module(work, model_dir)
     prompts = make_prompts(module.tokenizer, work.prompts, work.prompt_length, work.seed)
     rows = [{"prompt": p} for p in prompts] * (work.warmup_steps + work.steps)
@@ -180,4 +212,12 @@ def run_ours(work: Workload, model_dir: Path) -> dict[str, Any]:
         callbacks=[recorder],
     )
     trainer.fit(module, loader)
-    return {"steps": recorder.steps, "framework": f"lightning_grpo (lightning {L.__version__})"}
+    framework = f"lightning_grpo (lightning {L.__version__})"
+    steps = recorder.steps
+    return {
+        "steps": steps,
+        "framework": framework,
+        "libraries_rss_bytes": libraries_rss,
+        # the peak RSS is reset at every step and phase: the process peak is the largest of these and ru_maxrss
+        "peak_before_reset_bytes": max([recorder.peak_before_reset, *(s["step_peak_rss_bytes"] or 0 for s in steps)]),
+    }

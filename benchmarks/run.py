@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main", "parse_args"]
+__all__ = ["main", "parse_args", "spawn_side"]
 
 _ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,7 +39,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _spawn(side: str, workload_json: str, model_dir: Path, tmp: Path, verbose: bool) -> dict[str, Any]:
+def spawn_side(side: str, workload_json: str, model_dir: Path, tmp: Path, verbose: bool) -> dict[str, Any]:
     """Run one side in a fresh interpreter and return its JSON result (its log's tail on failure)."""
     out, log = tmp / f"{side}.json", tmp / f"{side}.log"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(_ROOT), os.environ.get("PYTHONPATH", "")])}
@@ -81,7 +81,7 @@ def _run(work: Any, args: argparse.Namespace, argv: list[str]) -> dict[str, Any]
     with tempfile.TemporaryDirectory(prefix="grpo-bench-") as tmp:
         model_dir = prepare_model(work.model, Path(tmp) / "model", dtype=work.torch_dtype, seed=work.seed)
         names = {"ours": "ours+limits", "trl": "trl"}  # our process also measures the device limits
-        raw = {side: _spawn(names[side], work.to_json(), model_dir, Path(tmp), args.verbose) for side in sides}
+        raw = {side: spawn_side(names[side], work.to_json(), model_dir, Path(tmp), args.verbose) for side in sides}
         counts = param_counts(model_dir)
     limits = raw["ours"].pop("limits")
     report: dict[str, Any] = {

@@ -194,12 +194,28 @@ def load_policy(model: str | PreTrainedModel | PeftModel, config: PolicyConfig, 
                 policy = get_peft_model(base, lora)
     _prepare_adapter_and_kernels(policy, config)
     if config.gradient_checkpointing:
-        policy.base_model.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        policy.base_model.model.enable_input_require_grads()
+        _enable_checkpointing(policy.base_model.model)
     names = trainable_names(policy)
     if not names or any("lora_" not in name for name in names):
         raise RuntimeError(f"only LoRA adapter parameters may be trainable; trainable: {names[:5]}...")
     return policy
+
+
+def _enable_checkpointing(model: PreTrainedModel) -> None:
+    """Non-reentrant gradient checkpointing of every decoder layer, with the embeddings' output requiring grad.
+
+    Non-reentrant (``use_reentrant=False``): the re-entrant variant warns, needs an input that requires grad, and
+    gives no gradient to the adapters of a layer whose input does not. ``enable_input_require_grads`` still marks the
+    embeddings' output, so that a frozen base under trainable adapters never meets "element 0 of tensors does not
+    require grad" (docs/quantization.md, "Gradient checkpointing"). transformers 5 renamed the method
+    (``activation_checkpointing_enable``) and warns on the old name, which older versions still need.
+    """
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    model.enable_input_require_grads()
 
 
 def trainable_names(model: nn.Module) -> list[str]:

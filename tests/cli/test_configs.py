@@ -46,6 +46,7 @@ def test_configs_exist():
         "configs/qwen2.5-0.5b/gsm8k-lora.yaml",
         "configs/qwen2.5-0.5b/gsm8k-lora-vllm.yaml",
         "configs/qwen2.5-1.5b/gsm8k-lora.yaml",
+        "configs/qwen2.5-7b/gsm8k-qlora.yaml",
     } <= names
 
 
@@ -63,6 +64,16 @@ def test_every_config_starts_with_its_purpose_and_command(path):
     assert lines[0].startswith("# ") and len(lines[0]) > 20, "first line: what the config is for"
     header = "\n".join(line for line in lines if line.startswith("#"))
     assert f"fit --config {path.relative_to(REPO)}" in header, "the header must give the exact command"
+
+
+def test_the_7b_qlora_config_is_nf4_with_checkpointing_on_one_gpu_and_states_its_estimate():
+    path = REPO / "configs/qwen2.5-7b/gsm8k-qlora.yaml"
+    fit = parse_config(["fit", "--config", str(path)])["fit"]
+    policy = fit.model.init_args.policy
+    assert (policy.quantization, policy.target_modules, policy.gradient_checkpointing) == ("nf4", "all-linear", True)
+    assert fit.trainer.devices == 1 and fit.trainer.precision == "32-true"
+    header = " ".join(line for line in path.read_text().splitlines() if line.startswith("#"))
+    assert "estimated (not measured on a GPU)" in header and "GiB" in header
 
 
 @pytest.mark.parametrize(
