@@ -110,6 +110,11 @@ class VLLMEngine:
         """
         check_installed()
         device = next(policy.parameters()).device
+        if device.type == "cuda" and (device.index or 0) != 0:
+            raise RuntimeError(
+                f"this rank trains on {device}, but vLLM's in-process engine takes the first visible GPU: start each "
+                "rank with only its own GPU visible (CUDA_VISIBLE_DEVICES) so that both are cuda:0 (docs/vllm.md)"
+            )
         work_dir = _work_dir(config)
         source = model_name or str(_save_base(policy, work_dir / "base"))
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in this process: no second copy, no re-imported script
