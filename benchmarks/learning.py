@@ -239,7 +239,7 @@ def _runnable() -> list[str]:
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     """Run the matrix (or, with ``--run``, one run in this process) and print the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", nargs="+", choices=list(CASES), default=None, help="default: every case that can run")
+    parser.add_argument("--cases", nargs="+", choices=list(CASES), help="default: every case that can run here")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--capabilities", nargs="+", choices=CAPABILITIES, default=list(CAPABILITIES))
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time (each on one thread)")
