@@ -68,6 +68,16 @@ def _scalar_kernels_under_default_capability() -> None:
         inductor.cpp.simdlen = 1
 
 
+def _llm_arguments(config: VLLMConfig, device: torch.device, **given: Any) -> dict[str, Any]:
+    """``vllm.LLM``'s arguments: ``given`` (model, dtype, seed, length) and the settings that keep it our sampler."""
+    eager = config.enforce_eager if config.enforce_eager is not None else device.type != "cuda"
+    return dict(
+        given, skip_tokenizer_init=True, generation_config="vllm", logprobs_mode="processed_logprobs",
+        enable_prefix_caching=config.enable_prefix_caching, gpu_memory_utilization=config.gpu_memory_utilization,
+        enforce_eager=eager, enable_sleep_mode=config.sleep_mode,
+    )  # fmt: skip
+
+
 def _work_dir(config: VLLMConfig) -> Path:
     root = config.work_dir or ("/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None)
     if root is not None:
@@ -119,16 +129,10 @@ class VLLMEngine:
         source = model_name or str(_save_base(policy, work_dir / "base"))
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in this process: no second copy, no re-imported script
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{config.cpu_kv_cache_gb:g}")
-        kwargs = dict(
-            model=source, dtype=str(next(policy.get_base_model().parameters()).dtype).removeprefix("torch."),
-            seed=seed, max_model_len=max_model_len, enable_lora=config.sync == "adapter", max_lora_rank=max_lora_rank,
-            skip_tokenizer_init=True, generation_config="vllm", logprobs_mode="processed_logprobs",
-            enable_prefix_caching=config.enable_prefix_caching, gpu_memory_utilization=config.gpu_memory_utilization,
-            enforce_eager=config.enforce_eager if config.enforce_eager is not None else device.type != "cuda",
-            enable_sleep_mode=config.sleep_mode,
-        )  # fmt: skip
-        if config.sync != "adapter":
-            del kwargs["max_lora_rank"]
+        dtype = str(next(policy.get_base_model().parameters()).dtype).removeprefix("torch.")
+        kwargs = _llm_arguments(config, device, model=source, dtype=dtype, seed=seed, max_model_len=max_model_len)
+        if config.sync == "adapter":
+            kwargs.update(enable_lora=True, max_lora_rank=max_lora_rank)
         _scalar_kernels_under_default_capability()
         try:
             with _contained_side_effects():
