@@ -40,9 +40,9 @@ from lightning_grpo.rollout.multi_turn import sample_rollout
 from lightning_grpo.rollout.vllm_settings import VLLMConfig
 from lightning_grpo.step import LossCounts, PhaseTimer, StepContext, StepOutput, UpdateBatch
 from lightning_grpo.step.context import any_rank
-from lightning_grpo.step.dynamic_sampling import check_datamodule, dynamic_sample
-from lightning_grpo.step.fit_checks import check_reward_keywords
-from lightning_grpo.step.process import advantage_inputs, check_step_sources, gather_step_rewards
+from lightning_grpo.step.dynamic_sampling import dynamic_sample
+from lightning_grpo.step.fit_checks import check_fit_inputs
+from lightning_grpo.step.process import advantage_inputs, gather_step_rewards
 from lightning_grpo.step.rollout_engine import VLLMRollout
 from lightning_grpo.step.seeding import seeded, step_seed
 from lightning_grpo.step.update import (
@@ -132,12 +132,9 @@ class GRPOModule(LightningModule):
         self.optimizer_factory, self.scheduler_factory, self.seed = optimizer, lr_scheduler, seed
         self.use_default_callbacks = default_callbacks
         self.rollout_engine = VLLMRollout.of(  # None: Hugging Face generate
-            vllm,
-            cfg,
-            self.policy_config,
-            model_name=None if name is None else str(name),
+            vllm, cfg, self.policy_config, model_name=None if name is None else str(name),
             generate_overridden=type(self).generate is not GRPOModule.generate,
-        )
+        )  # fmt: skip
         self.timer, self._warned = PhaseTimer(), set[str]()  # the run's warnings given: shared by every step's context
         self.skipped_steps: list[int] = []  # steps skipped for non-finite values (GRPOConfig.on_nonfinite="skip")
         self.val_metrics = ValidationMetrics(self.config.val_num_generations, self.config.val_success_threshold)
@@ -365,13 +362,11 @@ class GRPOModule(LightningModule):
         return [*closing, *missing, *readable_progress_bar(self.trainer)]  # the bar last: it shows what they logged
 
     def on_fit_start(self) -> None:
-        """Time phases, score with reward models on the module's device; check reward inputs and dynamic sampling."""
+        """Time phases, score with reward models on the module's device, check the inputs, start a rollout engine."""
         self.timer.device = self.device
         self.rewards.to(self.device, getattr(self.policy, "dtype", None))  # reward models are not in the policy
-        check_reward_keywords(self.rewards, self.trainer.datamodule, environment=bool(self.agent.environment_factory))
-        check_step_sources(self.config, self.rewards, environment=bool(self.agent.environment_factory))
-        if self.config.dynamic_sampling:
-            check_datamodule(self.trainer.datamodule)
+        environment = bool(self.agent.environment_factory)
+        check_fit_inputs(self.config, self.rewards, self.trainer.datamodule, environment=environment)
         if self.rollout_engine is not None:
             self.rollout_engine.start(self.policy, self.seed, sharded=distributed.is_sharded(self.policy))
 

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from lightning_grpo.config import GRPOConfig
 from lightning_grpo.rewards import RewardFunctions
+from lightning_grpo.step.dynamic_sampling import check_datamodule
+from lightning_grpo.step.process import check_step_sources
 
-__all__ = ["STEP_KEYWORDS", "check_reward_keywords"]
+__all__ = ["STEP_KEYWORDS", "check_fit_inputs", "check_reward_keywords"]
 
 #: Keywords ``GRPOModule.score`` offers every reward function besides prompts, completions and the data's columns.
 STEP_KEYWORDS = ("completion_ids", "completion_lengths", "trainer_state")
@@ -26,3 +29,12 @@ def check_reward_keywords(rewards: RewardFunctions, datamodule: Any, *, environm
         return
     columns = sorted({key for row in records if isinstance(row, dict) for key in row} - {"prompt"})
     rewards.check_keywords([*columns, *STEP_KEYWORDS], where=f"the data (columns {columns})")
+
+
+def check_fit_inputs(config: GRPOConfig, rewards: RewardFunctions, datamodule: Any, *, environment: bool) -> None:
+    """Every fit-start check of the inputs: the reward functions' keywords against the data, a source of step rewards
+    for ``grpo_process``, and a data module that can give more prompts for ``dynamic_sampling``."""
+    check_reward_keywords(rewards, datamodule, environment=environment)
+    check_step_sources(config, rewards, environment=environment)
+    if config.dynamic_sampling:
+        check_datamodule(datamodule)
