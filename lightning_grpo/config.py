@@ -53,6 +53,7 @@ _NUMBER_RULES: dict[str, dict[str, Any]] = {
     "entropy_coef": {"minimum": 0.0},
     "max_grad_norm": {"minimum": 0.0, "exclusive_minimum": True, "allow_none": True},
     "logprob_chunk_size": _INT,
+    "fused_head_tile_mib": _OPTIONAL_INT,
     "val_num_generations": _INT,
     "val_temperature": {"minimum": 0.0, "exclusive_minimum": True, "allow_none": True},
     "val_success_threshold": {},
@@ -112,6 +113,9 @@ class GRPOConfig:
         share_prompt: Run each prompt once for its G samples, in sampling (prefill) and in the log-prob passes
             (same results as running it G times; off under FSDP2 in the log-prob passes).
         fused_head: Compute log-probs inside the output head, tile by tile, so no ``(N, T, V)`` logits tensor exists.
+        fused_head_tile_mib: Float32 MiB of one tile of the fused head. ``None``: 512 on a GPU (a few large tiles:
+            each costs about 30 kernel launches), and on the CPU about an eighth of the final hidden states
+            (docs/benchmarks.md, "GPU readiness").
         sampler: ``"multinomial"`` (Hugging Face ``generate``'s draws) or ``"inverse_cdf"`` (same distribution, other
             draws, much cheaper on CPU; uses our own decoding loop).
         drop_finished: Drop finished samples from the batch and KV cache while sampling (our own decoding loop).
@@ -180,6 +184,7 @@ class GRPOConfig:
     logprob_chunk_size: int = 1024
     share_prompt: bool = True
     fused_head: bool = True
+    fused_head_tile_mib: int | None = None
     sampler: Sampler = "multinomial"
     drop_finished: bool = False
     static_cache: bool = False

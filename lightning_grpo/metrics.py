@@ -34,6 +34,7 @@ class RankReduction(Metric):
     Args:
         shape: Shape of the values.
         op: ``"sum"``, ``"min"`` or ``"max"``.
+        device: Where the state lives (that of the values it will reduce); ``None``: torch's default device.
 
     Raises:
         ValueError: If ``op`` is not one of them.
@@ -48,12 +49,14 @@ class RankReduction(Metric):
 
     full_state_update = False
 
-    def __init__(self, shape: tuple[int, ...] | torch.Size, op: ReduceOp = "sum") -> None:
+    def __init__(
+        self, shape: tuple[int, ...] | torch.Size, op: ReduceOp = "sum", device: torch.device | None = None
+    ) -> None:
         if op not in _START:
             raise ValueError(f"op must be one of {', '.join(repr(o) for o in _START)}; got {op!r}")
         super().__init__(compute_with_cache=False)
         self.op = op
-        self.add_state("value", torch.full(tuple(shape), _START[op], dtype=torch.float64), dist_reduce_fx=op)
+        self.add_state("value", torch.full(tuple(shape), _START[op], dtype=torch.float64, device=device), dist_reduce_fx=op)
 
     def update(self, value: Tensor) -> None:
         """Combine ``value`` into the state (this rank only)."""
@@ -72,7 +75,7 @@ def reduce_across_ranks(value: Tensor, op: ReduceOp = "sum") -> Tensor:
         >>> reduce_across_ranks(torch.tensor([1.0, 2.0]))  # one process: the value itself
         tensor([1., 2.], dtype=torch.float64)
     """
-    metric = RankReduction(value.shape, op).to(value.device)
+    metric = RankReduction(value.shape, op, device=value.device)
     metric.update(value)
     return metric.compute()
 

@@ -264,6 +264,7 @@ class GRPOModule(LightningModule):
         return {
             "temperature": cfg.temperature, "entropy_grad": cfg.entropy_coef > 0, "chunk_size": cfg.logprob_chunk_size,
             "share_prompt": cfg.share_prompt, "fused_head": cfg.fused_head,
+            "tile_bytes": None if cfg.fused_head_tile_mib is None else cfg.fused_head_tile_mib * 2**20,
         }  # fmt: skip
 
     def compute_loss(self, batch: UpdateBatch, counts: LossCounts) -> tuple[Tensor, dict[str, Tensor]]:

@@ -12,7 +12,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["FusedHeadLogProbs", "fused_head_logprobs"]
+__all__ = ["ACCELERATOR_TILE_BYTES", "FusedHeadLogProbs", "fused_head_logprobs", "tile_shape"]
+
+#: Float32 bytes of one tile on a GPU (any device but the CPU): a few large tiles, since each tile costs about 30
+#: kernel launches. 512 MiB holds 883 rows of Qwen2.5's 151,936-token vocabulary: the 0.5B recipe's micro-batch of
+#: 16 x 512 completion positions is 16 tiles (docs/benchmarks.md, "GPU readiness").
+ACCELERATOR_TILE_BYTES = 512 * 2**20
 
 
 def fused_head_logprobs(
@@ -24,6 +29,7 @@ def fused_head_logprobs(
     temperature: float = 1.0,
     chunk_size: int = 1024,
     with_entropy: bool = False,
+    tile_bytes: int | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Log-probs ``(N, T)`` of ``targets`` and the entropy under ``(hidden @ weight.T + bias) / temperature``.
 
@@ -39,6 +45,8 @@ def fused_head_logprobs(
         temperature: Logits are divided by it.
         chunk_size: Most rows per tile.
         with_entropy: Compute the entropy; otherwise the second tensor is zeros.
+        tile_bytes: Float32 bytes of one tile; ``None``: :data:`ACCELERATOR_TILE_BYTES` off the CPU, and on the CPU
+            about an eighth of the hidden states' bytes (see :func:`tile_shape`).
 
     Returns:
         ``(logprobs, entropy)``, float32.
@@ -56,12 +64,14 @@ def fused_head_logprobs(
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    if tile_bytes is not None and tile_bytes < 1:
+        raise ValueError(f"tile_bytes must be >= 1 or None, got {tile_bytes}")
     if hidden.ndim != 3 or targets.shape != hidden.shape[:2] or weight.ndim != 2 or weight.shape[1] != hidden.shape[2]:
         raise ValueError(
             f"need hidden (N, T, H), weight (V, H) and targets (N, T); got hidden {tuple(hidden.shape)}, "
             f"weight {tuple(weight.shape)}, targets {tuple(targets.shape)}"
         )
-    return FusedHeadLogProbs.apply(hidden, weight, bias, targets, temperature, chunk_size, with_entropy)
+    return FusedHeadLogProbs.apply(hidden, weight, bias, targets, temperature, chunk_size, with_entropy, tile_bytes)
 
 
 def _blocks(n: int, t: int, rows: int) -> list[tuple[slice, slice]]:
@@ -75,15 +85,31 @@ def _blocks(n: int, t: int, rows: int) -> list[tuple[slice, slice]]:
     return [(slice(i, i + 1), slice(j, min(j + rows, t))) for i in range(n) for j in range(0, t, rows)]
 
 
-def _tiles(rows: int, hidden_size: int, vocab: int, itemsize: int, chunk_size: int) -> tuple[int, int]:
-    """Tile shape ``(rows, vocabulary slice)`` sized from the bytes ``S`` of the hidden states.
+def tile_shape(
+    rows: int, hidden_size: int, vocab: int, itemsize: int, chunk_size: int, tile_bytes: int | None = None
+) -> tuple[int, int]:
+    """Tile shape ``(rows, vocabulary slice)`` of the fused head over ``rows`` positions.
 
-    A float32 tile holds about ``S / 8`` bytes (within [256 KiB, 64 MiB]) and a block's float32 gradient accumulator
-    at most ``S / 8``, so the two or three tile-sized temporaries and the accumulator stay well under ``S``.
+    With ``tile_bytes`` (a GPU): as many rows of the whole vocabulary as ``tile_bytes`` of float32 hold (at most
+    ``chunk_size``), so a micro-batch is a few tiles and a few hundred kernel launches. Without (the CPU): sized from
+    the bytes ``S`` of the hidden states: a float32 tile holds about ``S / 8`` bytes (within [256 KiB, 64 MiB]) and a
+    block's float32 gradient accumulator at most ``S / 8``, so the two or three tile-sized temporaries and the
+    accumulator stay well under ``S``.
+
+    Example::
+
+        >>> tile_shape(16 * 512, 896, 151_936, 2, 1024, ACCELERATOR_TILE_BYTES)  # 0.5B recipe on a GPU
+        (883, 151936)
+        >>> tile_shape(16 * 512, 896, 151_936, 2, 1024)  # the same on the CPU
+        (512, 896)
     """
-    budget = rows * hidden_size * itemsize // 8
-    elements = min(max(budget, 1 << 18), 1 << 26) // 4
-    block = max(1, min(rows, chunk_size, max(16, budget // (hidden_size * 4))))
+    if tile_bytes is not None:
+        elements = max(tile_bytes // 4, 256)
+        block = max(1, min(rows, chunk_size, elements // vocab))
+    else:
+        budget = rows * hidden_size * itemsize // 8
+        elements = min(max(budget, 1 << 18), 1 << 26) // 4
+        block = max(1, min(rows, chunk_size, max(16, budget // (hidden_size * 4))))
     return block, min(vocab, max(256, elements // block))
 
 
@@ -97,9 +123,10 @@ class FusedHeadLogProbs(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, temperature, chunk_size, with_entropy):  # type: ignore[override]
+    def forward(ctx, hidden, weight, bias, targets, temperature, chunk_size, with_entropy, tile_bytes=None):  # type: ignore[override]
         n, t, h = hidden.shape
-        rows, width = _tiles(n * t, h, weight.shape[0], hidden.element_size(), chunk_size)
+        tile_bytes = tile_bytes if tile_bytes is not None or hidden.device.type == "cpu" else ACCELERATOR_TILE_BYTES
+        rows, width = tile_shape(n * t, h, weight.shape[0], hidden.element_size(), chunk_size, tile_bytes)
         lse = torch.empty(n, t, device=hidden.device, dtype=torch.float32)
         target, mean_x = torch.empty_like(lse), torch.empty_like(lse)
         for seqs, pos in _blocks(n, t, rows):
@@ -133,7 +160,7 @@ class FusedHeadLogProbs(torch.autograd.Function):
             if grad_h is not None:
                 grad_h[seqs, pos] = acc.to(hidden.dtype).view(grad_h[seqs, pos].shape)
         cast = lambda g, like: None if g is None else g.to(like.dtype)  # noqa: E731
-        return grad_h, cast(grads["weight"], weight), cast(grads["bias"], bias), None, None, None, None
+        return grad_h, cast(grads["weight"], weight), cast(grads["bias"], bias), None, None, None, None, None
 
 
 def _logits(x_rows: Tensor, weight: Tensor, bias: Tensor | None, v0: int, width: int, temperature: float) -> Tensor:
@@ -188,8 +215,9 @@ def _unfold(
             d = p.mul_(-g_lp[:, None])
         else:
             d = p.mul_(x.sub_(mean_x[:, None]).mul_(g_ent[:, None]).add_(g_lp[:, None])).neg_()
-        inside = ((ids >= v0) & (ids < v0 + x.shape[1])).nonzero().squeeze(-1)
-        d[inside, ids[inside] - v0] += g_lp[inside]
+        inside = (ids >= v0) & (ids < v0 + x.shape[1])  # rows whose target is in this slice; no host sync
+        local = (ids - v0).clamp(0, x.shape[1] - 1)[:, None]
+        d.scatter_add_(1, local, torch.where(inside, g_lp, 0.0)[:, None])
         d = d.div_(temperature).to(weight.dtype)
         acc += d @ weight[v0 : v0 + x.shape[1]]
         if grads["weight"] is not None:

@@ -117,14 +117,12 @@ class _Sums:
     def of(cls, rollout: Rollout) -> _Sums:
         turns = rollout.turns
         assert turns is not None
-        completion = rollout.completion_mask.double().cpu()
-        sampled = rollout.sampled_mask.double().cpu() * completion
+        completion = rollout.completion_mask.double()
+        sampled = rollout.sampled_mask.double().to(completion.device) * completion
         counts = [turns.num_turns, turns.tool_calls, turns.tool_errors, turns.tool_timeouts, turns.max_turns_reached]
-        totals = torch.tensor(
-            [float(len(rollout)), *(float(c.double().sum()) for c in counts), float(completion.sum()),
-             float((completion - sampled).sum())],
-            dtype=torch.float64,
-        )  # fmt: skip
+        rows = torch.full((), len(rollout), dtype=torch.float64, device=completion.device)
+        sums = [c.double().sum().to(completion.device) for c in counts]
+        totals = torch.stack([rows, *sums, completion.sum(), (completion - sampled).sum()])  # no host sync
         width = max((len(rewards) for rewards in turns.turn_rewards), default=0)
         sums, seen = [0.0] * width, [0.0] * width
         for rewards in turns.turn_rewards:

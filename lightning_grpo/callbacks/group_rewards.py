@@ -135,8 +135,8 @@ def process_stats(step_rewards: Tensor, sum_across_ranks: SumAcrossRanks | None 
     ends = ~torch.isnan(step_rewards)  # (N, T)
     steps = ends.sum(1)  # (N,)
     total = torch.where(ends, step_rewards, 0.0).double().sum()
-    sums = torch.stack([torch.tensor(float(len(steps))), steps.sum().double(), total, (steps == 0).sum().double()])
-    sums = sums.to(step_rewards.device, torch.float64)
+    rows = torch.full((), len(steps), dtype=torch.float64, device=step_rewards.device)
+    sums = torch.stack([rows, steps.sum().double(), total, (steps == 0).sum().double()])  # on the rewards' device
     rows, count, total, none = sums if sum_across_ranks is None else sum_across_ranks(sums)
     return {
         "process/steps_mean": ratio(count, rows),

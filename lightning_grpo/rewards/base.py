@@ -25,6 +25,8 @@ from lightning_grpo.rewards._text import DATASET_INDEX, excerpt
 from lightning_grpo.rewards._validation import check_inputs, check_timeouts, check_weights, split_functions
 from lightning_grpo.rewards.steps import StepRewards
 
+_FLOAT32_MAX = torch.finfo(torch.float32).max
+
 __all__ = ["RewardError", "RewardFunction", "RewardFunctions", "RewardScores", "TrainerState"]
 
 
@@ -254,7 +256,7 @@ class RewardFunctions:
             if any(isinstance(value, StepRewards) for value in values):
                 steps[name] = [value if isinstance(value, StepRewards) else None for value in values]
         values = torch.stack(list(per_function.values()))  # (F, N)
-        weights = torch.tensor(self._weights, dtype=torch.float32).unsqueeze(1)  # (F, 1)
+        weights = torch.tensor(self._weights, dtype=torch.float32, device=values.device).unsqueeze(1)  # (F, 1)
         applied = ~torch.isnan(values)
         total = torch.where(applied, values * weights, torch.zeros_like(values)).sum(0)  # (N,)
         rewards = torch.where(applied.any(0), total, torch.full_like(total, math.nan))
@@ -349,8 +351,8 @@ def _to_tensor(
                 f"{where(index)}; expected a float, int, bool, StepRewards or None"
             )
         floats.append(number)
-    tensor = torch.tensor(floats, dtype=torch.float32).reshape(len(floats))
-    for index in torch.nonzero(~torch.isfinite(tensor)).flatten().tolist():
+    tensor = torch.tensor(floats, dtype=torch.float32, device="cpu").reshape(len(floats))  # host values
+    for index in (i for i, number in enumerate(floats) if not abs(number) <= _FLOAT32_MAX):  # NaN, inf, overflow
         if values[index] is not None:
             raise RewardError(
                 f"reward function {name!r} returned {values[index]!r} at {where(index)}; "

@@ -137,12 +137,20 @@ class Rollout:
 
     @property
     def completion_token_ids(self) -> list[list[int]]:
-        """The N trajectories' completion tokens as lists, padding removed (reward functions' ``completion_ids``)."""
-        return [row[mask.bool()].tolist() for row, mask in zip(self.completion_ids, self.completion_mask, strict=True)]
+        """The N trajectories' completion tokens as lists, padding removed (reward functions' ``completion_ids``).
+
+        Two copies to the host in all (ids and mask), not one per row.
+        """
+        rows, masks = self.completion_ids.tolist(), self.completion_mask.tolist()
+        return [[t for t, m in zip(row, mask, strict=True) if m] for row, mask in zip(rows, masks, strict=True)]
 
     def select(self, index: Tensor) -> Rollout:
-        """The rows ``index`` (a 1-D long tensor) as a new rollout, e.g. one micro-batch."""
-        return _map_rows(self, lambda value: _pick(value, index, index.tolist()))
+        """The rows ``index`` (a 1-D long tensor) as a new rollout, e.g. one micro-batch.
+
+        An index on the CPU costs no host sync: its rows pick the list fields, its copy on the device the tensors.
+        """
+        rows, on_device = index.tolist(), index.to(self.completion_ids.device, non_blocking=True)
+        return _map_rows(self, lambda value: _pick(value, on_device, rows))
 
     def to(self, device: torch.device | str) -> Rollout:
         """The rollout with its tensors on ``device``."""
@@ -185,7 +193,7 @@ class Rollout:
 def _pick(value: Any, index: Tensor, rows: list[int]) -> Any:
     """Rows ``index`` of a per-row value: a tensor, a list or a dict of lists."""
     if isinstance(value, Tensor):
-        return value[index.to(value.device)]
+        return value[index if index.device == value.device else index.to(value.device, non_blocking=True)]
     if isinstance(value, list):
         return [value[i] for i in rows]
     if isinstance(value, dict):

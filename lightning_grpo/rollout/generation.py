@@ -352,12 +352,16 @@ def decode_loop(
         chosen = _draw(_warpers(settings)(None, scores), settings.sampler).masked_fill(finished[alive], pad_id)
         tokens[alive, step] = chosen
         logprobs[alive, step] = token_logprobs(logits, chosen, settings.temperature)
-        finished[alive] |= torch.isin(chosen, eos_ids)
-        if step == settings.max_new_tokens - 1 or bool(finished.all()):
+        done = finished[alive] | torch.isin(chosen, eos_ids)  # (n,) the rows in the batch
+        finished[alive] = done
+        if step == settings.max_new_tokens - 1:
             break
-        mask = torch.cat([mask, (~finished[alive]).long()[:, None]], dim=1)
-        if settings.drop_finished and bool(finished[alive].any()):
-            keep = (~finished[alive]).nonzero().squeeze(-1)
+        running = int((~done).sum())  # the step's one host sync: stop, and how many rows to keep
+        if running == 0:
+            break
+        mask = torch.cat([mask, (~done).long()[:, None]], dim=1)
+        if settings.drop_finished and running < len(alive):
+            keep = torch.argsort(done.byte(), stable=True)[:running]  # the running rows, in order; no nonzero
             alive, mask, chosen = alive[keep], mask[keep], chosen[keep]
             cache.batch_select_indices(keep)
         out = model(input_ids=chosen[:, None], attention_mask=mask, position_ids=mask.sum(-1, keepdim=True) - 1,

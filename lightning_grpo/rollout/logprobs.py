@@ -57,6 +57,7 @@ def completion_logprobs(
     chunk_size: int = 1024,
     share_prompt: bool = True,
     fused_head: bool = True,
+    tile_bytes: int | None = None,
 ) -> TokenLogProbs:
     """Log-probs of the sampled completion tokens under ``model``, at the sampling temperature.
 
@@ -73,12 +74,14 @@ def completion_logprobs(
         chunk_size: Positions per chunk of the log-softmax (rows of a tile of the fused head).
         share_prompt: Run each distinct prompt once for all its rows (see the module docstring).
         fused_head: Compute log-probs inside the output head, tile by tile (see the module docstring).
+        tile_bytes: Float32 bytes of one tile of the fused head (``None``: by device, see
+            :func:`~lightning_grpo.algorithms.fused_head.tile_shape`).
 
     Returns:
         :class:`TokenLogProbs` with ``(N, T)`` float32 tensors.
     """
     if fused_head and fused_head_supported(model):
-        head_settings = (temperature, chunk_size, with_entropy, entropy_grad)
+        head_settings = (temperature, chunk_size, with_entropy, entropy_grad, tile_bytes)
         with _fused_output_head(model, rollout.completion_ids, *head_settings) as result:
             _run_model(model, rollout, share_prompt)
         return TokenLogProbs(result["logprobs"], result.get("entropy"))
@@ -151,9 +154,9 @@ def _shared_prompt_forward(model: nn.Module, rollout: Rollout) -> Tensor:
 
 def _distinct_prompts(prompt_ids: Tensor, prompt_mask: Tensor) -> tuple[Tensor, Tensor]:
     """The first row of each distinct (prompt, mask) ``(U,)`` and the distinct prompt of every row ``(N,)``."""
-    _, inverse = torch.unique(torch.cat([prompt_ids, prompt_mask.long()], dim=1), dim=0, return_inverse=True)
-    rows = torch.arange(len(inverse), device=inverse.device)
-    first = torch.full((int(inverse.max()) + 1,), len(inverse), device=inverse.device, dtype=torch.long)
+    distinct, inverse = torch.unique(torch.cat([prompt_ids, prompt_mask.long()], dim=1), dim=0, return_inverse=True)
+    rows = torch.arange(len(inverse), device=inverse.device)  # the one host sync is unique's output size
+    first = torch.full((len(distinct),), len(inverse), device=inverse.device, dtype=torch.long)
     return first.scatter_reduce(0, inverse, rows, reduce="amin"), inverse
 
 
@@ -224,7 +227,13 @@ def _output_head_off(model: nn.Module) -> Iterator[None]:
 
 @contextmanager
 def _fused_output_head(
-    model: nn.Module, targets: Tensor, temperature: float, chunk_size: int, with_entropy: bool, entropy_grad: bool
+    model: nn.Module,
+    targets: Tensor,
+    temperature: float,
+    chunk_size: int,
+    with_entropy: bool,
+    entropy_grad: bool,
+    tile_bytes: int | None,
 ) -> Iterator[dict[str, Tensor]]:
     """Swap the head's forward for :class:`FusedHeadLogProbs` on the ``T`` positions that predict ``targets``."""
     head, result = model.get_output_embeddings(), {}
@@ -232,7 +241,7 @@ def _fused_output_head(
     def forward(hidden: Tensor) -> Tensor:  # (N, T or T+1, H)
         hidden = hidden[:, : targets.shape[1]]
         logprobs, entropy = FusedHeadLogProbs.apply(
-            hidden, head.weight, head.bias, targets, temperature, chunk_size, with_entropy
+            hidden, head.weight, head.bias, targets, temperature, chunk_size, with_entropy, tile_bytes
         )
         result["logprobs"] = logprobs
         if with_entropy:

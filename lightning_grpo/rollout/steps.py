@@ -113,7 +113,7 @@ def step_rewards_tensor(
         ValueError: Step ends outside a completion, step rewards on a multi-turn completion, or a turn reward that is
             not finite; the row is named.
     """
-    out = torch.full(rollout.completion_ids.shape, math.nan, dtype=torch.float32)
+    out = torch.full(rollout.completion_ids.shape, math.nan, dtype=torch.float32, device="cpu")  # built on the host
     ids = rollout.completion_token_ids
     for name, rows in steps.items():
         for row, value in enumerate(rows):

@@ -61,7 +61,8 @@ class UpdateBatch:
         return len(self.rollout)
 
     def select(self, index: Tensor) -> UpdateBatch:
-        """The rows ``index`` as a new batch."""
+        """The rows ``index`` as a new batch (``index`` is best kept on the CPU: no host sync for the list fields)."""
+        index = index.to(self.advantages.device, non_blocking=True)
         pick = lambda t: None if t is None else t[index]  # noqa: E731
         return replace(
             self,

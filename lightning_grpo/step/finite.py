@@ -31,13 +31,21 @@ def nonfinite_flags(loss: Tensor, metrics: dict[str, Tensor]) -> Tensor:
 
 
 def gradient_flag(parameters: Iterable[nn.Parameter], device: torch.device) -> Tensor:
-    """``(1,)``: 1.0 when a gradient of ``parameters`` (this rank's shard under FSDP2) holds a NaN or an infinity."""
-    bad = any(
-        not bool(torch.isfinite(grad.to_local() if hasattr(grad, "to_local") else grad).all())
-        for grad in (p.grad for p in parameters)
-        if grad is not None
-    )
-    return torch.tensor([float(bad)], device=device)
+    """``(1,)``: 1.0 when a gradient of ``parameters`` (this rank's shard under FSDP2) holds a NaN or an infinity.
+
+    One fused float32 norm per device over all gradients (a NaN or an infinity makes its norm non-finite), computed
+    where the gradients are: no host sync, a few kernel launches rather than one per parameter.
+    """
+    grads: dict[torch.device, list[Tensor]] = {}
+    for grad in (p.grad for p in parameters):
+        if grad is not None:
+            local = grad.to_local() if hasattr(grad, "to_local") else grad
+            grads.setdefault(local.device, []).append(local)
+    bad = torch.zeros((), dtype=torch.bool, device=device)
+    for group in grads.values():
+        norms = torch._foreach_norm(group, 2.0, dtype=torch.float32)
+        bad = bad | ~torch.stack(norms).isfinite().all().to(device)
+    return bad.float().reshape(1)
 
 
 def step_is_finite(context: StepContext, flags: Tensor, *, on_nonfinite: str, max_skipped: int) -> bool:

@@ -43,7 +43,7 @@ def fixed_logprobs(module: StepModule, rollout: Rollout, *, reference: bool) -> 
     with torch.no_grad(), eval_mode(module.policy):
         parts = [
             module.compute_logprobs(rollout.select(rows), reference=reference).logprobs
-            for rows in torch.arange(len(rollout), device=module.device).split(micro)
+            for rows in torch.arange(len(rollout), device="cpu").split(micro)  # host indices: no sync to select
         ]
     return torch.cat(parts)
 
@@ -112,7 +112,7 @@ def importance_weighted(
 
 def minibatch_indices(num_samples: int, mini_batch_size: int, generator: torch.Generator) -> Iterator[Tensor]:
     """A fresh random permutation of the rows, split into mini-batches of ``mini_batch_size``."""
-    yield from torch.randperm(num_samples, generator=generator).split(mini_batch_size)
+    yield from torch.randperm(num_samples, generator=generator, device=generator.device).split(mini_batch_size)
 
 
 class MetricSums:
@@ -182,7 +182,7 @@ def run_updates(module: StepModule, context: StepContext, batch: UpdateBatch) ->
     sums, shares = MetricSums(), []
     epochs = [rows for _ in range(cfg.ppo_epochs) for rows in minibatch_indices(len(batch), mini, generator)]
     for index, rows in enumerate(epochs):  # the mini-batches of every pass, each pass a fresh permutation
-        minibatch = replace(batch.select(rows.to(context.device)), at_sampling_weights=index == 0)
+        minibatch = replace(batch.select(rows), at_sampling_weights=index == 0)  # rows on the host: no sync
         counts = LossCounts.of(minibatch.loss_mask, norm, context.sum_across_ranks)
         part, flags = _accumulate(module, context, minibatch, counts, micro, sums)
         shares.append(part)
@@ -213,7 +213,7 @@ def _accumulate(
     """
     device, optimizer = context.device, module.optimizers()
     shares = {"loss": torch.zeros((), device=device), "pg_loss": torch.zeros((), device=device)}
-    chunks = torch.arange(len(minibatch), device=device).split(micro)
+    chunks = torch.arange(len(minibatch), device="cpu").split(micro)  # host indices: selecting needs no sync
     scale = context.grad_scale  # each rank's loss is its share of the global loss; ranks average gradients
     flags = torch.zeros(4, device=device)
     for i, rows in enumerate(chunks):

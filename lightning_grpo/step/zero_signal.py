@@ -48,14 +48,14 @@ def check_signal(context: StepContext, rollout: Rollout, scores: RewardScores) -
     """
     if scores.step_rewards is not None:  # grpo_process: the signal is in the step rewards (docs/math.md)
         constant = constant_step_groups(scores.step_rewards, rollout.group_ids)
-        counts = [len(constant), int(constant.sum()), int((~torch.isnan(scores.step_rewards)).sum())]
+        num_groups, sums = len(constant), [constant.sum(), (~torch.isnan(scores.step_rewards)).sum()]
     else:
         starts, informative = informative_groups(scores.rewards, rollout.group_ids)
-        counts = [len(starts), int((~informative).sum()), int(scores.valid.sum())]
-    local = torch.tensor(counts, dtype=torch.float64)
+        num_groups, sums = len(starts), [(~informative).sum(), scores.valid.sum()]
+    local = torch.stack([sums[0].new_tensor(num_groups), *sums]).double()  # on the rewards' device, no host sync
     groups, zero, valid = context.sum_across_ranks(local.to(context.device))
     fraction = (zero / groups.clamp(min=1)).float()
-    context.log("train/zero_std_frac", fraction, on_step=True, prog_bar=True, batch_size=counts[0])
+    context.log("train/zero_std_frac", fraction, on_step=True, prog_bar=True, batch_size=num_groups)
     kind = "no_reward" if valid == 0 else "zero_std" if zero == groups else None
     if kind is not None:
         message = ZERO_STD_MESSAGE if kind == "zero_std" else NO_REWARD_MESSAGE

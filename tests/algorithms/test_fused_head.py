@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from lightning_grpo.algorithms import entropy_from_logits, fused_head_logprobs, selective_logprobs
-from lightning_grpo.algorithms.fused_head import _blocks, _tiles
+from lightning_grpo.algorithms.fused_head import _blocks, tile_shape
 
 
 def _explicit(hidden, weight, bias, targets, temperature):
@@ -74,10 +74,10 @@ def test_blocks_cover_every_position_once():
 
 
 def test_tiles_stay_within_their_bounds():
-    rows, width = _tiles(rows=4096, hidden_size=896, vocab=151_936, itemsize=2, chunk_size=1024)
+    rows, width = tile_shape(rows=4096, hidden_size=896, vocab=151_936, itemsize=2, chunk_size=1024)
     assert 1 <= rows <= 1024 and 256 <= width <= 151_936
     assert rows * width * 4 <= 64 * 2**20  # a float32 tile is at most 64 MiB
-    assert _tiles(rows=3, hidden_size=8, vocab=100, itemsize=4, chunk_size=1024) == (3, 100)  # never past the vocab
+    assert tile_shape(rows=3, hidden_size=8, vocab=100, itemsize=4, chunk_size=1024) == (3, 100)  # never past the vocab
 
 
 @pytest.mark.parametrize(
