@@ -56,7 +56,8 @@ class RankReduction(Metric):
             raise ValueError(f"op must be one of {', '.join(repr(o) for o in _START)}; got {op!r}")
         super().__init__(compute_with_cache=False)
         self.op = op
-        self.add_state("value", torch.full(tuple(shape), _START[op], dtype=torch.float64, device=device), dist_reduce_fx=op)
+        start = torch.full(tuple(shape), _START[op], dtype=torch.float64, device=device)
+        self.add_state("value", start, dist_reduce_fx=op)
 
     def update(self, value: Tensor) -> None:
         """Combine ``value`` into the state (this rank only)."""
