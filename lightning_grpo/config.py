@@ -120,6 +120,14 @@ class GRPOConfig:
             draws, much cheaper on CPU; uses our own decoding loop).
         drop_finished: Drop finished samples from the batch and KV cache while sampling (our own decoding loop).
         static_cache: Sample with a static KV cache and a compiled decode step (CUDA only).
+        sampling_adapter: How the adapter samples (Hugging Face sampling only; vLLM has its own). ``"as_trained"``:
+            the LoRA weights as trained (float32 by default; exact, the documented semantics). ``"base_dtype"``: a
+            copy of them in the base model's dtype (e.g. bfloat16), so peft casts nothing (a decode step of a bf16
+            2-layer Qwen2: 319 ATen calls instead of 347). ``"merged"``: the adapter merged into the base weights
+            while sampling (179 calls, the base model's own), which holds a copy of the adapted base weights
+            meanwhile and refuses a quantized base. With either, the rollout comes from a policy rounded to the base
+            dtype: ``train/rollout_logprob_diff_*`` measures it and ``tis_cap`` corrects for it; training still
+            scores the policy as trained. docs/benchmarks.md, "GPU readiness".
         rollout_backend: What samples the rollouts: ``"hf"`` (Hugging Face ``generate``, or our own loop) or
             ``"vllm"`` (a colocated vLLM engine; the module's ``vllm`` settings, ``docs/vllm.md``; TRL ``use_vllm``
             with ``vllm_mode="colocate"``).
@@ -188,6 +196,7 @@ class GRPOConfig:
     sampler: Sampler = "multinomial"
     drop_finished: bool = False
     static_cache: bool = False
+    sampling_adapter: Literal["as_trained", "base_dtype", "merged"] = "as_trained"
     rollout_backend: Literal["hf", "vllm"] = "hf"
     tis_cap: float | None = None
     val_num_generations: int = 1
@@ -236,6 +245,7 @@ class GRPOConfig:
             ("advantage_scale", ("group", "batch", "none")),
             ("sampler", SAMPLERS),
             ("old_logprobs", ("recompute", "rollout")),
+            ("sampling_adapter", ("as_trained", "base_dtype", "merged")),
             ("rollout_backend", ("hf", "vllm")),
         ):
             if getattr(self, setting) not in valid:

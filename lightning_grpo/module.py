@@ -33,6 +33,7 @@ from lightning_grpo.config import GRPOConfig
 from lightning_grpo.metrics import ValidationMetrics
 from lightning_grpo.policy import PolicyConfig, export_adapter, load_policy, load_tokenizer, reference_mode
 from lightning_grpo.policy.quantization import check_shardable
+from lightning_grpo.policy.sampling_adapter import sampling_adapter
 from lightning_grpo.rewards import RewardFunctions, RewardScores, TrainerState
 from lightning_grpo.rollout import Rollout, SamplingSettings, TokenLogProbs, completion_logprobs
 from lightning_grpo.rollout.agent import AgentSettings
@@ -196,10 +197,11 @@ class GRPOModule(LightningModule):
         sync = sync if settings.synced_gpus else None
         engine, version = self.rollout_engine, self.global_step if self._trainer is not None else 0
         sample = engine.sampler(self.policy, version) if engine is not None else None  # None: Hugging Face generate
-        return sample_rollout(
-            self.policy, self.tokenizer, list(batch["prompt"]), settings, self.agent,
-            max_prompt_length=self.config.max_prompt_length, columns=columns, any_rank_active=sync, sample=sample,
-        )  # fmt: skip
+        with sampling_adapter(self.policy, self.config.sampling_adapter if engine is None else "as_trained"):
+            return sample_rollout(
+                self.policy, self.tokenizer, list(batch["prompt"]), settings, self.agent,
+                max_prompt_length=self.config.max_prompt_length, columns=columns, any_rank_active=sync, sample=sample,
+            )  # fmt: skip
 
     def sampling_settings(
         self, *, num_generations: int | None = None, temperature: float | None = None
