@@ -9,11 +9,9 @@ docs/vllm.md explains the settings and the traps this file handles.
 
 from __future__ import annotations
 
-import copy
 import os
 import random
 import shutil
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,8 +22,9 @@ from peft import PeftModel
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from lightning_grpo.policy.weights import base_weights, merged_weights
+from lightning_grpo.policy.weights import merged_weights
 from lightning_grpo.rollout.generation import Sampled, SamplingSettings, eos_token_ids
+from lightning_grpo.rollout.vllm_files import bytes_needed, make_work_dir, save_base
 from lightning_grpo.rollout.vllm_settings import VLLMConfig, check_installed
 
 __all__ = ["VLLMEngine"]
@@ -78,13 +77,6 @@ def _llm_arguments(config: VLLMConfig, device: torch.device, **given: Any) -> di
     )  # fmt: skip
 
 
-def _work_dir(config: VLLMConfig) -> Path:
-    root = config.work_dir or ("/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None)
-    if root is not None:
-        Path(root).mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix="lightning-grpo-vllm-", dir=root))
-
-
 class VLLMEngine:
     """The policy's sampler on vLLM. Build it with :meth:`start`; call :meth:`sync` after every update.
 
@@ -125,8 +117,9 @@ class VLLMEngine:
                 f"this rank trains on {device}, but vLLM's in-process engine takes the first visible GPU: start each "
                 "rank with only its own GPU visible (CUDA_VISIBLE_DEVICES) so that both are cuda:0 (docs/vllm.md)"
             )
-        work_dir = _work_dir(config)
-        source = model_name or str(_save_base(policy, work_dir / "base"))
+        needed = bytes_needed(policy, adapter=config.sync == "adapter", base=model_name is None)
+        work_dir = make_work_dir(config, needed)
+        source = model_name or str(save_base(policy, work_dir / "base"))
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in this process: no second copy, no re-imported script
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{config.cpu_kv_cache_gb:g}")
         dtype = str(next(policy.get_base_model().parameters()).dtype).removeprefix("torch.")
@@ -265,26 +258,3 @@ def _shutdown_compile_workers() -> None:
     except ImportError:  # another torch: nothing to stop
         return
     shutdown_compile_workers()
-
-
-def _save_base(policy: PeftModel, path: Path) -> Path:
-    """Write the policy's base (adapter off) in Hugging Face format once, for the engine to load.
-
-    Written here rather than by ``save_pretrained``, which writes on rank 0 only under ``torch.distributed`` (each
-    rank's engine needs its own copy). A subclass of a library model (the tiny test model) is saved as the library's
-    class, the one the engine knows.
-    """
-    from safetensors.torch import save_file
-
-    base = policy.get_base_model()
-    path.mkdir(parents=True, exist_ok=True)
-    state, seen = {}, set()
-    for name, weight in base_weights(policy):
-        weight = weight.detach().contiguous()
-        state[name] = weight.clone() if weight.data_ptr() in seen else weight  # tied weights: one file entry each
-        seen.add(weight.data_ptr())
-    save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
-    config = copy.deepcopy(base.config)
-    config.architectures = [next(c for c in type(base).__mro__ if c.__module__.startswith("transformers.")).__name__]
-    config.to_json_file(str(path / "config.json"))
-    return path

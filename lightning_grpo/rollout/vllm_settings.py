@@ -40,7 +40,8 @@ class VLLMConfig:
         enforce_eager: Run the engine without CUDA graphs; ``None``: eager on CPU, graphs on CUDA.
         enable_prefix_caching: Reuse the KV cache of shared prefixes (a group's prompt, earlier agent turns).
         work_dir: Folder for the base model (when the policy was given as an object) and the adapter of each sync;
-            ``None``: ``/dev/shm`` where it exists, else the system's temporary folder.
+            ``None``: ``/dev/shm`` where it exists and has room for them, else the system's temporary folder (with
+            a warning). Its free space is checked at engine start; a folder set here without room is an error.
     """
 
     gpu_memory_utilization: float = 0.3
