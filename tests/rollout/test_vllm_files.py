@@ -47,7 +47,7 @@ def test_the_bytes_needed_are_the_adapters_and_the_bases_with_a_margin():
 
 
 def test_a_roomy_dev_shm_is_the_default(folders):
-    shm, tmp, free = folders
+    shm, _, free = folders
     free[shm] = 10_000
     assert make_work_dir(VLLMConfig(), needed=10_000).parent == shm
 
