@@ -21,7 +21,6 @@ import statistics
 import tempfile
 import time
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -63,7 +62,7 @@ def _op(rows: int, vocab: int, seeded: bool, repeats: int) -> dict[str, float]:
     return result
 
 
-def _engine(args: argparse.Namespace) -> Any:
+def _engine(args: argparse.Namespace, folder: str) -> Any:
     from lightning_grpo.policy import PolicyConfig, load_policy
     from lightning_grpo.rollout.vllm_engine import VLLMEngine
     from lightning_grpo.rollout.vllm_settings import VLLMConfig
@@ -72,9 +71,9 @@ def _engine(args: argparse.Namespace) -> Any:
     tokenizer = build_tiny_tokenizer()
     model = build_tiny_model(tokenizer, num_heads=2, num_kv_heads=1, seed=0)
     policy = load_policy(model, PolicyConfig(lora_r=4, lora_alpha=8))
-    config = VLLMConfig(work_dir=tempfile.mkdtemp(prefix="vllm-seeds-"))
     length = 16 + args.new_tokens
-    engine = VLLMEngine.start(policy, config, model_name=None, max_model_len=length, max_lora_rank=8, seed=0)
+    engine = VLLMEngine.start(policy, VLLMConfig(work_dir=folder), model_name=None, max_model_len=length,
+                              max_lora_rank=8, seed=0)  # fmt: skip
     engine.sync(policy, version=0)
     return engine
 
@@ -113,15 +112,15 @@ def main(argv: list[str] | None = None) -> None:
     for seeded in (True, False):
         label = "a generator per row" if seeded else "no per-request seed"
         print(f"op, {args.rows} rows x {args.vocab}, {label}:", _op(args.rows, args.vocab, seeded, args.repeats))
-    engine = _engine(args)
-    try:
-        for seeded in (True, False):
-            label = "per-request seeds" if seeded else "no per-request seed"
-            rows = args.prompts * args.generations
-            print(f"engine, {rows} rows x {args.new_tokens} tokens, {label}: {_generate(engine, args, seeded):.3f} s")
-    finally:
-        engine.close()
-        Path(engine.work_dir).parent.rmdir() if Path(engine.work_dir).parent.exists() else None
+    with tempfile.TemporaryDirectory(prefix="vllm-seeds-") as folder:
+        engine = _engine(args, folder)
+        try:
+            for seeded in (True, False):
+                label = "per-request seeds" if seeded else "no per-request seed"
+                rows, seconds = args.prompts * args.generations, _generate(engine, args, seeded)
+                print(f"engine, {rows} rows x {args.new_tokens} tokens, {label}: {seconds:.3f} s")
+        finally:
+            engine.close()
 
 
 if __name__ == "__main__":
