@@ -53,7 +53,7 @@ class VLLMConfig:
     """
 
     gpu_memory_utilization: float = 0.3
-    cpu_kv_cache_gb: int = 1
+    cpu_kv_cache_gb: int | float = 1  # float: a YAML 2.0 is taken, 0.5 reaches the check that explains it
     max_model_len: int | None = None
     max_lora_rank: int | None = None
     sync: Literal["adapter", "merged"] = "adapter"
@@ -89,8 +89,7 @@ def _whole_gib(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         raise ValueError(
             f"VLLMConfig.cpu_kv_cache_gb={value!r} is not valid: vLLM's CPU KV cache is sized in whole GiB (it reads "
-            "VLLM_CPU_KVCACHE_SPACE as an integer). Set an integer >= 1, e.g. vllm.cpu_kv_cache_gb: 1 "
-            "(lower vllm.max_model_len to need less)"
+            "VLLM_CPU_KVCACHE_SPACE as an integer). Set an integer >= 1, e.g. vllm.cpu_kv_cache_gb: 1"
         )
     return int(value)
 
