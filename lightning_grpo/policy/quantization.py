@@ -19,8 +19,8 @@ gradient) compute with other kernels than the training pass:
 from __future__ import annotations
 
 import importlib
-import os
 import tempfile
+import warnings
 from typing import Any, Literal
 
 import torch
@@ -36,6 +36,7 @@ __all__ = [
     "check_shardable",
     "is_quantized",
     "load_quantized",
+    "local_rank",
     "quantized_layers",
     "require_bitsandbytes",
     "same_kernels_in_both_modes",
@@ -125,10 +126,34 @@ def load_quantized(model: str | PreTrainedModel, config: Any, *, dtype: torch.dt
 
 
 def _device_map() -> dict[str, Any]:
-    """The whole model on this process's GPU (``LOCAL_RANK`` under DDP), else on the CPU."""
-    if torch.cuda.is_available():
-        return {"": int(os.environ.get("LOCAL_RANK", torch.cuda.current_device()))}
-    return {"": "cpu"}
+    """The whole model on this process's GPU (``cuda:<local rank>``), else on the CPU.
+
+    The policy loads in ``GRPOModule.__init__``, before the Trainer has set each rank's device, so the local rank is
+    read the way the Trainer will read it (:func:`local_rank`): under ``srun`` that is ``SLURM_LOCALID``, under
+    torchrun ``LOCAL_RANK``. A rank that sees fewer GPUs than its local rank (each rank started with only its own GPU
+    visible) takes its current device, the one it sees.
+    """
+    if not torch.cuda.is_available():
+        return {"": "cpu"}
+    rank = local_rank()
+    return {"": rank if rank < torch.cuda.device_count() else torch.cuda.current_device()}
+
+
+def local_rank() -> int:
+    """This process's rank on its node, from the cluster environment Lightning's Trainer will choose.
+
+    The environments are tried in the Trainer's order (torchelastic, SLURM, LSF, MPI; a SLURM job named ``bash`` or
+    ``interactive`` is not a SLURM launch), falling back to ``LOCAL_RANK`` or 0. Lightning is imported here only, so
+    this layer keeps to transformers and peft at import time.
+    """
+    from lightning.fabric.plugins import environments
+
+    kinds = (environments.TorchElasticEnvironment, environments.SLURMEnvironment, environments.LSFEnvironment,
+             environments.MPIEnvironment)  # fmt: skip
+    with warnings.catch_warnings():  # the Trainer gives SLURM's "srun is available but not used" hint itself
+        warnings.simplefilter("ignore")
+        chosen = next((kind() for kind in kinds if kind.detect()), environments.LightningEnvironment())
+    return chosen.local_rank()
 
 
 def quantized_layers(model: nn.Module) -> dict[str, nn.Module]:

@@ -9,11 +9,7 @@ docs/vllm.md explains the settings and the traps this file handles.
 
 from __future__ import annotations
 
-import copy
-import os
-import random
 import shutil
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,9 +20,11 @@ from peft import PeftModel
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from lightning_grpo.policy.weights import base_weights, merged_weights
+from lightning_grpo.policy.weights import merged_weights
 from lightning_grpo.rollout.generation import Sampled, SamplingSettings, eos_token_ids
+from lightning_grpo.rollout.vllm_files import bytes_needed, make_work_dir, save_base
 from lightning_grpo.rollout.vllm_settings import VLLMConfig, check_installed
+from lightning_grpo.rollout.vllm_start import build_llm, engine_environment
 
 __all__ = ["VLLMEngine"]
 
@@ -34,38 +32,21 @@ _ADAPTER = "policy"  # the engine's one LoRA: synced in place under this name an
 
 
 @contextmanager
-def _contained_side_effects() -> Iterator[None]:
-    """Undo what building an in-process vLLM engine does to the process.
+def _seeded_draws(seed: int, device: torch.device) -> Iterator[None]:
+    """vLLM's sampling noise drawn from the default generator of ``device``, seeded with ``seed``; restored after.
 
-    It reseeds Python's, NumPy's and torch's global random generators to its own seed, replaces
-    ``torch.set_num_threads`` with a no-op that logs a warning, and sets ``LD_PRELOAD`` (which child processes, such
-    as DDP workers or tool subprocesses, would inherit).
+    A request with its own seed gets its own generator in vLLM's V1 sampler, which then draws noise row by row: one
+    call per row and decode step (on CUDA a kernel launch each, and no FlashInfer sampling), where rows without one
+    share a single batched draw (docs/vllm.md, "Seeds", has the counts). The engine runs in this process, so seeding
+    the default generator just before ``generate`` makes the draws repeat for the same seed and inputs, as the
+    Hugging Face backend's do; restoring it leaves the training's random stream as it was.
     """
-    import numpy as np
-
-    states = random.getstate(), np.random.get_state(), torch.get_rng_state()
-    set_num_threads, preload = torch.set_num_threads, os.environ.get("LD_PRELOAD")
-    try:
+    cuda = [device.index or 0] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda):
+        torch.default_generator.manual_seed(seed)
+        for index in cuda:
+            torch.cuda.default_generators[index].manual_seed(seed)
         yield
-    finally:
-        random.setstate(states[0])
-        np.random.set_state(states[1])
-        torch.set_rng_state(states[2])
-        torch.set_num_threads = set_num_threads
-        if preload is None:
-            os.environ.pop("LD_PRELOAD", None)
-        else:
-            os.environ["LD_PRELOAD"] = preload
-
-
-def _scalar_kernels_under_default_capability() -> None:
-    """Under ``ATEN_CPU_CAPABILITY=default`` (how this project emulates other CPUs), let torch's compiler emit scalar
-    code for the ops vLLM compiles: it would vectorize for the real CPU and include the headers of the emulated one,
-    which lack the vector types, and the build fails (``'at::vec' has not been declared``; seen with torch 2.13)."""
-    if os.environ.get("ATEN_CPU_CAPABILITY", "").lower() == "default":
-        import torch._inductor.config as inductor
-
-        inductor.cpp.simdlen = 1
 
 
 def _llm_arguments(config: VLLMConfig, device: torch.device, **given: Any) -> dict[str, Any]:
@@ -76,13 +57,6 @@ def _llm_arguments(config: VLLMConfig, device: torch.device, **given: Any) -> di
         enable_prefix_caching=config.enable_prefix_caching, gpu_memory_utilization=config.gpu_memory_utilization,
         enforce_eager=eager, enable_sleep_mode=config.sleep_mode,
     )  # fmt: skip
-
-
-def _work_dir(config: VLLMConfig) -> Path:
-    root = config.work_dir or ("/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None)
-    if root is not None:
-        Path(root).mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix="lightning-grpo-vllm-", dir=root))
 
 
 class VLLMEngine:
@@ -116,7 +90,10 @@ class VLLMEngine:
 
         Raises:
             ImportError: vLLM is missing or transformers is outside its range.
-            RuntimeError: The engine failed to start (the message names the memory settings to lower).
+            ValueError: ``VLLM_CPU_KVCACHE_SPACE`` in the environment is not whole GiB.
+            OSError: The work folder has no room for the engine's files.
+            RuntimeError: The engine failed to start (the message names the memory settings to lower when memory
+                ran out, and chains vLLM's own error).
         """
         check_installed()
         device = next(policy.parameters()).device
@@ -125,28 +102,19 @@ class VLLMEngine:
                 f"this rank trains on {device}, but vLLM's in-process engine takes the first visible GPU: start each "
                 "rank with only its own GPU visible (CUDA_VISIBLE_DEVICES) so that both are cuda:0 (docs/vllm.md)"
             )
-        work_dir = _work_dir(config)
-        source = model_name or str(_save_base(policy, work_dir / "base"))
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in this process: no second copy, no re-imported script
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{config.cpu_kv_cache_gb:g}")
+        engine_environment(config)
+        needed = bytes_needed(policy, adapter=config.sync == "adapter", base=model_name is None)
+        work_dir = make_work_dir(config, needed)
+        source = model_name or str(save_base(policy, work_dir / "base"))
         dtype = str(next(policy.get_base_model().parameters()).dtype).removeprefix("torch.")
         kwargs = _llm_arguments(config, device, model=source, dtype=dtype, seed=seed, max_model_len=max_model_len)
         if config.sync == "adapter":
             kwargs.update(enable_lora=True, max_lora_rank=max_lora_rank)
-        _scalar_kernels_under_default_capability()
         try:
-            with _contained_side_effects():
-                from vllm import LLM
-
-                llm = LLM(**kwargs)
-        except Exception as error:
+            llm = build_llm(kwargs, config)
+        except Exception:
             shutil.rmtree(work_dir, ignore_errors=True)
-            reason = str(error) if len(str(error)) < 600 else str(error)[:600] + " ..."
-            raise RuntimeError(
-                f"the vLLM engine failed to start ({type(error).__name__}: {reason}). If memory ran out, lower "
-                f"vllm.gpu_memory_utilization (now {config.gpu_memory_utilization}) on a GPU, vllm.cpu_kv_cache_gb "
-                f"(now {config.cpu_kv_cache_gb}) on CPU, or vllm.max_model_len (now {max_model_len})"
-            ) from error
+            raise
         return cls(llm, config, work_dir, device)
 
     # ------------------------------------------------------------------ sync
@@ -196,15 +164,18 @@ class VLLMEngine:
         """``(B*G, P+T)`` prompt and sampled tokens, G consecutive rows per prompt, and each token's log-prob.
 
         The signature of :func:`~lightning_grpo.rollout.generation.sample_tokens` (``model`` is not used: the engine
-        holds the synced weights). Prompts go in as our token ids; the seed of the request comes from torch's global
-        generator, which the step seeds, so the same seed samples the same completions.
+        holds the synced weights). Prompts go in as our token ids. The requests carry no seed of their own: the
+        engine draws every row's noise in one batched call from the default generator, seeded by a seed drawn from
+        torch's global generator, which the step seeds, so the same seed samples the same completions
+        (:func:`_seeded_draws`).
         """
         self.wake()
         rows = zip(prompt_ids, prompt_mask, strict=True)
         prompts = [{"prompt_token_ids": row[mask.bool()].tolist()} for row, mask in rows]  # our tokens, unpadded
-        seed = int(torch.randint(0, 2**31 - 1 - len(prompts), (1,)))
-        params = [self._params(settings, tokenizer, seed + i) for i in range(len(prompts))]
-        outputs = self.llm.generate(prompts, params, lora_request=self.lora_request, use_tqdm=False)
+        seed = int(torch.randint(0, 2**31 - 1, (1,)))
+        with _seeded_draws(seed, self.device):
+            params = self._params(settings, tokenizer)  # one for all prompts, no per-request seed
+            outputs = self.llm.generate(prompts, params, lora_request=self.lora_request, use_tqdm=False)
         completions = [c for out in outputs for c in sorted(out.outputs, key=lambda c: c.index)]
         width = max(1, *(len(c.token_ids) for c in completions))
         tokens = torch.full((len(completions), width), tokenizer.pad_token_id, dtype=torch.long)
@@ -219,7 +190,7 @@ class VLLMEngine:
         return Sampled(sequences, logprobs.to(prompt_ids.device))
 
     @staticmethod
-    def _params(settings: SamplingSettings, tokenizer: PreTrainedTokenizerBase, seed: int) -> Any:
+    def _params(settings: SamplingSettings, tokenizer: PreTrainedTokenizerBase) -> Any:
         """vLLM's sampling parameters for ``settings``: every knob set, so no engine default changes the draw."""
         from vllm import SamplingParams
 
@@ -227,7 +198,7 @@ class VLLMEngine:
             n=settings.num_generations, temperature=settings.temperature, top_p=settings.top_p,
             top_k=settings.top_k or -1, min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0,
             frequency_penalty=0.0, max_tokens=settings.max_new_tokens, min_tokens=settings.min_new_tokens,
-            stop_token_ids=eos_token_ids(tokenizer).tolist(), ignore_eos=True, logprobs=0, seed=seed,
+            stop_token_ids=eos_token_ids(tokenizer).tolist(), ignore_eos=True, logprobs=0, seed=None,
             detokenize=False,
         )  # fmt: skip
 
@@ -265,26 +236,3 @@ def _shutdown_compile_workers() -> None:
     except ImportError:  # another torch: nothing to stop
         return
     shutdown_compile_workers()
-
-
-def _save_base(policy: PeftModel, path: Path) -> Path:
-    """Write the policy's base (adapter off) in Hugging Face format once, for the engine to load.
-
-    Written here rather than by ``save_pretrained``, which writes on rank 0 only under ``torch.distributed`` (each
-    rank's engine needs its own copy). A subclass of a library model (the tiny test model) is saved as the library's
-    class, the one the engine knows.
-    """
-    from safetensors.torch import save_file
-
-    base = policy.get_base_model()
-    path.mkdir(parents=True, exist_ok=True)
-    state, seen = {}, set()
-    for name, weight in base_weights(policy):
-        weight = weight.detach().contiguous()
-        state[name] = weight.clone() if weight.data_ptr() in seen else weight  # tied weights: one file entry each
-        seen.add(weight.data_ptr())
-    save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
-    config = copy.deepcopy(base.config)
-    config.architectures = [next(c for c in type(base).__mro__ if c.__module__.startswith("transformers.")).__name__]
-    config.to_json_file(str(path / "config.json"))
-    return path

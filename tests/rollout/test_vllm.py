@@ -3,6 +3,11 @@ seeds, multi-turn masks, and no engine left behind (docs/vllm.md)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import lightning as L
 import psutil
 import pytest
@@ -10,6 +15,7 @@ import torch
 
 from lightning_grpo import GRPOModule
 from lightning_grpo.rollout import completion_logprobs
+from lightning_grpo.rollout.generation import SamplingSettings
 from lightning_grpo.rollout.vllm_settings import VLLMConfig
 from lightning_grpo.testing import build_tiny_tokenizer
 from lightning_grpo.testing.agents import CountdownEnv
@@ -94,6 +100,32 @@ def test_the_same_seed_samples_the_same_completions():
     assert not torch.equal(first[0], other[0])
 
 
+def test_one_batched_draw_copies_of_a_prompt_sample_apart_and_the_training_stream_is_kept():
+    """No request carries a seed (vLLM would draw its noise row by row); two copies of one prompt still sample
+    independently (consecutive per-request seeds used to give a copy's first sample the other's second); and the
+    global generator moves by exactly the one seed drawn, as before."""
+    module, sent = vllm_module(), []
+    fit(module, steps=1, callbacks=[_Probe(lambda m: _sample_copies(m, sent))])
+    assert all(params.seed is None for params in sent)
+
+
+def _sample_copies(module: GRPOModule, sent: list) -> None:
+    engine = module.rollout_engine.engine
+    generate = engine.llm.generate
+    engine.llm.generate = lambda prompts, params, **kw: sent.append(params) or generate(prompts, params, **kw)
+    ids = torch.tensor([[5, 6, 7]] * 2)
+    settings = SamplingSettings(num_generations=4, max_new_tokens=8)
+    torch.manual_seed(0)
+    torch.randint(0, 2**31 - 1, (1,))
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    rows = engine.sample(module.policy, module.tokenizer, ids, torch.ones_like(ids), settings).sequences[:, 3:]
+    first, second = rows[:4].tolist(), rows[4:].tolist()
+    assert not any(row in second for row in first), (first, second)
+    assert torch.equal(torch.rand(3), expected)
+    engine.llm.generate = generate
+
+
 def test_groups_keep_their_layout_and_eos_ends_a_completion():
     module = vllm_module(num_generations=3, max_new_tokens=12)
     rollout = fit(module, steps=1)[0]["rollout"]
@@ -167,3 +199,37 @@ def test_truncated_importance_sampling_weights_are_one_when_sampler_and_trainer_
     for out in outputs:
         assert abs(float(out["metrics"]["tis_weight_mean"]) - 1.0) < 1e-3
         assert float(out["metrics"]["tis_capped_frac"]) == 0.0
+
+
+_START = """
+import sys
+from lightning_grpo.policy import PolicyConfig, load_policy
+from lightning_grpo.rollout.vllm_engine import VLLMEngine
+from lightning_grpo.rollout.vllm_settings import VLLMConfig
+from tests.rollout.vllm_helpers import tiny_policy
+policy = load_policy(tiny_policy(), PolicyConfig(lora_r=4, lora_alpha=8))
+config = VLLMConfig(**dict(arg.split("=") for arg in sys.argv[1:]))
+engine = VLLMEngine.start(policy, config, model_name=None, max_model_len=32, max_lora_rank=8, seed=0)
+engine.close()
+print("started")
+"""
+
+
+def _start_output(*settings: str) -> str:
+    """Everything a short engine start prints (a fresh process: vLLM reads its logging level when imported)."""
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_LOGGING_LEVEL"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+    done = subprocess.run([sys.executable, "-c", _START, *settings], capture_output=True, text=True, env=env,
+                          cwd=env["PYTHONPATH"], timeout=240, check=False)  # fmt: skip
+    output = done.stdout + done.stderr
+    assert done.returncode == 0 and "started" in done.stdout, output[-3000:]
+    return output
+
+
+def test_the_engine_starts_quietly_without_the_chat_template_traceback_and_log_level_restores_its_report():
+    """Before: 56 lines, 20 of them vLLM INFO lines and a 'Chat template warmup failed' traceback."""
+    quiet = _start_output()
+    assert " INFO " not in quiet and "Chat template warmup" not in quiet and "Traceback" not in quiet, quiet
+    assert "Loading safetensors" not in quiet  # the weight-loading progress bar, an INFO-level report
+    verbose = _start_output("log_level=INFO")
+    assert verbose.count(" INFO ") >= 5 and "Chat template warmup failed" not in verbose

