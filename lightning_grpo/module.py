@@ -318,10 +318,10 @@ class GRPOModule(LightningModule):
     def setup(self, stage: str) -> None:
         """Refuse strategies GRPO cannot run (FSDP1: :mod:`lightning_grpo.distributed`); on CPU, set a thread count."""
         distributed.check_strategy(self.trainer.strategy)
-        apply_default_cpu_threads(self.trainer.strategy.root_device, self.policy, processes=self.trainer.num_devices)
         if distributed.is_fsdp2(self.trainer.strategy):
             check_shardable(self.policy)  # a bitsandbytes base cannot be sharded: use DDP (docs/quantization.md)
         install_checked_io(self.trainer.strategy)  # an unreadable checkpoint file gets an error naming it
+        apply_default_cpu_threads(self.trainer.strategy.root_device, self.policy, processes=self.trainer.num_devices)
 
     def configure_model(self) -> None:
         """Under FSDP2 (``ModelParallelStrategy``) only: shard each decoder layer, then the HF model under PeftModel."""
