@@ -24,8 +24,9 @@ Reward functions are import paths or ``class_path`` instances, the optimizer and
         reward_weights: [1.0, 0.2]
         optimizer: {class_path: torch.optim.AdamW, init_args: {lr: 2.0e-5}}
 
-Besides LightningCLI's keys, a config may set ``torch_num_threads`` (CPU threads for PyTorch; 1 is fastest for the
-tiny models on a small machine).
+Besides LightningCLI's keys, a config may set ``torch_num_threads`` (CPU threads for PyTorch; left out, a fit on CPU
+uses 1 for models under 50M parameters and half the cores, at most 8, for larger ones: see
+:mod:`lightning_grpo.step.cpu_threads`).
 """
 
 from __future__ import annotations
@@ -41,7 +42,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-import torch
 from jsonargparse import Namespace
 from lightning.pytorch import Callback, LightningDataModule, Trainer
 from lightning.pytorch.callbacks import ProgressBar
@@ -54,6 +54,7 @@ from lightning_grpo.data.sources import check_source_path
 from lightning_grpo.module import GRPOModule
 from lightning_grpo.policy import ModelLoadError
 from lightning_grpo.rewards import RewardInputError
+from lightning_grpo.step.cpu_threads import set_cpu_threads
 
 __all__ = ["GRPOCLI", "main", "misspelt_setting", "parse_config"]
 
@@ -175,7 +176,8 @@ class GRPOCLI(LightningCLI):
             "--torch_num_threads",
             type=int | None,
             default=None,
-            help="CPU threads for PyTorch (torch.set_num_threads); null keeps PyTorch's default.",
+            help="CPU threads for PyTorch (torch.set_num_threads); null: on CPU, 1 for models under 50M parameters, "
+            "else half the cores (at most 8), unless OMP_NUM_THREADS is set (lightning_grpo.step.cpu_threads).",
         )
 
     def _parse_ckpt_path(self) -> None:
@@ -211,7 +213,7 @@ class GRPOCLI(LightningCLI):
         """Apply ``torch_num_threads`` and check a PromptDataModule's files before the model is built."""
         config = self.config[self.subcommand] if self.subcommand else self.config
         if config.get("torch_num_threads"):
-            torch.set_num_threads(config.torch_num_threads)
+            set_cpu_threads(config.torch_num_threads)
         data = config.get("data")
         if isinstance(data, Namespace) and _is_prompt_datamodule(data.get("class_path")):
             for argument in ("train_data", "val_data"):

@@ -41,6 +41,7 @@ from lightning_grpo.rollout.multi_turn import sample_rollout
 from lightning_grpo.rollout.vllm_settings import VLLMConfig
 from lightning_grpo.step import LossCounts, PhaseTimer, StepContext, StepOutput, UpdateBatch
 from lightning_grpo.step.context import any_rank
+from lightning_grpo.step.cpu_threads import apply_default_cpu_threads
 from lightning_grpo.step.dynamic_sampling import dynamic_sample
 from lightning_grpo.step.fit_checks import check_fit_inputs
 from lightning_grpo.step.process import advantage_inputs, gather_step_rewards
@@ -139,9 +140,8 @@ class GRPOModule(LightningModule):
         self.timer, self._warned = PhaseTimer(), set[str]()  # the run's warnings given: shared by every step's context
         self.skipped_steps: list[int] = []  # steps skipped for non-finite values (GRPOConfig.on_nonfinite="skip")
         self.val_metrics = ValidationMetrics(self.config.val_num_generations, self.config.val_success_threshold)
-        # Plain values only, so checkpoints load with ``torch.load(weights_only=True)``.
         hparams = {"model": str(name), "grpo": asdict(self.config), "policy": asdict(self.policy_config), "seed": seed}
-        self.save_hyperparameters(hparams)
+        self.save_hyperparameters(hparams)  # plain values only: checkpoints load with torch.load(weights_only=True)
 
     @property
     def max_prompt_length(self) -> int:
@@ -308,10 +308,7 @@ class GRPOModule(LightningModule):
     # ---------------------------------------------------------------- validation
 
     def validation_step(self, batch: Mapping[str, Sequence[Any]], batch_idx: int) -> dict[str, Any]:
-        """Sample ``val_num_generations`` completions per prompt; log reward mean, accuracy and pass@k.
-
-        Returns the ``rollout`` and its ``rewards`` for callbacks' ``on_validation_batch_end``.
-        """
+        """Sample ``val_num_generations`` per prompt; log reward mean, accuracy, pass@k; return rollout and rewards."""
         cfg = self.config
         with seeded(self._step_seed(offset=batch_idx + 1), self.device):
             rollout = self.generate(batch, num_generations=cfg.val_num_generations, temperature=cfg.val_temperature)
@@ -322,11 +319,12 @@ class GRPOModule(LightningModule):
     # ---------------------------------------------------------------- distributed set-up
 
     def setup(self, stage: str) -> None:
-        """Refuse strategies GRPO cannot run, e.g. FSDP1 (``strategy: fsdp``): see :mod:`lightning_grpo.distributed`."""
+        """Refuse strategies GRPO cannot run (FSDP1: :mod:`lightning_grpo.distributed`); on CPU, set a thread count."""
         distributed.check_strategy(self.trainer.strategy)
         if distributed.is_fsdp2(self.trainer.strategy):
             check_shardable(self.policy)  # a bitsandbytes base cannot be sharded: use DDP (docs/quantization.md)
         install_checked_io(self.trainer.strategy)  # an unreadable checkpoint file gets an error naming it
+        apply_default_cpu_threads(self.trainer.strategy.root_device, self.policy, processes=self.trainer.num_devices)
 
     def configure_model(self) -> None:
         """Under FSDP2 (``ModelParallelStrategy``) only: shard each decoder layer, then the HF model under PeftModel."""

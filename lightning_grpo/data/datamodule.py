@@ -19,7 +19,7 @@ from lightning_grpo.data.prompts import (
     split_records,
     template_fields,
 )
-from lightning_grpo.data.sampler import ResumableSampler, StreamSampler
+from lightning_grpo.data.sampler import StreamLoader, StreamSampler
 from lightning_grpo.data.sources import _HF_PREFIX, PromptSource, check_source_path, load_records
 
 __all__ = ["PromptDataModule"]
@@ -42,7 +42,8 @@ class PromptDataModule(LightningDataModule):
 
     The training order depends only on ``seed`` and the epoch, the last incomplete batch is dropped, and under
     DDP/FSDP every rank gets its own prompts and the same number of full batches. A run resumed from a checkpoint
-    taken mid-epoch continues with the prompts it had not seen.
+    taken mid-epoch continues with the prompts it had not seen: the training loader is resumable in Lightning's
+    sense (:class:`~lightning_grpo.data.sampler.StreamLoader`), so Lightning saves its position with the loop state.
 
     Args:
         train_data: Training prompts: any source :func:`~lightning_grpo.data.load_records` accepts — a ``.jsonl`` or
@@ -108,7 +109,6 @@ class PromptDataModule(LightningDataModule):
         self.tool_schemas: list[dict[str, Any]] | None = None
         self.val_records: list[dict[str, Any]] = []
         self._stream: tuple[StreamSampler, Any] | None = None  # the training sampler and its collate function
-        self._stream_state: dict[str, Any] | None = None
 
     def prepare_data(self) -> None:
         """Download Hugging Face dataset sources into the local cache (called on one process per node)."""
@@ -136,12 +136,13 @@ class PromptDataModule(LightningDataModule):
         val = [self._format(row, f"val_data row {i}", i) for i, row in enumerate(val)]
         self.train_records, self.val_records = self._drop_long(train, val)
 
-    def train_dataloader(self) -> DataLoader:
+    def train_dataloader(self) -> StreamLoader:
         """Batches of ``batch_size`` prompts in an order fixed by ``(seed, epoch)``; incomplete batches are dropped.
 
         The sampler is a :class:`~lightning_grpo.data.sampler.StreamSampler`: under DDP each rank takes its own
-        slice, a run resumed in the middle of an epoch continues with the prompts it had not seen yet, and
-        :meth:`extra_batches` draws from the same order.
+        slice, and :meth:`extra_batches` draws from the same order. The loader is a
+        :class:`~lightning_grpo.data.sampler.StreamLoader`, whose ``state_dict`` Lightning saves in checkpoints, so a
+        run resumed in the middle of an epoch continues with the prompts it had not trained on yet.
         """
         if self.train_records is None:
             self.setup("fit")
@@ -155,36 +156,25 @@ class PromptDataModule(LightningDataModule):
             len(self.train_records), batch_size=self.batch_size, num_replicas=world_size, rank=rank,
             shuffle=self.shuffle, seed=self.seed,
         )  # fmt: skip
-        sampler.skip(self._batches_done_in_epoch(len(sampler) // self.batch_size) * self.batch_size)
-        if self._stream_state is not None:  # restored from a checkpoint: supersedes the skip above
-            sampler.load_state_dict(self._stream_state)
-        loader = self._loader(self.train_records, self.batch_size, sampler=sampler, drop_last=True)
-        self._stream, self._stream_state = (sampler, loader.collate_fn), None
+        loader = StreamLoader(
+            self.train_records, sampler=sampler, trained=self._trained_in_epoch,
+            **self._loader_options(self.train_records, self.batch_size, drop_last=True),
+        )  # fmt: skip
+        self._stream = (sampler, loader.collate_fn)
         return loader
 
     def extra_batches(self, num_batches: int = 1) -> list[dict[str, list[Any]]]:
         """Up to ``num_batches`` more training batches, drawn from the training order (dynamic sampling).
 
         They come from the same sampler stream as the training batches, so no prompt repeats within an epoch; fewer
-        (or none) are returned when the epoch has no full batch left. Counted in :meth:`state_dict` for resuming.
+        (or none) are returned when the epoch has no full batch left. The training loader's ``state_dict`` counts
+        them, so a resumed run draws what the uninterrupted one would.
         """
         if self._stream is None:
             raise RuntimeError("extra_batches needs the training dataloader: call it while fitting")
         sampler, collate = self._stream
         drawn = (sampler.draw() for _ in range(num_batches))
         return [collate([self.train_records[i] for i in indices]) for indices in drawn if indices is not None]
-
-    def state_dict(self) -> dict[str, Any]:
-        """The training stream's position, saved in checkpoints (``data.sampler.StreamSampler``)."""
-        if self._stream is None:
-            return {}
-        fit_loop = getattr(self.trainer, "fit_loop", None)
-        trained = fit_loop.epoch_loop.batch_progress.current.processed if fit_loop is not None else 0
-        return {"prompt_stream": self._stream[0].state_dict(trained=trained)}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore the training stream's position for the next :meth:`train_dataloader`."""
-        self._stream_state = state_dict.get("prompt_stream")
 
     def val_dataloader(self) -> DataLoader | list[DataLoader]:
         """Validation batches in order, or ``[]`` when there is no validation data."""
@@ -193,20 +183,17 @@ class PromptDataModule(LightningDataModule):
         if not self.val_records:
             return []
         batch_size = self.val_batch_size or self.batch_size
-        return self._loader(self.val_records, batch_size, sampler=None, drop_last=False)
+        return DataLoader(self.val_records, **self._loader_options(self.val_records, batch_size, drop_last=False))
 
-    def _loader(
-        self, records: list[dict[str, Any]], batch_size: int, *, sampler: ResumableSampler | None, drop_last: bool
-    ) -> DataLoader:
-        return DataLoader(
-            records,
-            batch_size=batch_size,
-            sampler=sampler,
-            drop_last=drop_last,
-            collate_fn=partial(collate_prompts, columns=columns_of(records)),
-            num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0,
-        )
+    def _loader_options(self, records: list[dict[str, Any]], batch_size: int, *, drop_last: bool) -> dict[str, Any]:
+        """DataLoader arguments shared by the training and validation loaders."""
+        return {
+            "batch_size": batch_size,
+            "drop_last": drop_last,
+            "collate_fn": partial(collate_prompts, columns=columns_of(records)),
+            "num_workers": self.num_workers,
+            "persistent_workers": self.num_workers > 0,
+        }
 
     def _world(self) -> tuple[int, int]:
         """World size and global rank of the attached trainer (1 and 0 without one)."""
@@ -214,15 +201,12 @@ class PromptDataModule(LightningDataModule):
             return 1, 0
         return getattr(self.trainer, "world_size", 1), getattr(self.trainer, "global_rank", 0)
 
-    def _batches_done_in_epoch(self, batches_per_epoch: int) -> int:
-        """Batches of the current epoch already trained when the trainer resumed from a mid-epoch checkpoint."""
-        if self.trainer is None:
-            return 0
-        fit_loop = getattr(self.trainer, "fit_loop", None)
+    def _trained_in_epoch(self) -> int:
+        """Batches of the current epoch trained so far (Lightning's count; 0 without a trainer)."""
+        fit_loop = getattr(self.trainer, "fit_loop", None)  # no trainer attached: None
         if fit_loop is None:
             return 0
-        done = fit_loop.epoch_loop.batch_progress.current.processed  # a checkpoint is saved before "completed"
-        return done if 0 < done < batches_per_epoch else 0
+        return fit_loop.epoch_loop.batch_progress.current.processed  # a checkpoint is saved before "completed"
 
     def _resolve_from_module(self) -> None:
         """Fill ``tokenizer`` and ``max_prompt_length`` left as ``None`` from the attached LightningModule."""

@@ -1,13 +1,17 @@
-"""A deterministic, resumable sampler: the order of an epoch depends only on (seed, epoch), on every rank."""
+"""A deterministic, resumable sampler: the order of an epoch depends only on (seed, epoch), on every rank.
+
+:class:`StreamLoader` is the training DataLoader over a :class:`StreamSampler`: Lightning sees its ``state_dict`` /
+``load_state_dict`` and saves and restores the sampler's position with the fit loop's state in checkpoints.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from torch.utils.data import DistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler
 
-__all__ = ["ResumableSampler", "StreamSampler"]
+__all__ = ["ResumableSampler", "StreamLoader", "StreamSampler"]
 
 
 class ResumableSampler(DistributedSampler):
@@ -134,3 +138,44 @@ class StreamSampler(ResumableSampler):
             return None
         start, self._cursor = self._cursor, self._cursor + self.batch_size
         return start
+
+
+class StreamLoader(DataLoader):
+    """The training DataLoader over a :class:`StreamSampler`, resumable in Lightning's sense.
+
+    Lightning keeps the ``state_dict()`` of a training loader that has ``state_dict`` and ``load_state_dict`` in the
+    fit loop's state of each checkpoint (``loops.fit_loop.state_dict.combined_loader``), and on resume hands it to
+    :meth:`load_state_dict` before the first batch is drawn; a mid-epoch resume then continues with the prompts not
+    trained yet, without Lightning's "your dataloader is not resumable" warning. The position lives in the sampler
+    alone: this class only passes it through.
+
+    Args:
+        dataset: The records.
+        sampler: The epoch order and its position.
+        trained: Returns how many batches of the current epoch were trained; a batch handed out (prefetched by
+            workers, or interrupted before its update) but not trained is given again after a resume.
+        **kwargs: The other arguments of ``DataLoader`` (``batch_size`` must be the sampler's).
+
+    Example::
+
+        >>> sampler = StreamSampler(8, batch_size=2, num_replicas=1, rank=0, shuffle=False)
+        >>> loader = StreamLoader(list(range(8)), sampler=sampler, trained=lambda: 1, batch_size=2)
+        >>> sampler.set_epoch(0); first = next(iter(loader))
+        >>> state = loader.state_dict()
+        >>> again = StreamLoader(list(range(8)), sampler=StreamSampler(8, batch_size=2, num_replicas=1, rank=0,
+        ...                      shuffle=False), trained=lambda: 0, batch_size=2)
+        >>> again.load_state_dict(state); again.sampler.set_epoch(0); [b.tolist() for b in again]
+        [[2, 3], [4, 5], [6, 7]]
+    """
+
+    def __init__(self, dataset: Any, *, sampler: StreamSampler, trained: Callable[[], int], **kwargs: Any) -> None:
+        super().__init__(dataset, sampler=sampler, **kwargs)
+        self.trained = trained
+
+    def state_dict(self) -> dict[str, Any]:
+        """The sampler's position (:meth:`StreamSampler.state_dict`), saved by Lightning in checkpoints."""
+        return self.sampler.state_dict(trained=self.trained())
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict` at the next iteration (Lightning calls it before the resumed epoch)."""
+        self.sampler.load_state_dict(state_dict)

@@ -9,6 +9,7 @@ import types
 from types import SimpleNamespace
 
 import pytest
+from torch.utils.data import DataLoader
 
 from lightning_grpo.data import PromptDataModule
 from lightning_grpo.testing import make_task
@@ -65,7 +66,7 @@ def test_prompt_template_and_original_column_kept():
     rows = [{"question": f"{i}+{i}?", "answer": str(2 * i), "level": i % 2} for i in range(4)]
     dm = PromptDataModule(rows, prompt_field="question", prompt_template="Question: {question}\nAnswer:", batch_size=2)
     dm.setup("fit")
-    batch = next(iter(dm._loader(dm.train_records, 4, sampler=None, drop_last=False)))
+    batch = next(iter(DataLoader(dm.train_records, **dm._loader_options(dm.train_records, 4, drop_last=False))))
     assert list(batch) == ["prompt", "question", "answer", "level", "dataset_index"]
     assert batch["prompt"][1] == "Question: 1+1?\nAnswer:"
     assert batch["question"] == [r["question"] for r in rows]

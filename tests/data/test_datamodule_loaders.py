@@ -117,11 +117,24 @@ def test_order_depends_on_seed_and_epoch_and_resumes_mid_epoch():
         loader.sampler.set_epoch(epoch)
         epochs.append([p for batch in loader for p in batch["prompt"]])
     assert epochs[0] != epochs[1] and sorted(epochs[0]) == sorted(epochs[1])
-    resumed = PromptDataModule(ADDITION[:16], batch_size=4, seed=3)
-    resumed.trainer = _fake_trainer(1, 0, completed=3)  # 3 of 4 batches done when the checkpoint was taken
-    loader = resumed.train_dataloader()
+    stopped = PromptDataModule(ADDITION[:16], batch_size=4, seed=3)
+    stopped.trainer = _fake_trainer(1, 0, completed=3)  # 3 of 4 batches trained when the checkpoint is taken
+    loader = stopped.train_dataloader()
     loader.sampler.set_epoch(1)
-    assert [p for batch in loader for p in batch["prompt"]] == epochs[1][12:]
+    batches = iter(loader)
+    [next(batches) for _ in range(4)]  # the 4th was handed out (e.g. prefetched) but not trained
+    state = loader.state_dict()  # what Lightning saves in the checkpoint's fit loop state
+    resumed = PromptDataModule(ADDITION[:16], batch_size=4, seed=3).train_dataloader()
+    resumed.load_state_dict(state)  # what Lightning does on resume, before the epoch starts
+    resumed.sampler.set_epoch(1)
+    assert [p for batch in resumed for p in batch["prompt"]] == epochs[1][12:]
+
+
+def test_the_training_loader_is_resumable_in_lightnings_sense():
+    from lightning.fabric.utilities.types import _Stateful  # what Lightning's fit loop checks before warning
+
+    loader = PromptDataModule(ADDITION[:16], batch_size=4).train_dataloader()
+    assert isinstance(loader, _Stateful)
 
 
 def test_workers_collate_the_same_batches():
