@@ -43,6 +43,7 @@ from lightning_grpo.step import LossCounts, PhaseTimer, StepContext, StepOutput,
 from lightning_grpo.step.context import any_rank
 from lightning_grpo.step.cpu_threads import apply_default_cpu_threads
 from lightning_grpo.step.dynamic_sampling import dynamic_sample
+from lightning_grpo.step.finite import nonfinite_sampling
 from lightning_grpo.step.fit_checks import check_fit_inputs
 from lightning_grpo.step.process import advantage_inputs, gather_step_rewards
 from lightning_grpo.step.rollout_engine import VLLMRollout
@@ -197,7 +198,8 @@ class GRPOModule(LightningModule):
         sync = sync if settings.synced_gpus else None
         engine, version = self.rollout_engine, self.global_step if self._trainer is not None else 0
         sample = engine.sampler(self.policy, version) if engine is not None else None  # None: Hugging Face generate
-        with sampling_adapter(self.policy, self.config.sampling_adapter if engine is None else "as_trained"):
+        mode = self.config.sampling_adapter if engine is None else "as_trained"
+        with nonfinite_sampling(self.global_step), sampling_adapter(self.policy, mode):
             return sample_rollout(
                 self.policy, self.tokenizer, list(batch["prompt"]), settings, self.agent,
                 max_prompt_length=self.config.max_prompt_length, columns=columns, any_rank_active=sync, sample=sample,

@@ -9,7 +9,8 @@ naming the step and the quantity; with ``"skip"`` the rest of the GRPO iteration
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
@@ -18,7 +19,7 @@ from torch import Tensor, nn
 from lightning_grpo.policy.finite import LIKELY_CAUSES, NonFiniteError
 from lightning_grpo.step.context import StepContext
 
-__all__ = ["QUANTITIES", "gradient_flag", "nonfinite_flags", "step_is_finite"]
+__all__ = ["QUANTITIES", "gradient_flag", "nonfinite_flags", "nonfinite_sampling", "step_is_finite"]
 
 #: The quantities checked, in the order of the flags.
 QUANTITIES = ("loss", "policy loss", "KL", "ratio", "gradient norm")
@@ -68,6 +69,25 @@ def step_is_finite(context: StepContext, flags: Tensor, *, on_nonfinite: str, ma
         skipped = f" after {len(context.skipped)} skipped step(s)" if context.skipped else ""
         raise NonFiniteError(f"{what}{skipped}, and the run stops: nothing non-finite was saved. {LIKELY_CAUSES}")
     return True
+
+
+@contextmanager
+def nonfinite_sampling(step: int) -> Iterator[None]:
+    """Turn torch's sampling error on NaN or infinite probabilities (a weight that turned non-finite) into a
+    :class:`~lightning_grpo.policy.NonFiniteError` naming the step.
+
+    Whether ``torch.multinomial`` raises on a NaN row depends on the CPU's kernels; where it does not, the step's loss
+    check stops the run instead.
+    """
+    try:
+        yield
+    except RuntimeError as error:
+        if "probability tensor contains" not in str(error):
+            raise
+        raise NonFiniteError(
+            f"step {step}: sampling met non-finite probabilities (NaN or infinity in the policy's logits); the run "
+            f"stops: nothing non-finite was saved. {LIKELY_CAUSES}"
+        ) from error
 
 
 def _bad(term: Tensor | None, device: torch.device) -> Tensor:
