@@ -30,7 +30,6 @@ tiny models on a small machine).
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -79,6 +78,15 @@ _USER_ERRORS = (
     ModelLoadError, UnreadableCheckpointError, CheckpointMismatchError, CheckpointWriteError, MissingDataError,
     RewardInputError, RewardOutputError, SettingError,
 )  # fmt: skip
+#: Opens ``fit --help`` (and the other subcommands'), before the Trainer's hundreds of lines.
+_GRPO_HELP = """GRPO settings only (the Trainer's options follow below):
+  {prog} --model.help lightning_grpo.GRPOModule                      the module's arguments
+  {prog} --model.help lightning_grpo.GRPOModule --model.grpo.help    GRPOConfig: G, lengths, loss, KL
+  {prog} --model.help lightning_grpo.GRPOModule --model.policy.help  PolicyConfig: LoRA, dtype
+  {prog} --data.help lightning_grpo.data.PromptDataModule            the prompt data
+  {prog} --config my.yaml --print_config                             a run's every setting, as YAML
+
+"""
 _NO_CONFIG = (
     "lightning-grpo {subcommand}: no model given. Pass a config, e.g. the demo's:\n"
     "  lightning-grpo {subcommand} --config {config}\n"
@@ -102,7 +110,7 @@ class _SuggestingParser(LightningArgumentParser):
                 sys.stderr.write(f"{prog}: error: {summary}\nThe full message:\n")
             super().error(_with_demo(message), ex)
         if summary is None:  # not a setting's value: the message itself, shortened
-            lines = message.splitlines()
+            lines = _with_demo(message).splitlines()
             summary = "\n".join(lines[:6]) + ("\n..." if len(lines) > 6 else "")
         elif summary.startswith("no subcommand"):
             sys.stderr.write(self.format_usage())
@@ -114,12 +122,17 @@ class _SuggestingParser(LightningArgumentParser):
         return _with_demo(super().format_usage())
 
     def format_help(self) -> str:
-        """Argparse's help, with ``demo`` among the subcommands."""
-        return _with_demo(super().format_help())
+        """Argparse's help, with ``demo`` among the subcommands; a subcommand's starts with GRPO's settings."""
+        text = _with_demo(super().format_help())
+        if any("--model.help" in action.option_strings for action in self._actions):
+            return _GRPO_HELP.format(prog=self.prog.replace(" [options]", "")) + text
+        return text
 
 
 def _with_demo(text: str) -> str:
-    return text.replace("{fit,validate,test,predict}", "{demo,fit,validate,test,predict}")
+    """``text`` with ``demo`` among the subcommands it lists."""
+    text = text.replace("{fit,validate,test,predict}", "{demo,fit,validate,test,predict}")
+    return text.replace("(choose from 'fit',", "(choose from 'demo', 'fit',")
 
 
 def _no_subcommand(message: str) -> str | None:
@@ -169,7 +182,6 @@ class GRPOCLI(LightningCLI):
             "save_config_kwargs": {"overwrite": True},
         }
         parser_kwargs = {"description": _DESCRIPTION, "allow_abbrev": False, **kwargs.pop("parser_kwargs", {})}
-        _drop_lightning_tips()
         super().__init__(**{**options, **kwargs}, parser_kwargs=parser_kwargs, args=args, run=run)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -313,21 +325,6 @@ def _import_from_working_directory() -> None:
     """
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-
-
-class _NoTips(logging.Filter):
-    """Drops Lightning's advertising tips (litlogger, litmodels), which would open every run's output."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith("💡 Tip")
-
-
-def _drop_lightning_tips() -> None:
-    """Install :class:`_NoTips` on the loggers of Lightning's ``rank_zero_info`` (once)."""
-    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
-        logger = logging.getLogger(name)
-        if not any(isinstance(f, _NoTips) for f in logger.filters):
-            logger.addFilter(_NoTips())
 
 
 def _is_prompt_datamodule(path: Any) -> bool:
