@@ -54,6 +54,7 @@ from lightning_grpo.cli_errors import (
     setting_key,
     summarize_parse_error,
 )
+from lightning_grpo.cli_summary import fit_summary
 from lightning_grpo.data import MissingDataError, PromptDataModule
 from lightning_grpo.data.sources import check_source_path
 from lightning_grpo.module import GRPOModule
@@ -228,6 +229,11 @@ class GRPOCLI(LightningCLI):
         if config.get("enable_progress_bar") is not False and not chosen:
             callbacks = [*callbacks, GRPOProgressBar()]  # last: it shows what the other callbacks logged in the step
         return super()._instantiate_trainer(config, callbacks)
+
+    def after_fit(self) -> None:
+        """Say where the run's metrics, checkpoint and adapter went (LightningCLI calls it after ``fit``)."""
+        if self.trainer.is_global_zero:
+            print(fit_summary(self.trainer), flush=True)
 
     def before_instantiate_classes(self) -> None:
         """Apply ``torch_num_threads``, check the optimizers' settings and a PromptDataModule's files before the model

@@ -121,9 +121,8 @@ class ThroughputMonitor(LightningThroughputMonitor):
         if stage is None or (stage != RunningStage.TRAINING and not trainer._logger_connector.should_update_logs):
             return
         throughput = self._throughputs[stage]  # Lightning's own state, filled by its on_*_batch_end
-        metrics = {
-            f"{stage.value}{throughput.separator}{TOTALS.get(k, k)}": v for k, v in throughput.compute().items()
-        }
+        prefix = f"{stage.value}{throughput.separator}"
+        metrics = {f"{prefix}{TOTALS.get(k, k)}": v for k, v in throughput.compute().items()}
         if stage != RunningStage.TRAINING:
             trainer._logger_connector.log_metrics(metrics, step=iter_num)  # as Lightning's own _compute
             return
