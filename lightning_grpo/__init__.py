@@ -12,6 +12,16 @@ def _drop_hub_kernel_hint(record: logging.LogRecord) -> bool:
 
 logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(_drop_hub_kernel_hint)
 
+
+def _drop_lightning_tips(record: logging.LogRecord) -> bool:
+    """Lightning's advertising tips (``💡 Tip: ... litlogger``, ``... litmodels``) would open the output of every
+    run, from Python as from the command line; only they are dropped, every other info line stays."""
+    return not record.getMessage().startswith("💡 Tip")
+
+
+for _name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+    logging.getLogger(_name).addFilter(_drop_lightning_tips)
+
 from lightning_grpo.config import GRPOConfig  # noqa: E402 - after the filter above
 from lightning_grpo.data import PromptDataModule  # noqa: E402
 from lightning_grpo.module import GRPOModule  # noqa: E402

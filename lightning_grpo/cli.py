@@ -31,12 +31,7 @@ uses 1 for models under 50M parameters and half the cores, at most 8, for larger
 
 from __future__ import annotations
 
-import difflib
-import importlib
-import inspect
-import logging
 import os
-import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -49,11 +44,23 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from lightning_grpo.callbacks import GRPOProgressBar
 from lightning_grpo.checkpoint import CheckpointMismatchError, CheckpointWriteError, UnreadableCheckpointError
+from lightning_grpo.cli_errors import (
+    DEBUG_ENV,
+    DEBUG_HINT,
+    check_optimizers,
+    debug_enabled,
+    imported,
+    misspelt_setting,
+    setting_key,
+    summarize_parse_error,
+)
+from lightning_grpo.cli_summary import fit_summary
 from lightning_grpo.data import MissingDataError, PromptDataModule
 from lightning_grpo.data.sources import check_source_path
 from lightning_grpo.module import GRPOModule
 from lightning_grpo.policy import ModelLoadError
-from lightning_grpo.rewards import RewardInputError
+from lightning_grpo.rewards import RewardInputError, RewardOutputError
+from lightning_grpo.settings_checks import SettingError
 from lightning_grpo.step.cpu_threads import set_cpu_threads
 
 __all__ = ["GRPOCLI", "main", "misspelt_setting", "parse_config"]
@@ -71,8 +78,17 @@ _SUBCOMMANDS = ("fit", "validate", "test", "predict")
 #: Errors whose message is the whole story: printed in one line, without a traceback (docs/troubleshooting.md).
 _USER_ERRORS = (
     ModelLoadError, UnreadableCheckpointError, CheckpointMismatchError, CheckpointWriteError, MissingDataError,
-    RewardInputError,
+    RewardInputError, RewardOutputError, SettingError,
 )  # fmt: skip
+#: Opens ``fit --help`` (and the other subcommands'), before the Trainer's hundreds of lines.
+_GRPO_HELP = """GRPO settings only (the Trainer's options follow below):
+  {prog} --model.help lightning_grpo.GRPOModule                      the module's arguments
+  {prog} --model.help lightning_grpo.GRPOModule --model.grpo.help    GRPOConfig: G, lengths, loss, KL
+  {prog} --model.help lightning_grpo.GRPOModule --model.policy.help  PolicyConfig: LoRA, dtype
+  {prog} --data.help lightning_grpo.data.PromptDataModule            the prompt data
+  {prog} --config my.yaml --print_config                             a run's every setting, as YAML
+
+"""
 _NO_CONFIG = (
     "lightning-grpo {subcommand}: no model given. Pass a config, e.g. the demo's:\n"
     "  lightning-grpo {subcommand} --config {config}\n"
@@ -81,53 +97,54 @@ _NO_CONFIG = (
 
 
 class _SuggestingParser(LightningArgumentParser):
-    """LightningCLI's parser; an unknown setting's error opens with the closest valid name, the full message after."""
+    """LightningCLI's parser; an error is one line with the key, the value, why and the fix (the rest: ``--debug``)."""
 
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
-        """Print what is wrong and the fix first (``did you mean 'num_generations'?``), then the parser's message."""
+        """Print what is wrong and the fix (``did you mean 'num_generations'?``); the full message with ``--debug``."""
+        if not self.exit_on_error:  # a nested parser: its caller reports
+            super().error(message, ex)
         parser = getattr(ex, "subcommand_parser", None) or self
-        summary = misspelt_setting(message, [o for a in parser._actions for o in a.option_strings])
-        if summary and self.exit_on_error:
-            sys.stderr.write(f"{parser.prog.replace(' [options]', '')}: error: {summary}\nThe full message:\n")
-        super().error(message, ex)
+        prog = parser.prog.replace(" [options]", "")
+        options = [o for a in parser._actions for o in a.option_strings]
+        summary = misspelt_setting(message, options) or summarize_parse_error(message) or _no_subcommand(message)
+        if debug_enabled():
+            if summary:
+                sys.stderr.write(f"{prog}: error: {summary}\nThe full message:\n")
+            super().error(_with_demo(message), ex)
+        if summary is None:  # not a setting's value: the message itself, shortened
+            lines = _with_demo(message).splitlines()
+            summary = "\n".join(lines[:6]) + ("\n..." if len(lines) > 6 else "")
+        elif summary.startswith("no subcommand"):
+            sys.stderr.write(self.format_usage())
+        sys.stderr.write(f"{prog}: error: {summary}\n{DEBUG_HINT}\n")
+        self.exit(2)
+
+    def format_usage(self) -> str:
+        """Argparse's usage, with ``demo`` among the subcommands (``__main__`` runs it before the parser)."""
+        return _with_demo(super().format_usage())
+
+    def format_help(self) -> str:
+        """Argparse's help, with ``demo`` among the subcommands; a subcommand's starts with GRPO's settings."""
+        text = _with_demo(super().format_help())
+        if any("--model.help" in action.option_strings for action in self._actions):
+            return _GRPO_HELP.format(prog=self.prog.replace(" [options]", "")) + text
+        return text
 
 
-def misspelt_setting(message: str, options: Sequence[str]) -> str | None:
-    """A one-line summary of an unknown setting in a parser ``message``, with the closest valid name, or ``None``.
-
-    Args:
-        message: The parser's error message.
-        options: The parser's option strings (``--trainer.max_steps``, ...), for unknown command-line arguments.
-
-    Example::
-
-        >>> misspelt_setting("unrecognized arguments: --trainer.max_step 3", ["--trainer.max_steps"])
-        "unknown setting 'trainer.max_step': did you mean 'trainer.max_steps'? Fix the name and run again."
-    """
-    found = re.search(r"class_path '([\w.]+)':\s+Option '(\w+)' is not accepted", message)
-    if found:
-        cls, name = found.groups()
-        return _suggest(name, _parameters(cls), f" of {cls}")
-    found = re.search(r"unrecognized arguments: --(\S+)|does not accept option '([\w.]+)'", message)
-    if found:
-        name = found.group(1) or found.group(2)
-        return _suggest(name.split("=")[0], [o.lstrip("-") for o in options if o.startswith("--")], "")
-    return None
+def _with_demo(text: str) -> str:
+    """``text`` with ``demo`` among the subcommands it lists."""
+    text = text.replace("{fit,validate,test,predict}", "{demo,fit,validate,test,predict}")
+    return text.replace("(choose from 'fit',", "(choose from 'demo', 'fit',")
 
 
-def _suggest(name: str, valid: Sequence[str], where: str) -> str:
-    close = difflib.get_close_matches(name, valid, n=1, cutoff=0.6)
-    hint = f"did you mean {close[0]!r}?" if close else f"valid names: {', '.join(sorted(valid)[:12])}"
-    return f"unknown setting {name!r}{where}: {hint} Fix the name and run again."
-
-
-def _parameters(path: str) -> list[str]:
-    """The keyword parameters of the class at import ``path`` (its dataclass fields or ``__init__`` arguments)."""
-    try:
-        parameters = inspect.signature(_imported(path)).parameters.values()
-    except (TypeError, ValueError):
-        return []
-    return [p.name for p in parameters if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+def _no_subcommand(message: str) -> str | None:
+    """The error for a missing or unknown subcommand, naming ``demo`` too."""
+    if '"subcommand"' not in message:
+        return None
+    return (
+        "no subcommand given: choose one of demo, fit, validate, test, predict ('demo' trains a tiny model on CPU in "
+        "about a minute; 'fit --config my.yaml' runs a config; --help says more)"
+    )
 
 
 class GRPOCLI(LightningCLI):
@@ -167,7 +184,6 @@ class GRPOCLI(LightningCLI):
             "save_config_kwargs": {"overwrite": True},
         }
         parser_kwargs = {"description": _DESCRIPTION, "allow_abbrev": False, **kwargs.pop("parser_kwargs", {})}
-        _drop_lightning_tips()
         super().__init__(**{**options, **kwargs}, parser_kwargs=parser_kwargs, args=args, run=run)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -191,13 +207,20 @@ class GRPOCLI(LightningCLI):
         """
 
     def instantiate_classes(self) -> None:
-        """Instantiate as LightningCLI does; a model that cannot be loaded is reported in one line, not as a union."""
+        """Instantiate as LightningCLI does; a refused setting or an unloadable model is one line, not a union.
+
+        A :class:`~lightning_grpo.settings_checks.SettingError` names the setting by its key in the config
+        (``model.init_args.grpo.num_generations=1: ...``).
+        """
         try:
             super().instantiate_classes()
         except Exception as error:
             cause = _root_cause(error, _USER_ERRORS)
-            if cause is None:
+            if cause is None or debug_enabled():
                 raise
+            if isinstance(cause, SettingError):  # named by its class: name it by its key in the config instead
+                config = self.config[self.subcommand] if self.subcommand else self.config
+                cause = cause.renamed(setting_key(config, cause))
             raise cause from None
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:
@@ -209,9 +232,16 @@ class GRPOCLI(LightningCLI):
             callbacks = [*callbacks, GRPOProgressBar()]  # last: it shows what the other callbacks logged in the step
         return super()._instantiate_trainer(config, callbacks)
 
+    def after_fit(self) -> None:
+        """Say where the run's metrics, checkpoint and adapter went (LightningCLI calls it after ``fit``)."""
+        if self.trainer.is_global_zero:
+            print(fit_summary(self.trainer), flush=True)
+
     def before_instantiate_classes(self) -> None:
-        """Apply ``torch_num_threads`` and check a PromptDataModule's files before the model is built."""
+        """Apply ``torch_num_threads``, check the optimizers' settings and a PromptDataModule's files before the model
+        is built."""
         config = self.config[self.subcommand] if self.subcommand else self.config
+        check_optimizers(config)  # a negative learning rate fails here, naming its key, not after the model loads
         if config.get("torch_num_threads"):
             set_cpu_threads(config.torch_num_threads)
         data = config.get("data")
@@ -274,6 +304,11 @@ def main(args: Sequence[str] | None = None) -> None:
             that do not parse.
     """
     argv = list(sys.argv[1:] if args is None else args)
+    if "--debug" in argv:  # full messages and tracebacks (docs/troubleshooting.md)
+        argv.remove("--debug")
+        os.environ[DEBUG_ENV] = "1"
+        if args is None:  # LightningCLI reads sys.argv itself
+            sys.argv = [sys.argv[0], *argv]
     _import_from_working_directory()
     prog = "python -m lightning_grpo" if Path(sys.argv[0]).name == "__main__.py" else "lightning-grpo"
     if argv and argv[0] in _SUBCOMMANDS and not any(_names_a_model(arg) for arg in argv[1:]):
@@ -282,7 +317,11 @@ def main(args: Sequence[str] | None = None) -> None:
     try:
         GRPOCLI(args=None if args is None else argv, parser_kwargs={"prog": prog})
     except _USER_ERRORS as error:  # the message says what to do; the traceback would only bury it
-        print(f"{prog}: error: {error}", file=sys.stderr)
+        if debug_enabled():
+            raise
+        hint = f"\n{DEBUG_HINT}" if isinstance(error, (SettingError, RewardOutputError)) else ""
+        subcommand = f" {argv[0]}" if argv and argv[0] in _SUBCOMMANDS else ""
+        print(f"{prog}{subcommand}: error: {error}{hint}", file=sys.stderr)
         sys.exit(1)
 
 
@@ -296,34 +335,10 @@ def _import_from_working_directory() -> None:
         sys.path.insert(0, os.getcwd())
 
 
-class _NoTips(logging.Filter):
-    """Drops Lightning's advertising tips (litlogger, litmodels), which would open every run's output."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith("💡 Tip")
-
-
-def _drop_lightning_tips() -> None:
-    """Install :class:`_NoTips` on the loggers of Lightning's ``rank_zero_info`` (once)."""
-    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
-        logger = logging.getLogger(name)
-        if not any(isinstance(f, _NoTips) for f in logger.filters):
-            logger.addFilter(_NoTips())
-
-
 def _is_prompt_datamodule(path: Any) -> bool:
     """Whether the import ``path`` names :class:`~lightning_grpo.data.PromptDataModule` or a subclass of it."""
-    cls = _imported(str(path))
+    cls = imported(str(path))
     return isinstance(cls, type) and issubclass(cls, PromptDataModule)
-
-
-def _imported(path: str) -> Any:
-    """The object at the import ``path`` (``package.module.Name``), or ``None`` when it cannot be imported."""
-    module, _, name = path.rpartition(".")
-    try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError, ValueError):
-        return None
 
 
 def _root_cause(error: BaseException, kinds: tuple[type[BaseException], ...]) -> BaseException | None:

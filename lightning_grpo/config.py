@@ -18,7 +18,7 @@ from lightning_grpo.algorithms.kl import KLEstimator
 from lightning_grpo.algorithms.policy_losses import PolicyLossKind, check_clip_args
 from lightning_grpo.rewards._validation import check_timeouts
 from lightning_grpo.rollout.generation import SAMPLERS, Sampler
-from lightning_grpo.settings_checks import check_number
+from lightning_grpo.settings_checks import SettingError, check_number, named_errors
 
 __all__ = ["GRPOConfig", "ImportPath"]
 
@@ -214,11 +214,12 @@ class GRPOConfig:
     max_skipped_steps: int = 3
 
     def __post_init__(self) -> None:
-        self._check_names()
-        self._check_ranges()
-        self._check_batches()
-        self._check_agent()
-        self._check_faults()
+        with named_errors(self):  # "GRPOConfig.num_generations=1: ...": the field, the value, why and the fix
+            self._check_names()
+            self._check_ranges()
+            self._check_batches()
+            self._check_agent()
+            self._check_faults()
 
     def _check_faults(self) -> None:
         timeout = self.reward_timeout
@@ -260,9 +261,11 @@ class GRPOConfig:
             if isinstance(field.default, bool) and not isinstance(value, bool):
                 raise TypeError(f"{field.name} must be true or false, got {value!r} ({type(value).__name__})")
         if self.advantage_estimator in _GROUP_ESTIMATORS and self.num_generations < 2:
-            raise ValueError(
+            raise SettingError(
                 f"num_generations={self.num_generations}: the group estimator {self.advantage_estimator!r} needs "
-                "num_generations >= 2 (a group of one has no baseline)"
+                "num_generations >= 2 (a group of one has no baseline); set num_generations to 2 or more (8 is usual)",
+                "num_generations",
+                self.num_generations,
             )
         if self.advantage_estimator == "grpo_process" and self.dynamic_sampling:
             raise ValueError(

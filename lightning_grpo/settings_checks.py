@@ -3,15 +3,99 @@
 Each check raises an error that names the setting, the allowed range and the value given, so that a NaN, an
 infinity or a string reaches the user as ``temperature must be a finite number > 0, got nan`` rather than as an
 error deep inside torch or transformers. docs/troubleshooting.md lists the messages.
+
+The errors are :class:`SettingError` (a ``ValueError``; :class:`SettingTypeError` is also a ``TypeError``): they
+carry the setting's name and value, so that a settings class names itself (``GRPOConfig.num_generations=1: ...``,
+:func:`named_errors`) and the command line names the full key of the config
+(``model.init_args.grpo.num_generations``).
 """
 
 from __future__ import annotations
 
 import math
 import numbers
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import fields, is_dataclass
 from typing import Any
 
-__all__ = ["check_number"]
+__all__ = ["SettingError", "SettingTypeError", "check_number", "named_errors"]
+
+
+class SettingError(ValueError):
+    """A refused setting value. The message starts with the setting's name, then says why and what to give.
+
+    Args:
+        message: The whole message; it starts with ``setting`` (``"kl_coef must be a finite number >= 0, got -1"``).
+        setting: The setting's name as the message starts with it (``"kl_coef"``, ``"policy.lora_r"``).
+        value: The value that was refused.
+    """
+
+    def __init__(self, message: str, setting: str, value: Any) -> None:
+        super().__init__(message)
+        self.setting = setting
+        self.value = value
+
+    def renamed(self, name: str) -> SettingError:
+        """The same error, its message starting with ``name`` (``GRPOConfig.kl_coef``, a config key) instead."""
+        message = str(self)
+        if message.startswith(self.setting):
+            message = name + message[len(self.setting) :]
+        else:
+            message = f"{name}={self.value!r}: {message}"
+        return type(self)(message, name, self.value)
+
+
+class SettingTypeError(SettingError, TypeError):
+    """A setting value of the wrong type (also a ``TypeError``)."""
+
+
+@contextmanager
+def named_errors(settings: Any) -> Iterator[None]:
+    """Errors raised inside that start with a field of the dataclass ``settings`` name its class first.
+
+    ``num_generations=1: ...`` becomes :class:`SettingError` ``GRPOConfig.num_generations=1: ...`` (a ``TypeError``
+    stays one too); other errors pass unchanged.
+
+    Example::
+
+        >>> from dataclasses import dataclass
+        >>> @dataclass
+        ... class Settings:
+        ...     rate: float = 1.0
+        ...     def __post_init__(self):
+        ...         with named_errors(self):
+        ...             check_number("rate", self.rate, minimum=0)
+        >>> Settings(rate=-1.0)
+        Traceback (most recent call last):
+        ...
+        lightning_grpo.settings_checks.SettingError: Settings.rate must be a finite number >= 0, got -1.0
+    """
+    try:
+        yield
+    except (ValueError, TypeError) as error:
+        named = _named(error, settings)
+        if named is error:
+            raise
+        raise named from None
+
+
+def _named(error: Exception, settings: Any) -> Exception:
+    """``error`` as a :class:`SettingError` naming the class of ``settings``, or ``error`` if no field starts it."""
+    owner = type(settings).__name__
+    if isinstance(error, SettingError):
+        setting, value = error.setting, error.value
+    else:
+        found = re.match(r"\w+", str(error))
+        names = {field.name for field in fields(settings)} if is_dataclass(settings) else set()
+        if not found or found.group() not in names:
+            return error
+        setting, value = found.group(), getattr(settings, found.group())
+    if setting.startswith(f"{owner}."):
+        return error
+    kind = SettingTypeError if isinstance(error, TypeError) else SettingError
+    return kind(str(error), setting, value).renamed(f"{owner}.{setting}")
 
 
 def check_number(
@@ -40,8 +124,8 @@ def check_number(
         allow_none: Allow ``None`` (the setting is off).
 
     Raises:
-        TypeError: ``value`` is not a number (or not an int when ``integer``).
-        ValueError: ``value`` is NaN, infinite when that is not allowed, or out of range.
+        SettingTypeError: ``value`` is not a number (or not an int when ``integer``); also a ``TypeError``.
+        SettingError: ``value`` is NaN, infinite when that is not allowed, or out of range; a ``ValueError``.
 
     Example::
 
@@ -49,11 +133,11 @@ def check_number(
         >>> check_number("kl_coef", float("nan"), minimum=0)
         Traceback (most recent call last):
         ...
-        ValueError: kl_coef must be a finite number >= 0, got nan
+        lightning_grpo.settings_checks.SettingError: kl_coef must be a finite number >= 0, got nan
         >>> check_number("num_generations", "8", integer=True, minimum=1)
         Traceback (most recent call last):
         ...
-        TypeError: num_generations must be an integer >= 1, got '8' (str)
+        lightning_grpo.settings_checks.SettingTypeError: num_generations must be an integer >= 1, got '8' (str)
     """
     if value is None and allow_none:
         return
@@ -62,14 +146,14 @@ def check_number(
     wanted = f"{name} must be {kind}{bounds}{' or None' if allow_none else ''}"
     allowed = numbers.Integral if integer else numbers.Real
     if isinstance(value, bool) or not isinstance(value, allowed):
-        raise TypeError(f"{wanted}, got {value!r} ({type(value).__name__})")
+        raise SettingTypeError(f"{wanted}, got {value!r} ({type(value).__name__})", name, value)
     number = float(value)
     if math.isnan(number) or (math.isinf(number) and not allow_inf):
-        raise ValueError(f"{wanted}, got {value!r}")
+        raise SettingError(f"{wanted}, got {value!r}", name, value)
     too_low = minimum is not None and (number <= minimum if exclusive_minimum else number < minimum)
     too_high = maximum is not None and (number >= maximum if exclusive_maximum else number > maximum)
     if too_low or too_high:
-        raise ValueError(f"{wanted}, got {value!r}")
+        raise SettingError(f"{wanted}, got {value!r}", name, value)
 
 
 def _describe_bounds(

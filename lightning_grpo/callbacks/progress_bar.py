@@ -60,6 +60,14 @@ class GRPOProgressBar(TQDMProgressBar):
         warnings = {short: logged[name].item() for short, name in WHILE_NONZERO.items() if name in logged}
         return {**shown, **{short: value for short, value in warnings.items() if value != 0}}
 
+    @override
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        """Close the open bars, so that the error's message starts a line of its own."""
+        for name in ("_train_progress_bar", "_val_progress_bar", "_test_progress_bar", "_predict_progress_bar"):
+            bar = getattr(self, name, None)
+            if bar is not None and not getattr(bar, "disable", False):
+                bar.close()
+
 
 def readable_progress_bar(trainer: Trainer) -> list[GRPOProgressBar]:
     """A :class:`GRPOProgressBar` in place of Lightning's default bar; none when the user chose a bar or none.

@@ -16,7 +16,10 @@ from lightning_grpo.callbacks._outputs import check_positive_int, check_prefix, 
 from lightning_grpo.metrics import reduce_across_ranks
 from lightning_grpo.rollout import Rollout
 
-__all__ = ["ThroughputMonitor", "peak_memory_mib"]
+__all__ = ["TOTALS", "ThroughputMonitor", "peak_memory_mib"]
+
+#: Lightning's names of its running totals -> ours, which say they are totals (``train/total_tokens``).
+TOTALS = {"time": "total_time", "batches": "total_batches", "samples": "total_samples", "lengths": "total_tokens"}
 
 
 class ThroughputMonitor(LightningThroughputMonitor):
@@ -32,7 +35,9 @@ class ThroughputMonitor(LightningThroughputMonitor):
       tokens and iterations per second of wall-clock time on rank zero, averaged over the last ``window_size``
       iterations (so they appear from the ``window_size``-th iteration on; validation time is left out of training);
     * with several devices, ``samples_per_sec``, ``items_per_sec``, ``batches_per_sec``: the same times the world size;
-    * ``time``, ``batches``, ``samples``, ``lengths``: totals since the start of the stage;
+    * ``total_time``, ``total_batches``, ``total_samples``, ``total_tokens``: running totals since the start of
+      the stage (seconds, iterations, completions, sampled tokens; Lightning's ``time``, ``batches``, ``samples``,
+      ``lengths``, renamed to say they are totals);
     * ``device/flops_per_sec`` and ``device/mfu`` when the module sets ``flops_per_batch``.
 
     GRPO's part, logged by every rank with ``pl_module.log`` as global values (:mod:`lightning_grpo.metrics`), each
@@ -111,13 +116,16 @@ class ThroughputMonitor(LightningThroughputMonitor):
 
     @override
     def _compute(self, trainer: Trainer, iter_num: int | None = None) -> None:
-        """Lightning's, except in training: its metrics are kept for ``pl_module.log_dict`` in the step's row."""
+        """Lightning's, with the totals named as such; in training kept for ``pl_module.log_dict`` in the step's row."""
         stage = trainer.state.stage
-        if stage != RunningStage.TRAINING:
-            super()._compute(trainer, iter_num)
+        if stage is None or (stage != RunningStage.TRAINING and not trainer._logger_connector.should_update_logs):
             return
-        throughput = self._throughputs[stage]  # Lightning's own state, filled by its on_train_batch_end
-        metrics = {f"{stage.value}{throughput.separator}{k}": v for k, v in throughput.compute().items()}
+        throughput = self._throughputs[stage]  # Lightning's own state, filled by its on_*_batch_end
+        prefix = f"{stage.value}{throughput.separator}"
+        metrics = {f"{prefix}{TOTALS.get(k, k)}": v for k, v in throughput.compute().items()}
+        if stage != RunningStage.TRAINING:
+            trainer._logger_connector.log_metrics(metrics, step=iter_num)  # as Lightning's own _compute
+            return
         self._pending = {name: float(value) for name, value in metrics.items()}
 
     @override

@@ -27,7 +27,7 @@ from lightning_grpo.policy.quantization import (
     load_quantized,
     same_kernels_in_both_modes,
 )
-from lightning_grpo.settings_checks import check_number
+from lightning_grpo.settings_checks import check_number, named_errors
 
 __all__ = ["PolicyConfig", "export_adapter", "load_policy", "load_tokenizer", "reference_mode", "trainable_names"]
 
@@ -74,19 +74,21 @@ class PolicyConfig:
     adapter_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
 
     def __post_init__(self) -> None:
-        check_number("policy.lora_r", self.lora_r, integer=True, minimum=1)
-        check_number("policy.lora_alpha", self.lora_alpha, minimum=0, exclusive_minimum=True)
-        check_number("policy.lora_dropout", self.lora_dropout, minimum=0.0, maximum=1.0, exclusive_maximum=True)
+        with named_errors(self):  # "PolicyConfig.lora_r must be ...": the field first
+            self._check()
+
+    def _check(self) -> None:
+        check_number("lora_r", self.lora_r, integer=True, minimum=1)
+        check_number("lora_alpha", self.lora_alpha, minimum=0, exclusive_minimum=True)
+        check_number("lora_dropout", self.lora_dropout, minimum=0.0, maximum=1.0, exclusive_maximum=True)
         for name in ("gradient_checkpointing", "trust_remote_code", "double_quantization"):
             if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"policy.{name} must be true or false, got {getattr(self, name)!r}")
+                raise TypeError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.dtype not in (*_DTYPES, "auto"):
-            raise ValueError(f"policy.dtype must be one of 'auto', {', '.join(map(repr, _DTYPES))}; got {self.dtype!r}")
+            raise ValueError(f"dtype must be one of 'auto', {', '.join(map(repr, _DTYPES))}; got {self.dtype!r}")
         for name, allowed in (("compute_dtype", (*_DTYPES, "auto")), ("adapter_dtype", tuple(_DTYPES))):
             if getattr(self, name) not in allowed:
-                raise ValueError(
-                    f"policy.{name} must be one of {', '.join(map(repr, allowed))}; got {getattr(self, name)!r}"
-                )
+                raise ValueError(f"{name} must be one of {', '.join(map(repr, allowed))}; got {getattr(self, name)!r}")
         check_quantization(self.quantization, self.dtype)
 
     def torch_dtype(self) -> torch.dtype:

@@ -17,6 +17,7 @@ from lightning_grpo.rewards.base import (
     RewardFunction,
     RewardFunctions,
     RewardInputError,
+    RewardOutputError,
     RewardScores,
     TrainerState,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "RewardFunctions",
     "RewardInputError",
     "RewardModel",
+    "RewardOutputError",
     "RewardScores",
     "StepRewards",
     "TrainerState",

@@ -76,6 +76,11 @@ class RewardInputError(RewardError):
     """Reward functions that need keywords the data does not offer (found at fit start, before any step)."""
 
 
+class RewardOutputError(RewardError):
+    """A reward function returned something that is not one finite reward per completion (the message names the
+    function and, for a bad value, the row, dataset row, prompt and completion)."""
+
+
 @dataclass(frozen=True, eq=False)
 class RewardScores:
     """The scores of one batch of completions.
@@ -316,11 +321,11 @@ def _as_list(output: Any, name: str, n: int) -> list[Any]:
     if hasattr(output, "tolist") and not isinstance(output, (list, tuple)):
         output = output.tolist()
     if not isinstance(output, (list, tuple)):
-        raise RewardError(
+        raise RewardOutputError(
             f"reward function {name!r} must return a list of {n} values (float or None); got {type(output).__name__}"
         )
     if len(output) != n:
-        raise RewardError(
+        raise RewardOutputError(
             f"reward function {name!r} must return one value per completion: expected {n}, got {len(output)}"
         )
     return list(output)
@@ -346,7 +351,7 @@ def _to_tensor(
     for index, value in enumerate(values):
         number = math.nan if value is None else _to_float(value)
         if number is None:
-            raise RewardError(
+            raise RewardOutputError(
                 f"reward function {name!r} returned a non-numeric value {value!r:.40} ({type(value).__name__}) at "
                 f"{where(index)}; expected a float, int, bool, StepRewards or None"
             )
@@ -354,7 +359,7 @@ def _to_tensor(
     tensor = torch.tensor(floats, dtype=torch.float32, device="cpu").reshape(len(floats))  # host values
     for index in (i for i, number in enumerate(floats) if not abs(number) <= _FLOAT32_MAX):  # NaN, inf, overflow
         if values[index] is not None:
-            raise RewardError(
+            raise RewardOutputError(
                 f"reward function {name!r} returned {values[index]!r} at {where(index)}; "
                 "rewards must be finite numbers (return None to skip a row)"
             )

@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DEFAULT_CONFIG", "fit_and_report", "main", "read_rewards", "summarize"]
+__all__ = ["DEFAULT_CONFIG", "curve_title", "fit_and_report", "main", "read_rewards", "summarize"]
 
 #: The config the demo runs, shipped in the package as ``lightning_grpo/testing/tiny.yaml``.
 DEFAULT_CONFIG = Path(__file__).resolve().with_name("tiny.yaml")
@@ -102,6 +102,18 @@ def plot_rewards(rewards: Sequence[float], path: Path, title: str = "") -> Path 
     return path
 
 
+def curve_title(task: str, model: str, num_generations: int, log_dir: Path) -> str:
+    """The reward curve's title: what was learned, by which model, and the run it comes from.
+
+    Example::
+
+        >>> curve_title("addition", "TinyModel", 8, Path("runs/tiny/version_0"))
+        'GRPO on addition: TinyModel, G=8 (run tiny/version_0)'
+    """
+    log_dir = Path(log_dir)
+    return f"GRPO on {task}: {model}, G={num_generations} (run {log_dir.parent.name}/{log_dir.name})"
+
+
 def _cli_args(
     config: Path, max_steps: int | None, output_dir: Path | None, seed: int | None = None, backend: str = "hf"
 ) -> list[str]:
@@ -170,7 +182,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "lightning-grpo demo") -
     rewards = read_rewards(log_dir / "metrics.csv")
     first, last = summarize(rewards)
     print(f"metrics: {log_dir / 'metrics.csv'}")
-    title = type(cli.model.policy.get_base_model()).__name__
+    model = type(cli.model.policy.get_base_model()).__name__
+    title = curve_title(getattr(cli.datamodule, "task", "prompts"), model, cli.model.config.num_generations, log_dir)
     png = plot_rewards(rewards, log_dir / "reward_curve.png", title=title)
     print(f"reward curve: {png}" if png else "reward curve: skipped (pip install matplotlib to draw it)")
     print(f"demo: mean reward {first:.2f} -> {last:.2f} over {len(rewards)} steps ({seconds:.0f} s)")

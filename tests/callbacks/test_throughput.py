@@ -32,6 +32,17 @@ def test_rates_and_times_match_the_step_outputs(make_module):
         assert logged["train/memory/peak_mib"] > 0
 
 
+def test_running_totals_say_they_are_totals(make_module):
+    _, recorder = fit(make_module(kl_coef=0.0), [ThroughputMonitor(log_memory=False)], iterations=2)
+    completions = tokens = 0
+    for iteration, (out, logged) in enumerate(zip(recorder.outputs, recorder.metrics, strict=True), start=1):
+        completions += len(out["rollout"])
+        tokens += out["rollout"].sampled_mask.sum().item()
+        assert logged["train/total_batches"] == iteration and logged["train/total_samples"] == completions
+        assert logged["train/total_tokens"] == tokens and logged["train/total_time"] > 0
+        assert not {"train/time", "train/batches", "train/samples", "train/lengths"} & set(logged)  # the old names
+
+
 def test_memory_can_be_left_out(make_module):
     _, recorder = fit(make_module(kl_coef=0.0), [ThroughputMonitor(log_memory=False, prefix="")], iterations=1)
     logged = recorder.metrics[0]

@@ -1,4 +1,4 @@
-"""A misspelt setting (issue 21, item 8): the closest valid name within the first lines of the error."""
+"""A misspelt setting (issue 21, item 8): the closest valid name on the first line; ``--debug`` adds the rest."""
 
 from __future__ import annotations
 
@@ -25,7 +25,13 @@ def test_a_typo_on_the_command_line_gets_the_closest_name(args, fix, tmp_path):
     result = run_cli("fit", "--config", TINY, *args, cwd=tmp_path)
     assert result.returncode == 2
     assert fix in "\n".join(_first_lines(result)), result.stdout[:2000]
-    assert "error: " in result.stdout.splitlines()[-1] or "Union subtypes" in result.stdout  # the full detail follows
+    assert "--debug" in result.stdout.splitlines()[-1] and len(_first_lines(result, 10)) <= 3  # short; --debug: all
+
+
+def test_debug_adds_the_parsers_full_message(tmp_path):
+    result = run_cli("fit", "--config", TINY, "--trainer.max_step", "3", "--debug", cwd=tmp_path)
+    assert result.returncode == 2 and "did you mean 'trainer.max_steps'?" in _first_lines(result)[0]
+    assert "The full message:" in result.stdout and "unrecognized arguments" in result.stdout.splitlines()[-1]
 
 
 def test_a_typo_in_yaml_gets_the_closest_name(tmp_path):

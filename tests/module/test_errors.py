@@ -44,9 +44,9 @@ def test_invalid_settings_fail_at_construction(settings, message):
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
-        ({"lora_r": 0}, r"policy.lora_r must be an integer >= 1, got 0"),
-        ({"lora_dropout": 1.0}, r"policy.lora_dropout must be a finite number in \[0.0, 1.0\), got 1.0"),
-        ({"dtype": "int8"}, r"policy.dtype must be one of 'auto', 'float32', 'bfloat16', 'float16'; got 'int8'"),
+        ({"lora_r": 0}, r"PolicyConfig.lora_r must be an integer >= 1, got 0"),
+        ({"lora_dropout": 1.0}, r"PolicyConfig.lora_dropout must be a finite number in \[0.0, 1.0\), got 1.0"),
+        ({"dtype": "int8"}, r"PolicyConfig.dtype must be one of 'auto', 'float32', 'bfloat16', 'float16'; got 'int8'"),
     ],
 )
 def test_invalid_policy_settings(settings, message):

@@ -229,8 +229,8 @@ def test_int8_with_float32_is_refused_with_the_reason():
     ("settings", "message"),
     [
         ({"quantization": "nf8"}, r"policy\.quantization='nf8' is not valid; choose one of 'nf4', 'fp4', 'int8', None"),
-        ({"compute_dtype": "int4"}, r"policy\.compute_dtype must be one of .*'float32'"),
-        ({"adapter_dtype": "auto"}, r"policy\.adapter_dtype must be one of 'float32', 'bfloat16', 'float16'"),
+        ({"compute_dtype": "int4"}, r"PolicyConfig\.compute_dtype must be one of .*'float32'"),
+        ({"adapter_dtype": "auto"}, r"PolicyConfig\.adapter_dtype must be one of 'float32', 'bfloat16', 'float16'"),
     ],
 )
 def test_unknown_quantization_settings_list_the_valid_ones(settings, message):

@@ -1,0 +1,287 @@
+"""What the command line says about a bad setting: its full key, the value, why and the fix, in one line.
+
+jsonargparse reports a bad value as a tree of union subtypes (``Parser key "model": ... Parser key "grpo": ...``)
+after a 50-line usage dump; a settings class refuses a value during instantiation, inside a chained traceback; and
+torch refuses an optimizer's learning rate only when the model is built. Here each becomes one line that starts with
+the key as a config writes it (``model.init_args.grpo.loss_agg_mode='token_mean': ...``). ``--debug`` (or
+``LIGHTNING_GRPO_DEBUG=1``) keeps the full message and traceback (docs/troubleshooting.md).
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import importlib
+import inspect
+import os
+import pkgutil
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from jsonargparse import Namespace
+
+from lightning_grpo.settings_checks import SettingError
+
+__all__ = [
+    "DEBUG_HINT", "check_optimizers", "debug_enabled", "explain_import", "imported", "misspelt_setting",
+    "setting_key", "summarize_parse_error",
+]  # fmt: skip
+
+#: The environment variable that keeps full messages and tracebacks (``--debug`` sets it).
+DEBUG_ENV = "LIGHTNING_GRPO_DEBUG"
+#: The line that follows a one-line error.
+DEBUG_HINT = "(add --debug or set LIGHTNING_GRPO_DEBUG=1 for the full message and traceback)"
+_KEY = re.compile(r'^(\s*)Parser key "([^"]+)":')
+_CLASS = re.compile(r"^(\s*)- Problem with given class_path '([\w.]+)':")
+_GOT = re.compile(r"\.?\s*Got value: (.*)$")
+_STRUCTURE = (
+    "Does not validate against", "Subtypes:", "Errors:", "Given value", "- Expected a <class 'NoneType'>",
+    "- Expected a <class 'collections.abc.Mapping'>", "- Not a valid subclass", "Subclass types expect", "- a ",
+)  # fmt: skip
+
+
+def debug_enabled() -> bool:
+    """Whether ``--debug`` or ``LIGHTNING_GRPO_DEBUG=1`` asked for full messages and tracebacks."""
+    return os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def summarize_parse_error(message: str) -> str | None:
+    """One line for jsonargparse's error ``message``: the full key, the value, why and the fix; ``None`` if unknown.
+
+    Example::
+
+        >>> summarize_parse_error('Parser key "trainer.max_steps":\\n  Expected a <class \\'int\\'>. Got value: x')
+        "trainer.max_steps='x': expected int; give a value of that type."
+    """
+    found = _deepest_key(message.splitlines())
+    if found is None:
+        return None
+    key, leaf, given = found
+    got = _GOT.search(leaf)
+    value = got.group(1).strip() if got else None
+    reason = _GOT.sub("", leaf).strip().lstrip("- ").strip()
+    value = _class_path(value)
+    if value is not None:
+        key = _with_index(key, given, value)
+    shown = f"{key}={value!r}" if value is not None else key
+    return f"{shown}: {_explain(reason, value)}"
+
+
+def _deepest_key(lines: Sequence[str]) -> tuple[str, str, str] | None:
+    """The deepest ``Parser key`` of a message as a config key, its first error line and its ``Given value``."""
+    stack: list[tuple[int, str, str]] = []  # (indent, "key" or "class", name)
+    best: tuple[int, str, int] | None = None  # (depth, key, line index)
+    for index, line in enumerate(lines):
+        found = _KEY.match(line) or _CLASS.match(line)
+        if not found:
+            continue
+        indent, kind = len(found.group(1)), "key" if found.re is _KEY else "class"
+        stack = [entry for entry in stack if entry[0] < indent] + [(indent, kind, found.group(2))]
+        if kind == "key":
+            depth = sum(entry[1] == "key" for entry in stack)
+            if best is None or depth > best[0]:
+                best = (depth, _config_key(stack), index)
+    if best is None:
+        return None
+    indent = len(lines[best[2]]) - len(lines[best[2]].lstrip())
+    block = []
+    for line in lines[best[2] + 1 :]:
+        if line.strip() and len(line) - len(line.lstrip()) <= indent:
+            break
+        block.append(line.strip())
+    leaf = next((line for line in block if line and not line.startswith(_STRUCTURE)), block[0] if block else "")
+    given = next((line for line in block if line.startswith("Given value:")), "")
+    return best[1], leaf, given
+
+
+def _config_key(stack: Sequence[tuple[int, str, str]]) -> str:
+    """``model.init_args.grpo.x`` from the parser's nesting: ``init_args`` below a class, not below a dataclass."""
+    parts = []
+    for _, kind, name in stack:
+        if kind == "key":
+            parts.append(name)
+        elif not dataclasses.is_dataclass(imported(name)):
+            parts.append("init_args")
+    return ".".join(parts)
+
+
+def _class_path(value: str | None) -> str | None:
+    """``Namespace(class_path='x')`` as ``x``; any other value unchanged."""
+    found = re.fullmatch(r"Namespace\(class_path='([^']+)'.*\)", value or "")
+    return found.group(1) if found else value
+
+
+def _with_index(key: str, given: str, value: str) -> str:
+    """``key[i]`` when the ``Given value`` is a list holding ``value`` at ``i`` (other items may be any repr)."""
+    listed = re.fullmatch(r"\[(.*)\]", given.removeprefix("Given value:").strip())
+    items = [item.strip().strip("'\"") for item in listed.group(1).split(",")] if listed else []
+    return f"{key}[{items.index(value)}]" if value in items else key
+
+
+def _explain(reason: str, value: str | None) -> str:
+    """Why the value is refused and the fix, from jsonargparse's innermost error."""
+    choices = re.search(r"Expected a typing\.Literal\[(.*)\]$", reason)
+    if choices:
+        options = [str(option) for option in ast.literal_eval(f"[{choices.group(1)}]")]
+        close = difflib.get_close_matches(str(value), options, n=1, cutoff=0.5)
+        hint = f"did you mean {close[0]!r}?" if close else "use one of them."
+        return f"not one of {', '.join(map(repr, options))}; {hint}"
+    if value is not None and ("has no attribute" in reason or "No module named" in reason or "import" in reason):
+        why = explain_import(value)
+        if why:
+            return why
+    expected = re.fullmatch(r"Expected an? (.*)", reason)
+    if expected:
+        kind = re.sub(r"<class '([\w.]+)'>", r"\1", expected.group(1))
+        return f"expected {kind}; give a value of that type."
+    return f"{reason.rstrip('.')}; fix the value and run again."
+
+
+def explain_import(path: str) -> str:
+    """Which part of the import ``path`` fails and the closest name there, or ``""`` when it imports.
+
+    Example::
+
+        >>> explain_import("lightning_grpo.rewards.math_answr")  # doctest: +ELLIPSIS
+        "cannot import it: 'lightning_grpo.rewards' has no 'math_answr'; did you mean '...rewards.math_answer'?"
+    """
+    parts = path.split(".")
+    obj, found = None, 0
+    for found in range(len(parts)):  # the longest prefix that imports as a module
+        name = ".".join(parts[: found + 1])
+        try:
+            obj = importlib.import_module(name)
+        except ModuleNotFoundError as error:
+            if error.name != name:  # the module exists but imports a missing one
+                return f"cannot import it: importing {name!r} failed: {error}"
+            break
+        except Exception as error:  # a module that fails to import: its own error is the cause
+            return f"cannot import it: importing {name!r} failed: {type(error).__name__}: {error}"
+    else:
+        return ""
+    for missing in range(found, len(parts)):  # then attributes
+        if obj is None or not hasattr(obj, parts[missing]):
+            return _missing(parts, missing, obj)
+        obj = getattr(obj, parts[missing])
+    return ""
+
+
+def _missing(parts: Sequence[str], index: int, parent: Any) -> str:
+    """The message for ``parts[index]`` missing from ``parent`` (``None``: no top-level module of that name)."""
+    if parent is None:
+        names = [module.name for module in pkgutil.iter_modules()]
+        close = difflib.get_close_matches(parts[0], names, n=1, cutoff=0.7)
+        hint = f"; did you mean {close[0]!r}?" if close else " (check the spelling and that it is on the Python path)"
+        return f"cannot import it: no module named {parts[0]!r}{hint}"
+    prefix = ".".join(parts[:index])
+    names = [name for name in dir(parent) if not name.startswith("_")]
+    if hasattr(parent, "__path__"):
+        names += [module.name for module in pkgutil.iter_modules(parent.__path__)]
+    close = difflib.get_close_matches(parts[index], names, n=1, cutoff=0.6)
+    hint = f"; did you mean {prefix + '.' + close[0]!r}?" if close else "; check the name."
+    return f"cannot import it: {prefix!r} has no {parts[index]!r}{hint}"
+
+
+def setting_key(config: Namespace, error: SettingError) -> str:
+    """The key of the config (``model.init_args.grpo.num_generations``) that holds the setting ``error`` refused."""
+    field = error.setting.rpartition(".")[2]
+    leaves = [(key, value) for key, value in config.items() if key.rpartition(".")[2] == field]
+    keys = [key for key, _ in leaves]
+    same = [key for key, value in leaves if value == error.value]
+    chosen = same or keys
+    return chosen[0] if chosen else error.setting
+
+
+def check_optimizers(config: Namespace) -> None:
+    """Build every torch optimizer of ``config`` over one dummy parameter, so a bad value fails before the model.
+
+    Raises:
+        SettingError: An optimizer refused a value; the message names its key (``...optimizer.init_args.lr``).
+    """
+    for key, settings in _class_namespaces(config):
+        cls = imported(str(settings.get("class_path")))
+        if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)):
+            continue
+        arguments = settings.get("init_args")
+        arguments = arguments.as_dict() if isinstance(arguments, Namespace) else {}
+        try:
+            cls([torch.nn.Parameter(torch.zeros(1))], **arguments)
+        except ValueError as error:
+            raise _optimizer_error(f"{key}.init_args", str(settings.get("class_path")), arguments, error) from None
+        except Exception:  # an optimizer that needs more than parameters: it reports its own errors later
+            continue
+
+
+def _class_namespaces(config: Namespace) -> list[tuple[str, Namespace]]:
+    """``(key, namespace)`` of every namespace of ``config`` that names a ``class_path``."""
+    found = []
+    for key, value in config.items():
+        if key.endswith("class_path") and isinstance(value, str):
+            parent = key.rpartition(".")[0]
+            found.append((parent, config.get(parent) if parent else config))
+    return found
+
+
+def _optimizer_error(key: str, cls: str, arguments: dict[str, Any], error: ValueError) -> SettingError:
+    """The error of an optimizer that refused one of its ``arguments``, naming its key."""
+    text = str(error)
+    words = {"lr": "learning rate", "betas": "beta", "eps": "epsilon"}
+    name = next(
+        (n for n, v in arguments.items() if words.get(n, n) in text.lower() or (v is not None and str(v) in text)),
+        None,
+    )
+    if name is None:
+        return SettingError(f"{key}: {cls} refuses its settings ({text}); fix them and run again", key, None)
+    fix = "give a learning rate > 0 (e.g. 1e-5)" if name == "lr" else "give a value it accepts"
+    full, value = f"{key}.{name}", arguments[name]
+    return SettingError(f"{full}={value!r}: {cls} refuses it ({text}); {fix}", full, value)
+
+
+def misspelt_setting(message: str, options: Sequence[str]) -> str | None:
+    """A one-line summary of an unknown setting in a parser ``message``, with the closest valid name, or ``None``.
+
+    Args:
+        message: The parser's error message.
+        options: The parser's option strings (``--trainer.max_steps``, ...), for unknown command-line arguments.
+
+    Example::
+
+        >>> misspelt_setting("unrecognized arguments: --trainer.max_step 3", ["--trainer.max_steps"])
+        "unknown setting 'trainer.max_step': did you mean 'trainer.max_steps'? Fix the name and run again."
+    """
+    found = re.search(r"class_path '([\w.]+)':\s+Option '(\w+)' is not accepted", message)
+    if found:
+        cls, name = found.groups()
+        return _suggest(name, _parameters(cls), f" of {cls}")
+    found = re.search(r"unrecognized arguments: --(\S+)|does not accept option '([\w.]+)'", message)
+    if found:
+        name = found.group(1) or found.group(2)
+        return _suggest(name.split("=")[0], [o.lstrip("-") for o in options if o.startswith("--")], "")
+    return None
+
+
+def _suggest(name: str, valid: Sequence[str], where: str) -> str:
+    close = difflib.get_close_matches(name, valid, n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}?" if close else f"valid names: {', '.join(sorted(valid)[:12])}"
+    return f"unknown setting {name!r}{where}: {hint} Fix the name and run again."
+
+
+def _parameters(path: str) -> list[str]:
+    """The keyword parameters of the class at import ``path`` (its dataclass fields or ``__init__`` arguments)."""
+    try:
+        parameters = inspect.signature(imported(path)).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in parameters if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+
+
+def imported(path: str) -> Any:
+    """The object at the import ``path`` (``package.module.Name``), or ``None`` when it cannot be imported."""
+    module, _, name = path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError):
+        return None
