@@ -26,6 +26,7 @@ from transformers.generation import (
 )
 
 from lightning_grpo.rollout.batch import Rollout, completion_mask_from_ids
+from lightning_grpo.rollout.cache_keyword import cache_of, with_cache
 from lightning_grpo.rollout.logprobs import position_ids_from_mask
 
 __all__ = [
@@ -274,13 +275,13 @@ def sample_tokens(
             use_cache=True,
             logits_to_keep=1,
         )
-        cache = prefix.past_key_values
+        cache = cache_of(prefix)
         cache.batch_repeat_interleave(g)  # (B, ...) -> (B*G, ...), samples of one prompt consecutive
         config.num_return_sequences = 1
         kwargs.update(
             input_ids=prompt_ids.repeat_interleave(g, dim=0),
             attention_mask=prompt_mask.repeat_interleave(g, dim=0),
-            past_key_values=cache,
+            **with_cache(cache),
         )
     recorder = _LogprobRecorder(settings.temperature)
     processors = LogitsProcessorList([recorder])
@@ -340,7 +341,7 @@ def decode_loop(
     g, eos_ids = settings.num_generations, eos_ids.to(prompt_ids.device)
     out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position_ids_from_mask(prompt_mask),
                 use_cache=True, logits_to_keep=1)  # fmt: skip
-    cache, logits = out.past_key_values, out.logits[:, -1].float().repeat_interleave(g, dim=0)  # (N, V)
+    cache, logits = cache_of(out), out.logits[:, -1].float().repeat_interleave(g, dim=0)  # (N, V)
     cache.batch_repeat_interleave(g)
     mask = prompt_mask.repeat_interleave(g, dim=0)
     tokens = torch.full((len(mask), settings.max_new_tokens), pad_id, dtype=torch.long, device=mask.device)
@@ -365,7 +366,7 @@ def decode_loop(
             alive, mask, chosen = alive[keep], mask[keep], chosen[keep]
             cache.batch_select_indices(keep)
         out = model(input_ids=chosen[:, None], attention_mask=mask, position_ids=mask.sum(-1, keepdim=True) - 1,
-                    past_key_values=cache, use_cache=True, logits_to_keep=1)  # fmt: skip
+                    **with_cache(cache), use_cache=True, logits_to_keep=1)  # fmt: skip
         logits = out.logits[:, -1].float()
     return Sampled(torch.cat([prompt_ids.repeat_interleave(g, dim=0), tokens], dim=1), logprobs)
 

@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from lightning_grpo.algorithms import FusedHeadLogProbs, entropy_from_logits, selective_logprobs
 from lightning_grpo.rollout.batch import Rollout
+from lightning_grpo.rollout.cache_keyword import cache_of, with_cache
 
 __all__ = [
     "TokenLogProbs",
@@ -138,14 +139,14 @@ def _shared_prompt_forward(model: nn.Module, rollout: Rollout) -> Tensor:
             use_cache=True,
             logits_to_keep=1,
         )
-    cache = prefix.past_key_values
+    cache = cache_of(prefix)
     cache.batch_select_indices(inverse)  # (U, ...) -> (N, ...); indexing is differentiable
     inputs = torch.cat([rollout.prompt_ids[:, -1:], rollout.completion_ids[:, :-1]], dim=1)  # (N, T)
     output = model(
         input_ids=inputs,
         attention_mask=mask,
         position_ids=positions[:, p - 1 :],
-        past_key_values=cache,
+        **with_cache(cache),
         use_cache=True,
         logits_to_keep=t,
     )
@@ -233,7 +234,7 @@ def _fused_output_head(
     chunk_size: int,
     with_entropy: bool,
     entropy_grad: bool,
-    tile_bytes: int | None,
+    tile_bytes: int | None = None,
 ) -> Iterator[dict[str, Tensor]]:
     """Swap the head's forward for :class:`FusedHeadLogProbs` on the ``T`` positions that predict ``targets``."""
     head, result = model.get_output_embeddings(), {}
