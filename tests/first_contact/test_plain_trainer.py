@@ -46,7 +46,7 @@ def test_metrics_csv_has_one_row_per_step_with_the_default_callbacks(make_module
     steps = Counter(row["step"] for row in _rows(trainer))
     assert steps == {"0": 1, "1": 1, "2": 1}
     assert all(row["train/reward_mean"] for row in _rows(trainer))
-    assert "train/time" in _rows(trainer)[0]  # Lightning's throughput totals join the step's row
+    assert "train/total_time" in _rows(trainer)[0]  # Lightning's throughput totals join the step's row
 
 
 def test_agent_stats_logs_nothing_for_a_single_turn_run(make_module, tmp_path):
