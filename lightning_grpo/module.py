@@ -268,7 +268,7 @@ class GRPOModule(LightningModule):
         }  # fmt: skip
 
     def compute_loss(self, batch: UpdateBatch, counts: LossCounts) -> tuple[Tensor, dict[str, Tensor]]:
-        """Step 5 (per micro-batch): ``policy loss + β·KL − c_ent·entropy`` (:func:`~.objective.grpo_loss`)."""
+        """Step 5 (per micro-batch): ``policy loss + β·KL − c_ent·entropy``, global counts (``grpo_loss``)."""
         current = self.compute_logprobs(batch.rollout, with_entropy=True)
         aggregate = partial(counts.aggregate, loss_mask=batch.loss_mask, mode=self.config.loss_agg_mode)  # global
         return grpo_loss(
@@ -278,7 +278,7 @@ class GRPOModule(LightningModule):
         )  # fmt: skip
 
     def update_policy(self, batch: UpdateBatch) -> tuple[Tensor, dict[str, Tensor]]:
-        """``ppo_epochs`` passes over shuffled mini-batches, one optimizer step each (:mod:`~.step.update`)."""
+        """``ppo_epochs`` passes over shuffled mini-batches, one optimizer step each (``step.update.run_updates``)."""
         return run_updates(
             batch, self._context or self.step_context(), self.config, policy=self.policy,
             compute_loss=self.compute_loss, backward=self.manual_backward, optimizer=self.optimizers(),
