@@ -9,7 +9,8 @@ tokens or of valid rewards. Means and standard deviations come from global sums 
 
 The sums that enter the loss and the advantages (global token counts, batch statistics) are part of the algorithm,
 not logged metrics: the module all-reduces them with ``trainer.strategy.reduce`` on the strategy's process group.
-docs/callbacks.md lists every metric with its owner and its reduction.
+docs/callbacks.md lists every metric with its owner and its reduction. :class:`MetricSums` adds up the update loop's
+per-micro-batch metrics and averages them over all ranks at the end of the step.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from torch import Tensor, nn
 from torchmetrics import Metric
 from torchmetrics.aggregation import MeanMetric
 
-__all__ = ["RankReduction", "ReduceOp", "ValidationMetrics", "reduce_across_ranks"]
+from lightning_grpo.algorithms.statistics import SumAcrossRanks
+
+__all__ = ["MetricSums", "RankReduction", "ReduceOp", "ValidationMetrics", "reduce_across_ranks"]
 
 ReduceOp = Literal["sum", "min", "max"]
 _START = {"sum": 0.0, "min": float("inf"), "max": float("-inf")}
@@ -117,3 +120,50 @@ class ValidationMetrics(nn.Module):
             self.pass_at_k.update(success.view(-1, self.k).amax(-1))  # (B,) any success among the k samples
             logged[f"val/pass@{self.k}"] = self.pass_at_k
         return logged
+
+
+class MetricSums:
+    """Token-weighted running sums of per-micro-batch metrics, averaged at the end; ``*_max`` metrics are maxima."""
+
+    def __init__(self) -> None:
+        self._sums: dict[str, Tensor] = {}
+        self._weights: dict[str, Tensor] = {}
+        self._maxima: dict[str, Tensor] = {}
+
+    def add(self, metrics: dict[str, Tensor], weight: Tensor) -> None:
+        """Add each metric (a 0-dim tensor) with ``weight`` (e.g. the micro-batch's valid-token count)."""
+        for name, value in metrics.items():
+            value = value.detach().float()
+            if name.endswith("_max"):
+                self._maxima[name] = torch.maximum(self._maxima.get(name, value), value)
+                continue
+            weight = torch.as_tensor(weight, dtype=value.dtype, device=value.device)
+            self._sums[name] = self._sums.get(name, torch.zeros_like(value)) + value * weight
+            self._weights[name] = self._weights.get(name, torch.zeros_like(value)) + weight
+
+    def means(self, sum_across_ranks: SumAcrossRanks | None = None) -> dict[str, Tensor]:
+        """The weighted mean of each metric (float32), over all ranks when ``sum_across_ranks`` is given (one reduce).
+
+        The update loop passes :func:`reduce_across_ranks`, so the means are exact global values.
+        """
+        maxima = self._reduced_maxima(sum_across_ranks is not None)
+        if not self._sums:
+            return maxima
+        names = list(self._sums)
+        stacked = torch.stack(
+            [torch.stack([self._sums[n] for n in names]), torch.stack([self._weights[n] for n in names])]
+        )
+        if sum_across_ranks is not None:
+            stacked = sum_across_ranks(stacked)  # (2, M): weighted sums and weights
+        means = {name: (stacked[0, i] / stacked[1, i].clamp(min=1e-12)).float() for i, name in enumerate(names)}
+        return {**means, **maxima}
+
+    def _reduced_maxima(self, across_ranks: bool) -> dict[str, Tensor]:
+        """The ``*_max`` metrics, over all ranks when asked (every rank has the same names: one reduce)."""
+        if not self._maxima:
+            return {}
+        names = sorted(self._maxima)
+        stacked = torch.stack([self._maxima[n] for n in names])
+        if across_ranks:
+            stacked = reduce_across_ranks(stacked, "max").reshape(-1)  # torchmetrics squeezes one value
+        return {name: stacked[i].float() for i, name in enumerate(names)}

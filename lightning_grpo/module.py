@@ -22,8 +22,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from lightning_grpo import distributed
 from lightning_grpo.agents import EnvironmentFactory, ToolCallParser
-from lightning_grpo.algorithms import compute_advantages, kl_penalty, policy_loss
-from lightning_grpo.algorithms.statistics import masked_mean
+from lightning_grpo.algorithms import compute_advantages
+from lightning_grpo.algorithms.objective import grpo_loss
 from lightning_grpo.callbacks._outputs import missing_callbacks
 from lightning_grpo.callbacks.defaults import default_callbacks as monitoring_callbacks
 from lightning_grpo.callbacks.progress_bar import readable_progress_bar
@@ -48,13 +48,7 @@ from lightning_grpo.step.fit_checks import check_fit_inputs
 from lightning_grpo.step.process import advantage_inputs, gather_step_rewards
 from lightning_grpo.step.rollout_engine import VLLMRollout
 from lightning_grpo.step.seeding import seeded, step_seed
-from lightning_grpo.step.update import (
-    fixed_logprobs,
-    importance_weighted,
-    rollout_agreement,
-    run_updates,
-    sampling_logprobs,
-)
+from lightning_grpo.step.update import fixed_logprobs, run_updates, sampling_logprobs
 from lightning_grpo.step.zero_signal import check_signal
 
 __all__ = ["GRPOModule", "StepOutput"]  # StepOutput is defined in lightning_grpo.step
@@ -139,6 +133,7 @@ class GRPOModule(LightningModule):
             generate_overridden=type(self).generate is not GRPOModule.generate,
         )  # fmt: skip
         self.timer, self._warned = PhaseTimer(), set[str]()  # the run's warnings given: shared by every step's context
+        self._context: StepContext | None = None  # the running training_step's context
         self.skipped_steps: list[int] = []  # steps skipped for non-finite values (GRPOConfig.on_nonfinite="skip")
         self.val_metrics = ValidationMetrics(self.config.val_num_generations, self.config.val_success_threshold)
         hparams = {"model": str(name), "grpo": asdict(self.config), "policy": asdict(self.policy_config), "seed": seed}
@@ -153,7 +148,7 @@ class GRPOModule(LightningModule):
 
     def training_step(self, batch: Mapping[str, Sequence[Any]], batch_idx: int) -> StepOutput:
         """One GRPO iteration: sample, score, advantages, fixed log-probs, then ``ppo_epochs`` of updates."""
-        context = self.step_context()
+        self._context = context = self.step_context()  # once per step: update_policy reads it
         timer = context.timer
         timer.reset()
         with seeded(context.seed, self.device):  # depends only on (seed, step, rank): a resumed run samples the same
@@ -165,13 +160,17 @@ class GRPOModule(LightningModule):
             with timer("score"):
                 scores = self.score(rollout)  # 2
             if self.config.dynamic_sampling:  # more prompts until groups carry signal (docs/dynamic-sampling.md)
-                rollout, scores = dynamic_sample(self, context, rollout, scores)
+                rollout, scores = dynamic_sample(
+                    context, rollout, scores, generate=self.generate, score=self.score, source=self.trainer.datamodule,
+                    max_rounds=self.config.max_sampling_rounds, pad_token_id=self.tokenizer.pad_token_id or 0,
+                )  # fmt: skip
             check_signal(context, rollout, scores)  # logs train/zero_std_frac; warns once on a zero-signal step
             with timer("score"):
                 advantages = self.compute_advantages(scores.rewards, rollout, **advantage_inputs(scores))  # 3
             update = self.prepare_update(rollout, advantages)  # 4 (timed inside: old_logprobs, reference)
             with timer("update"):
                 loss, metrics = self.update_policy(update)  # 5
+        self._context = None
         self.log_dict({f"train/{name}": value for name, value in {"loss": loss, **metrics}.items()})  # global values
         return StepOutput(
             loss=loss, rollout=rollout, rewards=scores, advantages=advantages, metrics=metrics,
@@ -186,10 +185,7 @@ class GRPOModule(LightningModule):
         num_generations: int | None = None,
         temperature: float | None = None,
     ) -> Rollout:
-        """Step 1: sample G completions (trajectories, with tools or an environment) per prompt of ``batch["prompt"]``.
-
-        Prompts are strings or lists of chat messages; other batch keys become row columns.
-        """
+        """Step 1: G completions (trajectories) per prompt of ``batch["prompt"]``; other keys become row columns."""
         if "prompt" not in batch:
             raise KeyError(f"a batch must have a 'prompt' key (strings or chat messages); got keys {sorted(batch)}")
         settings = self.sampling_settings(num_generations=num_generations, temperature=temperature)
@@ -212,7 +208,7 @@ class GRPOModule(LightningModule):
         return SamplingSettings(
             num_generations=num_generations or self.config.num_generations,
             temperature=temperature or self.config.temperature,
-            synced_gpus=self._synced_gpus(),
+            synced_gpus=self._trainer is not None and distributed.is_fsdp2(self.trainer.strategy),  # all ranks step
             **self.config.sampling_kwargs,
         )
 
@@ -244,16 +240,16 @@ class GRPOModule(LightningModule):
         loss_mask = rollout.sampled_mask  # tool and environment tokens are context: no loss, KL, entropy or count
         if cfg.mask_truncated_completions:
             loss_mask = loss_mask * (~rollout.truncated)[:, None]
-        old, ref = sampling_logprobs(self, rollout, self.timer), None  # None when one update uses the rollout
+        old, ref = sampling_logprobs(self.compute_logprobs, self.policy, rollout, cfg, self.timer, self.device), None
         if cfg.kl_coef > 0:
             with self.timer("reference"):
-                ref = fixed_logprobs(self, rollout, reference=True)
+                ref = fixed_logprobs(self.compute_logprobs, self.policy, rollout, cfg.micro_batch_size, reference=True)
         return UpdateBatch(rollout, advantages, loss_mask, old, ref)
 
     def compute_logprobs(
         self, rollout: Rollout, *, reference: bool = False, with_entropy: bool = False
     ) -> TokenLogProbs:
-        """Per-token log-probs ``(N, T)`` of the completions, of the reference policy when ``reference``."""
+        """Per-token log-probs ``(N, T)`` of the completions, of the reference if ``reference``; step 4 uses it too."""
         settings = self.logprob_settings()
         if distributed.is_sharded(self.policy):
             # FSDP2's hooks would miss a backward through the shared prompt's KV cache; every pass takes the
@@ -272,39 +268,30 @@ class GRPOModule(LightningModule):
         }  # fmt: skip
 
     def compute_loss(self, batch: UpdateBatch, counts: LossCounts) -> tuple[Tensor, dict[str, Tensor]]:
-        """Step 5 (per micro-batch): ``policy loss + β·KL − c_ent·entropy``, each aggregated with global counts."""
-        cfg = self.config
+        """Step 5 (per micro-batch): ``policy loss + β·KL − c_ent·entropy``, global counts (``grpo_loss``)."""
         current = self.compute_logprobs(batch.rollout, with_entropy=True)
-        logprobs, mask = current.logprobs, batch.loss_mask
-        old = batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()
-        per_token, stats = policy_loss(
-            logprobs, old, batch.advantages, mask, kind=cfg.loss_kind,
-            clip_low=cfg.clip_low, clip_high=cfg.clip_high, dual_clip=cfg.dual_clip, delta=cfg.delta,
+        aggregate = partial(counts.aggregate, loss_mask=batch.loss_mask, mode=self.config.loss_agg_mode)  # global
+        return grpo_loss(
+            current.logprobs, current.entropy, batch.advantages, batch.loss_mask, self.config, aggregate,
+            old_logprobs=batch.old_logprobs, ref_logprobs=batch.ref_logprobs, behaviour_logprobs=batch.rollout.logprobs,
+            at_sampling_weights=batch.at_sampling_weights,
         )  # fmt: skip
-        agg = lambda values: counts.aggregate(values, mask, cfg.loss_agg_mode)  # noqa: E731 (global normalisers)
-        per_token, tis = importance_weighted(per_token, batch, old, cfg.tis_cap)  # TIS when tis_cap is set
-        pg_loss = agg(per_token)
-        metrics = {"pg_loss": pg_loss, **vars(stats), **tis, "entropy": masked_mean(current.entropy.detach(), mask)}
-        metrics.update(rollout_agreement(batch, logprobs))  # before the first optimizer step only
-        loss = pg_loss
-        if batch.ref_logprobs is not None:
-            kl = kl_penalty(logprobs, batch.ref_logprobs, cfg.kl_estimator)  # (N, T)
-            loss = loss + cfg.kl_coef * agg(kl)
-            metrics["kl"] = masked_mean(kl.detach(), mask)
-        if cfg.entropy_coef > 0:
-            loss = loss - cfg.entropy_coef * agg(current.entropy)
-        return loss, metrics
 
     def update_policy(self, batch: UpdateBatch) -> tuple[Tensor, dict[str, Tensor]]:
-        """``ppo_epochs`` passes over shuffled mini-batches; one optimizer step per mini-batch."""
-        return run_updates(self, self.step_context(), batch)
+        """``ppo_epochs`` passes over shuffled mini-batches, one optimizer step each (``step.update.run_updates``)."""
+        return run_updates(
+            batch, self._context or self.step_context(), self.config, policy=self.policy,
+            compute_loss=self.compute_loss, backward=self.manual_backward, optimizer=self.optimizers(),
+            clip_gradients=self.clip_gradients, scheduler=self.lr_schedulers(),
+        )  # fmt: skip
 
     def step_context(self) -> StepContext:
         """What the phases of this step take from the module (:class:`~lightning_grpo.step.StepContext`)."""
         return StepContext(
             device=self.device, global_step=self.global_step if self._trainer is not None else 0,
-            seed=self._step_seed(), grad_scale=self._grad_scale(), sum_across_ranks=self._sum_across_ranks,
-            log=self.log, timer=self.timer, warned=self._warned, skipped=self.skipped_steps,
+            seed=self._step_seed(), sum_across_ranks=self._sum_across_ranks,
+            log=self.log, timer=self.timer, warned=self._warned, skipped=self.skipped_steps, grad_scale=1.0
+            if self._trainer is None else distributed.grad_scale(self.trainer.strategy, self.trainer.world_size),
         )  # fmt: skip
 
     # ---------------------------------------------------------------- validation
@@ -348,15 +335,12 @@ class GRPOModule(LightningModule):
         """AdamW (or the injected optimizer) over adapter parameters only, with the optional scheduler."""
         optimizer, scheduler = self._build_optimizer()
         self._optimizer_settings = settings_of(optimizer, scheduler)  # saved in checkpoints, compared on resume
-        if scheduler is None:
-            return optimizer
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler}}
+        return optimizer if scheduler is None else {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler}}
 
     def configure_callbacks(self) -> list[Callback]:
         """The monitoring callbacks (:func:`~lightning_grpo.callbacks.default_callbacks`) of types the trainer lacks.
 
-        A trainer's callback of the same type (or a related one) wins; Lightning's default progress bar becomes
-        :class:`~lightning_grpo.callbacks.GRPOProgressBar`, the user's own stays. ``default_callbacks=False``: none.
+        A trainer's callback of the same or a related type wins; Lightning's default bar becomes ``GRPOProgressBar``.
         """
         closing = [CloseRolloutEngine()] if self.rollout_engine is not None else []
         if not self.use_default_callbacks:
@@ -389,10 +373,7 @@ class GRPOModule(LightningModule):
         check_resume(self, checkpoint, self._trained_on, self._build_optimizer)
 
     def export_adapter(self, path: str | Path) -> Path:
-        """Write the adapter in PEFT format, loadable with ``PeftModel.from_pretrained(base, path)`` (and vLLM).
-
-        Under FSDP2 every rank must call it (:attr:`export_adapter_all_ranks`); rank zero writes the gathered adapter.
-        """
+        """Write the adapter in PEFT format (``PeftModel.from_pretrained``, vLLM); under FSDP2 every rank calls it."""
         if self.export_adapter_all_ranks:
             return distributed.export_sharded_adapter(self.policy, path, is_global_zero=self.global_rank == 0)
         return export_adapter(self.policy, path)
@@ -410,14 +391,6 @@ class GRPOModule(LightningModule):
         if self._trainer is None or self.trainer.world_size == 1:
             return tensor
         return self.trainer.strategy.reduce(tensor, reduce_op="sum")
-
-    def _synced_gpus(self) -> bool:
-        """FSDP shards parameters: every rank must keep stepping until all ranks finish sampling."""
-        return self._trainer is not None and distributed.is_fsdp2(self.trainer.strategy)
-
-    def _grad_scale(self) -> float:
-        """Loss factor before backward: the world size under data parallelism, whose gradients are averaged."""
-        return 1.0 if self._trainer is None else distributed.grad_scale(self.trainer.strategy, self.trainer.world_size)
 
     def _step_seed(self, offset: int = 0) -> int:
         """A seed of (seed, step, rank, offset): sampling that a resumed run repeats exactly."""

@@ -16,9 +16,10 @@ from lightning_grpo.algorithms.advantages import (
 )
 from lightning_grpo.algorithms.aggregation import LOSS_AGG_MODES, LossAggMode, aggregate_loss, count_sequences
 from lightning_grpo.algorithms.fused_head import FusedHeadLogProbs, fused_head_logprobs
-from lightning_grpo.algorithms.importance import truncated_importance_weights
+from lightning_grpo.algorithms.importance import importance_weighted, rollout_agreement, truncated_importance_weights
 from lightning_grpo.algorithms.kl import KL_ESTIMATORS, KLEstimator, kl_penalty
 from lightning_grpo.algorithms.logprobs import entropy_from_logits, selective_logprobs
+from lightning_grpo.algorithms.objective import LossSettings, grpo_loss
 from lightning_grpo.algorithms.policy_losses import (
     POLICY_LOSSES,
     PolicyLossFunction,
@@ -42,6 +43,7 @@ __all__ = [
     "GroupStats",
     "KLEstimator",
     "LossAggMode",
+    "LossSettings",
     "PolicyLossFunction",
     "PolicyLossKind",
     "PolicyLossSettings",
@@ -52,8 +54,11 @@ __all__ = [
     "count_sequences",
     "entropy_from_logits",
     "fused_head_logprobs",
+    "grpo_loss",
+    "importance_weighted",
     "kl_penalty",
     "policy_loss",
+    "rollout_agreement",
     "selective_logprobs",
     "truncated_importance_weights",
 ]

@@ -3,8 +3,8 @@
 ``GRPOModule.training_step`` runs them in order (docs/index.md): sampling and scoring (the module's ``generate`` and
 ``score``), :func:`~lightning_grpo.step.dynamic_sampling.dynamic_sample` when asked, the zero-signal check
 (:func:`~lightning_grpo.step.zero_signal.check_signal`), advantages, ``prepare_update`` and the update loop
-(:func:`~lightning_grpo.step.update.run_updates`). The phases take a :class:`StepContext` that the module builds for
-each step, and the module's public steps; never its private state.
+(:func:`~lightning_grpo.step.update.run_updates`). The phases take a :class:`StepContext` that ``training_step``
+builds once per step, and the module's steps as explicit callables; they never call back into the module.
 
 Everything a subclass needs to override one step is importable from here (and from :mod:`lightning_grpo`):
 
@@ -15,9 +15,11 @@ Everything a subclass needs to override one step is importable from here (and fr
   and ``compute_logprobs`` return.
 """
 
+from typing import Any
+
 from lightning_grpo.rollout import Rollout, TokenLogProbs
 from lightning_grpo.step.batch import LossCounts, StepOutput, UpdateBatch
-from lightning_grpo.step.context import StepContext, StepModule
+from lightning_grpo.step.context import StepContext
 from lightning_grpo.step.timing import PhaseTimer
 
 __all__ = [
@@ -25,8 +27,16 @@ __all__ = [
     "PhaseTimer",
     "Rollout",
     "StepContext",
-    "StepModule",
     "StepOutput",
     "TokenLogProbs",
     "UpdateBatch",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``StepModule`` (deprecated) still imports from here: :mod:`lightning_grpo.step.context` warns once."""
+    if name == "StepModule":
+        from lightning_grpo.step import context
+
+        return context.StepModule
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,14 +1,14 @@
 """What the phases of a GRPO iteration take from the module: a small, explicit :class:`StepContext`.
 
 The phases (:mod:`~lightning_grpo.step.update`, :mod:`~lightning_grpo.step.dynamic_sampling`,
-:mod:`~lightning_grpo.step.zero_signal`) never reach into the module's private state: the module builds a context
-for each step (:meth:`GRPOModule.step_context <lightning_grpo.module.GRPOModule.step_context>`) and they call the
-module's public steps (``generate``, ``score``, ``compute_loss``) and Lightning's public API through
-:class:`StepModule`, a protocol, so this package never imports the module.
+:mod:`~lightning_grpo.step.zero_signal`) never reach into the module: ``training_step`` builds one context per step
+(:meth:`GRPOModule.step_context <lightning_grpo.module.GRPOModule.step_context>`) and hands it, with the module's
+steps (``generate``, ``score``, ``compute_loss``, ...) as explicit callables, to each phase.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -24,7 +24,7 @@ from lightning_grpo.rollout import Rollout, TokenLogProbs
 from lightning_grpo.step.batch import LossCounts, UpdateBatch
 from lightning_grpo.step.timing import PhaseTimer
 
-__all__ = ["StepContext", "StepModule", "any_rank"]
+__all__ = ["StepContext", "any_rank"]
 
 
 def any_rank(flag: bool, sum_across_ranks: SumAcrossRanks, device: torch.device) -> bool:
@@ -88,8 +88,8 @@ class StepContext:
             rank_zero_warn(message)
 
 
-class StepModule(Protocol):
-    """The public side of :class:`~lightning_grpo.module.GRPOModule` that the phases use."""
+class _StepModule(Protocol):
+    """Deprecated: the public side of :class:`~lightning_grpo.module.GRPOModule` that the phases once used."""
 
     config: GRPOConfig
     policy: nn.Module
@@ -114,3 +114,21 @@ class StepModule(Protocol):
     def clip_gradients(self, optimizer: Any, gradient_clip_val: float, gradient_clip_algorithm: str) -> None: ...
 
     def manual_backward(self, loss: Tensor) -> None: ...
+
+
+_WARNED: set[str] = set()
+
+
+def __getattr__(name: str) -> Any:
+    """``StepModule`` still imports from here, with a ``DeprecationWarning`` once: the phases take callables now."""
+    if name != "StepModule":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if name not in _WARNED:
+        _WARNED.add(name)
+        warnings.warn(
+            "lightning_grpo.step.context.StepModule is deprecated: the phases take the module's steps as explicit "
+            "callables (lightning_grpo.step.update.run_updates); type a module as lightning_grpo.GRPOModule",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+    return _StepModule

@@ -12,7 +12,7 @@ keeps the configured batch shape. See ``docs/dynamic-sampling.md``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import torch
@@ -21,7 +21,7 @@ from torch import Tensor
 from lightning_grpo.algorithms.advantages import group_stats
 from lightning_grpo.rewards import RewardScores
 from lightning_grpo.rollout import Rollout
-from lightning_grpo.step.context import StepContext, StepModule
+from lightning_grpo.step.context import StepContext
 
 __all__ = ["ExtraBatchSource", "check_datamodule", "dynamic_sample", "group_starts", "informative_groups"]
 
@@ -81,21 +81,31 @@ def group_starts(group_ids: Tensor) -> Tensor:
 
 
 def dynamic_sample(
-    module: StepModule, context: StepContext, rollout: Rollout, scores: RewardScores
+    context: StepContext,
+    rollout: Rollout,
+    scores: RewardScores,
+    *,
+    generate: Callable[[Mapping[str, Sequence[Any]]], Rollout],
+    score: Callable[[Rollout], RewardScores],
+    source: ExtraBatchSource,
+    max_rounds: int,
+    pad_token_id: int,
 ) -> tuple[Rollout, RewardScores]:
     """Fill the step with informative groups, sampling more prompts while any rank lacks some; log the metrics.
 
     Args:
-        module: The module: its data module supplies the prompts, its ``generate`` and ``score`` sample and score
-            them.
         context: The step's context (cross-rank decisions, timer, logging, warn-once).
         rollout: The step's first rollout (``B`` groups).
         scores: Its scores.
+        generate: The module's (possibly overridden) ``generate``: samples the extra prompts.
+        score: The module's (possibly overridden) ``score``: scores them.
+        source: The data module that supplies the extra prompts.
+        max_rounds: Most sampling rounds in the step, the first included (``GRPOConfig.max_sampling_rounds``).
+        pad_token_id: Pads the rollouts of the rounds to one length.
 
     Returns:
         A rollout of ``B`` groups, informative ones first, and its scores.
     """
-    max_rounds, source = module.config.max_sampling_rounds, module.trainer.datamodule
     parts = [(rollout, scores)]
     target = len(informative_groups(scores.rewards, rollout.group_ids)[0])
     while len(parts) < max_rounds and context.any_rank(_count(parts) < target):
@@ -103,10 +113,10 @@ def dynamic_sample(
         if not context.all_ranks(bool(batches)):  # some rank's epoch has no full batch left
             break
         with context.timer("generate"):
-            extra = module.generate(batches[0])
+            extra = generate(batches[0])
         with context.timer("score"):
-            parts.append((extra, module.score(extra)))
-    merged, merged_scores = _concat(parts, module.tokenizer.pad_token_id or 0)
+            parts.append((extra, score(extra)))
+    merged, merged_scores = _concat(parts, pad_token_id)
     starts, keep = informative_groups(merged_scores.rewards, merged.group_ids)
     order = torch.cat([torch.nonzero(keep).flatten(), torch.nonzero(~keep).flatten()])[:target]
     rows = _group_rows(merged.group_ids, starts, order)

@@ -206,7 +206,7 @@ def test_truncated_importance_weights_worked_example():
 
 def test_tis_with_the_hf_backend_weights_the_loss_by_the_capped_ratio():
     """Under Hugging Face sampling too (its log-probs are recorded): perturbed behaviour log-probs reweight the loss."""
-    from lightning_grpo.step.update import importance_weighted
+    from lightning_grpo.algorithms.importance import importance_weighted
     from tests.rollout.vllm_helpers import PROMPTS
 
     module = GRPOModule(tiny_policy(), [count_a], tokenizer=build_tiny_tokenizer(),
@@ -214,13 +214,14 @@ def test_tis_with_the_hf_backend_weights_the_loss_by_the_capped_ratio():
     rollout = module.generate({"prompt": PROMPTS})
     batch = module.prepare_update(rollout, torch.ones(len(rollout)))
     per_token = torch.ones_like(rollout.logprobs)
-    weighted, metrics = importance_weighted(per_token, batch, rollout.logprobs - 1.0, cap=2.0)  # ratio e^-1
+    behaviour, mask = rollout.logprobs, batch.loss_mask
+    weighted, metrics = importance_weighted(per_token, behaviour - 1.0, behaviour, mask, cap=2.0)  # ratio e^-1
     mask = batch.loss_mask.bool()
     torch.testing.assert_close(weighted[mask], torch.full_like(weighted[mask], float(torch.tensor(-1.0).exp())))
     assert float(metrics["tis_capped_frac"]) == 0.0
-    weighted, metrics = importance_weighted(per_token, batch, rollout.logprobs + 1.0, cap=2.0)  # e > cap
+    weighted, metrics = importance_weighted(per_token, behaviour + 1.0, behaviour, mask, cap=2.0)  # e > cap
     assert float(weighted[mask].max()) == pytest.approx(2.0) and float(metrics["tis_capped_frac"]) == 1.0
-    assert importance_weighted(per_token, batch, rollout.logprobs, cap=None) == (per_token, {})
+    assert importance_weighted(per_token, behaviour, behaviour, mask, cap=None) == (per_token, {})
 
 
 @needs_vllm

@@ -1,0 +1,85 @@
+"""The GRPO objective of one micro-batch: ``policy loss + β·KL − c_ent·entropy``, one line per term.
+
+:meth:`GRPOModule.compute_loss <lightning_grpo.module.GRPOModule.compute_loss>` computes the log-probs and calls
+:func:`grpo_loss`; the terms are the catalogue's functions
+(:func:`~lightning_grpo.algorithms.policy_losses.policy_loss`, :func:`~lightning_grpo.algorithms.kl.kl_penalty`),
+weighted by truncated importance sampling
+(:func:`~lightning_grpo.algorithms.importance.importance_weighted`) when asked. The formulas are on docs/math.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from torch import Tensor
+
+from lightning_grpo.algorithms.importance import importance_weighted, rollout_agreement
+from lightning_grpo.algorithms.kl import kl_penalty
+from lightning_grpo.algorithms.policy_losses import policy_loss
+from lightning_grpo.algorithms.statistics import masked_mean
+
+__all__ = ["LossSettings", "grpo_loss"]
+
+
+class LossSettings(Protocol):
+    """The settings :func:`grpo_loss` reads; :class:`~lightning_grpo.config.GRPOConfig` has them all."""
+
+    loss_kind: str
+    clip_low: float
+    clip_high: float
+    dual_clip: float | None
+    delta: float | None
+    tis_cap: float | None
+    kl_coef: float
+    kl_estimator: str
+    entropy_coef: float
+
+
+def grpo_loss(
+    logprobs: Tensor,
+    entropy: Tensor,
+    advantages: Tensor,
+    loss_mask: Tensor,
+    settings: LossSettings,
+    aggregate: Callable[[Tensor], Tensor],
+    *,
+    old_logprobs: Tensor | None = None,
+    ref_logprobs: Tensor | None = None,
+    behaviour_logprobs: Tensor | None = None,
+    at_sampling_weights: bool = False,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The loss of one micro-batch and its metrics (``pg_loss``, the clip fractions, ``entropy``, ``kl``, ...).
+
+    Args:
+        logprobs: ``(n, T)`` current log-probs, with gradient.
+        entropy: ``(n, T)`` current per-token entropy (with gradient when ``entropy_coef > 0``).
+        advantages: ``(n,)`` or ``(n, T)`` advantages.
+        loss_mask: ``(n, T)`` tokens that enter the loss, the KL, the entropy and every count.
+        settings: The loss settings (a :class:`~lightning_grpo.config.GRPOConfig`).
+        aggregate: Turns ``(n, T)`` per-token values into this micro-batch's share of the mini-batch loss (global
+            normalisers: :meth:`LossCounts.aggregate <lightning_grpo.step.batch.LossCounts.aggregate>`).
+        old_logprobs: ``(n, T)`` log-probs before the update; ``None``: the detached current ones (one update).
+        ref_logprobs: ``(n, T)`` reference log-probs; ``None``: no KL term.
+        behaviour_logprobs: ``(n, T)`` log-probs the sampler recorded (``Rollout.logprobs``), for TIS and agreement.
+        at_sampling_weights: Whether ``logprobs`` are of the weights that sampled (the step's first mini-batch): only
+            then are ``rollout_logprob_diff_*`` logged.
+    """
+    old = old_logprobs if old_logprobs is not None else logprobs.detach()
+    per_token, stats = policy_loss(
+        logprobs, old, advantages, loss_mask, kind=settings.loss_kind, clip_low=settings.clip_low,
+        clip_high=settings.clip_high, dual_clip=settings.dual_clip, delta=settings.delta,
+    )  # fmt: skip
+    per_token, tis = importance_weighted(per_token, old, behaviour_logprobs, loss_mask, settings.tis_cap)
+    pg_loss = aggregate(per_token)
+    metrics = {"pg_loss": pg_loss, **vars(stats), **tis, "entropy": masked_mean(entropy.detach(), loss_mask)}
+    if at_sampling_weights:
+        metrics.update(rollout_agreement(logprobs, behaviour_logprobs, loss_mask))
+    loss = pg_loss
+    if ref_logprobs is not None:
+        kl = kl_penalty(logprobs, ref_logprobs, settings.kl_estimator)  # (n, T)
+        loss = loss + settings.kl_coef * aggregate(kl)
+        metrics["kl"] = masked_mean(kl.detach(), loss_mask)
+    if settings.entropy_coef > 0:
+        loss = loss - settings.entropy_coef * aggregate(entropy)
+    return loss, metrics
