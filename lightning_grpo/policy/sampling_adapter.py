@@ -51,14 +51,21 @@ def adapter_in_base_dtype(model: nn.Module, enabled: bool = True) -> Iterator[in
         >>> weight.dtype
         torch.float32
     """
-    saved: list[tuple[nn.Parameter, torch.Tensor]] = []
-    try:
+    with _restored() as saved:
         for layer in model.modules() if enabled else ():
             saved.extend(_cast_layer(layer))
         yield len(saved)
+
+
+@contextmanager
+def _restored() -> Iterator[list[tuple[torch.Tensor, torch.Tensor]]]:
+    """A list of ``(tensor, original data)`` to fill; each tensor gets its original data back on exit."""
+    saved: list[tuple[torch.Tensor, torch.Tensor]] = []
+    try:
+        yield saved
     finally:
-        for parameter, data in saved:
-            parameter.data = data
+        for tensor, data in saved:
+            tensor.data = data
 
 
 def _cast_layer(layer: nn.Module) -> list[tuple[nn.Parameter, torch.Tensor]]:
@@ -93,16 +100,12 @@ def merged_adapter(model: nn.Module) -> Iterator[int]:
     Raises:
         ValueError: A LoRA layer sits on a quantized base weight (merging would dequantize it).
     """
-    saved: list[tuple[torch.Tensor, torch.Tensor]] = []
-    try:
+    with _restored() as saved:
         with torch.no_grad():
             for layer in model.modules():
                 saved.extend(_merge_layer(layer))
         with model.disable_adapter():
             yield len(saved)
-    finally:
-        for weight, original in saved:
-            weight.data = original
 
 
 def _merge_layer(layer: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:
