@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The GPU session's commands (docs/benchmarks.md, "GPU"): run from the repository root on a CUDA machine.
+#   bash benchmarks/gpu_run.sh PART [OUT]     PART: tests | bench | decode | smoke | memory | all
+# The machine needs torch, transformers, peft, lightning, pytest(-xdist); wheels of what it lacks (jsonargparse,
+# trl, datasets, bitsandbytes, ...) in .whl/ are installed into /tmp/site first. Logs and JSON go to OUT.
+set -uo pipefail
+part=${1:-all}
+out=${2:-${OUT:-build/gpu}}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+if [ -d .whl ] && [ ! -d /tmp/site ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+fi
+[ -d /tmp/site ] && export PYTHONPATH=/tmp/site:$PWD || export PYTHONPATH=$PWD
+
+env_info() {
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$out/env.txt" 2>&1
+  python3 -c "import torch, transformers, peft, lightning, trl, bitsandbytes as b; print(torch.__version__, torch.version.cuda,
+transformers.__version__, peft.__version__, lightning.__version__, trl.__version__, b.__version__)" >> "$out/env.txt" 2>&1
+  nproc >> "$out/env.txt"
+}
+
+tests() {  # the CPU suite (no GPU) beside the CUDA tests (GPU)
+  (CUDA_VISIBLE_DEVICES= OMP_NUM_THREADS=1 timeout "${SUITE_S:-150}" python3 -m pytest -q -n 13 -p no:cacheprovider \
+    -m "not learning and not gpu" --timeout 120 tests > "$out/suite.log" 2>&1; echo "exit $?" >> "$out/suite.log") &
+  local suite=$!
+  { timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests -k "not test_world_size_one" -rfEs
+    for s in ddp fsdp2; do timeout 40 python3 -m pytest -q -p no:cacheprovider tests/gpu -k "test_world_size_one and $s" -rfEs; done
+  } > "$out/gpu_tests.log" 2>&1
+  wait $suite
+}
+
+bench() {  # item 2: ours and TRL's GRPOTrainer on one workload, each in its own process
+  timeout "${BENCH_S:-170}" python3 -m benchmarks.run --model ${BENCH_MODEL:-qwen2.5-0.5b} --dtype bfloat16 --prompts 32 --G 8 \
+    --prompt-length ${BENCH_P:-256} --max-new-tokens ${BENCH_P:-256} --micro-batch-size 32 --steps 2 --warmup-steps 1 ${BENCH_FLAGS:-} \
+    --compare trl --json "$out/bench.json" > "$out/bench.log" 2>&1
+}
+
+decode() {  # item 3: every decode path on the same workload
+  timeout "${DECODE_S:-110}" python3 -m benchmarks.decode_paths --model qwen2.5-0.5b --prompts 32 --G 8 \
+    --prompt-length 256 --max-new-tokens 256 --repeats 1 \
+    --json "$out/decode.json" > "$out/decode.log" 2>&1
+}
+
+smoke() {  # item 5: the 3-turn tool rollout at the 0.5B shape (NCCL strategies are in the tests part)
+  timeout 35 python3 -m benchmarks.multi_turn --hidden-size 896 --layers 24 --repeats 2 > "$out/multi_turn.log" 2>&1
+}
+
+memory() {  # item 4: peak memory and step time per shape, bf16 and NF4 base, gradient checkpointing on and off
+  for model in ${MEM_MODELS:-qwen2.5-0.5b}; do for q in ${MEM_QUANT:-none nf4}; do for gc in ${MEM_GC:-gradient-checkpointing}; do
+    timeout "${MEM_S:-90}" python3 -m benchmarks.run --model "$model" --dtype bfloat16 --quantization "$q" --prompts 8 --G 8 \
+      --prompt-length 512 --max-new-tokens 512 --micro-batch-size 16 --steps 1 --warmup-steps 1 "--$gc" \
+      --json "$out/mem-$model-$q-$gc.json" >> "$out/memory.log" 2>&1
+  done; done; done
+}
+
+env_info
+case $part in
+  all) tests; bench; decode; smoke; memory ;;
+  *) for p in ${part//,/ }; do $p; done ;;
+esac
+ls -la "$out"
