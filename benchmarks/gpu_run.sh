@@ -21,8 +21,8 @@ transformers.__version__, peft.__version__, lightning.__version__, trl.__version
 }
 
 tests() {  # the CPU suite (no GPU) beside the CUDA tests (GPU)
-  (CUDA_VISIBLE_DEVICES= OMP_NUM_THREADS=1 timeout "${SUITE_S:-150}" python3 -m pytest -q -n 13 -p no:cacheprovider \
-    -m "not learning and not gpu" --timeout 120 tests > "$out/suite.log" 2>&1; echo "exit $?" >> "$out/suite.log") &
+  (CUDA_VISIBLE_DEVICES= OMP_NUM_THREADS=1 timeout "${SUITE_S:-170}" python3 -m pytest -v -n 14 -p no:cacheprovider \
+    -m "not learning and not gpu" --timeout 120 --tb=short -rfE tests > "$out/suite.log" 2>&1; echo "exit $?" >> "$out/suite.log") &
   local suite=$!
   { timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests -k "not test_world_size_one" -rfEs
     for s in ddp fsdp2; do timeout 40 python3 -m pytest -q -p no:cacheprovider tests/gpu -k "test_world_size_one and $s" -rfEs; done
@@ -40,6 +40,11 @@ decode() {  # item 3: every decode path on the same workload
   timeout "${DECODE_S:-110}" python3 -m benchmarks.decode_paths --model qwen2.5-0.5b --prompts 32 --G 8 \
     --prompt-length 256 --max-new-tokens 256 --repeats 1 \
     --json "$out/decode.json" > "$out/decode.log" 2>&1
+}
+
+profile() {  # where the time goes: decode steps and one update micro-batch under torch.profiler
+  timeout "${PROFILE_S:-60}" python3 -m benchmarks.profile_step --model qwen2.5-0.5b --rows 256 --prompt-length 256 \
+    --decode-tokens 32 > "$out/profile.log" 2>&1
 }
 
 smoke() {  # item 5: the 3-turn tool rollout at the 0.5B shape (NCCL strategies are in the tests part)

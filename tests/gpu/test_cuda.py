@@ -28,19 +28,28 @@ PROMPTS = ["1+1=", "2+3="]
 
 
 def _adapter(module) -> dict[str, torch.Tensor]:
-    return {n: p.detach().clone() for n, p in module.policy.named_parameters() if p.requires_grad}
+    """The trainable weights, whole (an FSDP2 shard is gathered), on the CPU."""
+    weights = {n: p.detach() for n, p in module.policy.named_parameters() if p.requires_grad}
+    return {n: getattr(w, "full_tensor", lambda w=w: w)().cpu().clone() for n, w in weights.items()}
 
 
-def _fit_on_gpu(module, steps: int = 2, **trainer_options):
-    before = _adapter(module)
-    trainer = make_trainer(accelerator="gpu", max_steps=steps, **trainer_options)
+class _Devices(Callback):
+    """Records where the policy's weights are while the fit runs (Lightning moves the module back at the end)."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.seen = {p.device.type for p in pl_module.policy.parameters()}
+
+
+def _fit_on_gpu(module, steps: int = 2, callbacks=(), **trainer_options):
+    before, devices = _adapter(module), _Devices()
+    trainer = make_trainer(accelerator="gpu", max_steps=steps, callbacks=[devices, *callbacks], **trainer_options)
     trainer.fit(module, prompt_loader(PROMPTS, repeat=steps))
     assert trainer.global_step >= steps
-    assert next(module.policy.parameters()).device.type == "cuda"
+    assert devices.seen == {"cuda"}
     for name, value in trainer.callback_metrics.items():
         assert math.isfinite(float(value)), name
     after = _adapter(module)
-    moved = [n for n in before if "lora_B" in n and not torch.equal(before[n], after[n].to(before[n].device))]
+    moved = [n for n in before if "lora_B" in n and not torch.equal(before[n], after[n])]
     assert moved, "no lora_B weight moved (they start at zero: only a gradient moves them)"
     return trainer
 
