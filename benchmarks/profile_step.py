@@ -14,6 +14,7 @@ import time
 from dataclasses import replace
 
 import torch
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.decode_paths import _policy
@@ -27,7 +28,7 @@ __all__ = ["main"]
 
 def _report(name: str, prof: profile, wall: float, top: int) -> None:
     events = prof.key_averages()
-    gpu = sum(e.self_device_time_total for e in events) / 1e6
+    gpu = sum(e.self_device_time_total for e in events if e.device_type == DeviceType.CUDA) / 1e6  # kernels only
     calls = sum(e.count for e in events if e.key.startswith("aten::"))
     print(f"== {name}: wall {wall:.3f}s, GPU busy {gpu:.3f}s ({gpu / wall:.0%}), ATen calls {calls}", flush=True)
     for key in ("self_cpu_time_total", "self_device_time_total"):
@@ -66,16 +67,16 @@ def main(argv: list[str] | None = None) -> None:
     prompts = make_prompts(tokenizer, args.rows // args.G, args.prompt_length, seed=0)
     settings = SamplingSettings(args.G, args.decode_tokens, min_new_tokens=args.decode_tokens)
     for name, options in {"generate": {}, "own loop": {"drop_finished": True}}.items():
-        sample = lambda s=replace(settings, **options): generate_rollout(  # noqa: E731
-            policy, tokenizer, prompts, s, max_prompt_length=args.prompt_length
-        )
+        chosen = replace(settings, **options)
         with torch.no_grad():
-            prof, wall = _timed_profile(sample)
+            prof, wall = _timed_profile(
+                lambda s=chosen: generate_rollout(policy, tokenizer, prompts, s, max_prompt_length=args.prompt_length)
+            )
         _report(f"decode {args.decode_tokens} tokens x {args.rows} rows, {name}", prof, wall, args.top)
+    full = replace(settings, max_new_tokens=args.prompt_length, min_new_tokens=args.prompt_length)
     with torch.no_grad():
-        rollout = generate_rollout(policy, tokenizer, prompts[: max(args.micro_batch // args.G, 1)],
-                                   replace(settings, max_new_tokens=args.prompt_length,
-                                           min_new_tokens=args.prompt_length), max_prompt_length=args.prompt_length)  # fmt: skip
+        micro = prompts[: max(args.micro_batch // args.G, 1)]
+        rollout = generate_rollout(policy, tokenizer, micro, full, max_prompt_length=args.prompt_length)
     policy.train()
 
     def update() -> None:

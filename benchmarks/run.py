@@ -81,7 +81,12 @@ def _run(work: Any, args: argparse.Namespace, argv: list[str]) -> dict[str, Any]
     with tempfile.TemporaryDirectory(prefix="grpo-bench-") as tmp:
         model_dir = prepare_model(work.model, Path(tmp) / "model", dtype=work.torch_dtype, seed=work.seed)
         names = {"ours": "ours+limits", "trl": "trl"}  # our process also measures the device limits
-        raw = {side: spawn_side(names[side], work.to_json(), model_dir, Path(tmp), args.verbose) for side in sides}
+        raw = {}
+        for side in sides:  # each side's raw figures are printed as it ends: a run cut short keeps them
+            raw[side] = spawn_side(names[side], work.to_json(), model_dir, Path(tmp), args.verbose)
+            steps = [round(step["step_seconds"], 3) for step in raw[side]["steps"]]
+            print(f"{side}: step seconds {steps}, peak memory {raw[side]['peak_memory_bytes'] / 2**30:.2f} GiB",
+                  flush=True)  # fmt: skip
         counts = param_counts(model_dir)
     limits = raw["ours"].pop("limits")
     report: dict[str, Any] = {

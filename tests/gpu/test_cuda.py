@@ -8,6 +8,7 @@ the wrong device (``tests/module/test_foreign_device.py``); these tests run the 
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 import torch
@@ -18,13 +19,19 @@ from lightning_grpo import PolicyConfig
 from lightning_grpo.rollout import completion_logprobs
 from lightning_grpo.rollout.generation import SamplingSettings, generate_rollout
 from lightning_grpo.testing import build_tiny_model
-from tests.conftest import count_a, make_trainer, prompt_loader
+from tests.conftest import make_trainer, prompt_loader
 from tests.module.test_foreign_device import CASES
 from tests.module.test_process import halves
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 PROMPTS = ["1+1=", "2+3="]
+
+
+def noise(prompts: list[str], completions: list[str], **_) -> list[float]:
+    """A reward with spread in every group, so that every update has non-zero advantages (a gradient reaches B)."""
+    draw = random.Random(0)
+    return [draw.random() for _ in completions]
 
 
 def _adapter(module) -> dict[str, torch.Tensor]:
@@ -56,13 +63,13 @@ def _fit_on_gpu(module, steps: int = 2, callbacks=(), **trainer_options):
 
 @pytest.mark.parametrize("settings", CASES.values(), ids=CASES.keys())
 def test_a_fit_on_cuda_trains_the_adapter(make_module, settings):
-    functions = [halves, count_a] if settings.get("advantage_estimator") == "grpo_process" else [count_a]
+    functions = [halves, noise] if settings.get("advantage_estimator") == "grpo_process" else [noise]
     trainer = _fit_on_gpu(make_module(functions, **settings))
     assert {"train/reward_mean", "train/loss", "train/clip_frac"} <= set(trainer.callback_metrics)
 
 
 def test_a_bfloat16_base_trains_a_float32_adapter_on_cuda(make_module):
-    module = make_module(policy=PolicyConfig(lora_r=4, lora_alpha=8, dtype="bfloat16"), kl_coef=0.01)
+    module = make_module([noise], policy=PolicyConfig(lora_r=4, lora_alpha=8, dtype="bfloat16"), kl_coef=0.01)
     _fit_on_gpu(module)
     dtypes = {p.dtype for p in module.policy.parameters() if p.requires_grad}
     frozen = {p.dtype for p in module.policy.parameters() if not p.requires_grad}
@@ -100,7 +107,7 @@ def test_every_decode_path_records_the_log_probs_training_computes(tokenizer, pa
 def test_a_quantized_base_trains_its_adapter_on_cuda(make_module, quantization):
     pytest.importorskip("bitsandbytes")
     dtype = "bfloat16" if quantization == "int8" else "float32"
-    module = make_module(policy=PolicyConfig(lora_r=4, lora_alpha=8, quantization=quantization, dtype=dtype))
+    module = make_module([noise], policy=PolicyConfig(lora_r=4, lora_alpha=8, quantization=quantization, dtype=dtype))
     base = {n: p.detach().clone() for n, p in module.policy.state_dict().items() if "lora_" not in n}
     _fit_on_gpu(module)
     after = module.policy.state_dict()
@@ -124,5 +131,5 @@ STRATEGIES = {
 def test_world_size_one_fits_on_nccl(make_module, name):
     """Run each strategy in its own process (``-k ddp``, ``-k fsdp2``): a process group lives until the process ends."""
     backend = _Backend()
-    _fit_on_gpu(make_module(kl_coef=0.01), strategy=STRATEGIES[name](), callbacks=[backend])
+    _fit_on_gpu(make_module([noise], kl_coef=0.01), strategy=STRATEGIES[name](), callbacks=[backend])
     assert backend.seen == ("nccl", 1)
