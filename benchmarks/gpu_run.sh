@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU session's commands (docs/benchmarks.md, "GPU"): run from the repository root on a CUDA machine.
-#   bash benchmarks/gpu_run.sh PART [OUT]     PART: tests | bench | decode | smoke | memory | all
+#   bash benchmarks/gpu_run.sh PARTS [OUT]    PARTS: comma-separated tests, retest, bench, decode, profile, smoke,
+#                                             memory; or all
 # The machine needs torch, transformers, peft, lightning, pytest(-xdist); wheels of what it lacks (jsonargparse,
 # trl, datasets, bitsandbytes, ...) in .whl/ are installed into /tmp/site first. Logs and JSON go to OUT.
 set -uo pipefail
@@ -40,6 +41,13 @@ decode() {  # item 3: every decode path on the same workload
   timeout "${DECODE_S:-110}" python3 -m benchmarks.decode_paths --model qwen2.5-0.5b --prompts 32 --G 8 \
     --prompt-length 256 --max-new-tokens 256 --repeats 1 \
     --json "$out/decode.json" > "$out/decode.log" 2>&1
+}
+
+retest() {  # the CPU tests that failed on that machine (torch 2.11), one process, with their tracebacks
+  CUDA_VISIBLE_DEVICES= timeout "${RETEST_S:-120}" python3 -m pytest -q -p no:cacheprovider --tb=short -rfE \
+    ${RETEST:-tests/module/test_foreign_device.py tests/module/test_generation.py tests/policy/test_weights.py \
+    tests/rewards/test_reward_functions.py tests/rewards/test_trl_parity.py tests/rollout/test_sampling.py \
+    tests/testing/test_model.py} > "$out/retest.log" 2>&1
 }
 
 profile() {  # where the time goes: decode steps and one update micro-batch under torch.profiler
