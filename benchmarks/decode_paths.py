@@ -24,7 +24,7 @@ import torch
 from transformers import Qwen2ForCausalLM
 
 from benchmarks.measure import decode_floor_seconds, device_limits
-from benchmarks.models import PRESETS, ParamCounts, build_word_tokenizer
+from benchmarks.models import PRESETS, build_word_tokenizer, param_counts
 from benchmarks.workload import make_prompts
 from lightning_grpo import PolicyConfig
 from lightning_grpo.policy import load_policy
@@ -42,18 +42,6 @@ PATHS: dict[str, tuple[dict[str, Any], str]] = {
     "generate, static cache": ({"static_cache": True}, "as_trained"),  # compiled: the slow starts last
     "generate, static cache, merged adapter": ({"static_cache": True}, "merged"),
 }
-
-
-def _counts(name: str) -> ParamCounts:
-    preset = PRESETS[name]
-    config = preset.config()
-    h, inter, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
-    head_dim = h // config.num_attention_heads
-    q, kv = config.num_attention_heads * head_dim, config.num_key_value_heads * head_dim
-    body = layers * (h * q + 2 * h * kv + q * h + q + 2 * kv + 3 * h * inter + 2 * h) + h
-    embedding = config.vocab_size * h
-    total = body + embedding * (1 if preset.tied else 2)
-    return ParamCounts(body, embedding, embedding, total, layers, config.num_key_value_heads, head_dim)
 
 
 def _policy(name: str, dtype: torch.dtype, device: str) -> tuple[Any, Any]:
@@ -101,8 +89,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ids2, mask2 = tokenize_prompts(tokenizer, shorter, args.prompt_length, torch.device(args.device))
     limits = device_limits(args.device, dtype)
     rows, tokens = args.prompts * args.G, args.prompts * args.G * args.max_new_tokens
-    floor = decode_floor_seconds(_counts(args.model), rows, args.prompt_length, args.max_new_tokens,
-                                 torch.finfo(dtype).bits // 8, limits["bandwidth_bytes_per_s"])  # fmt: skip
+    counts = param_counts(PRESETS[args.model].config())
+    floor = decode_floor_seconds(counts, rows, args.prompt_length, args.max_new_tokens, torch.finfo(dtype).bits // 8,
+                                 limits["bandwidth_bytes_per_s"])  # fmt: skip
     base = SamplingSettings(args.G, args.max_new_tokens, min_new_tokens=args.max_new_tokens)
     results: dict[str, Any] = {}
     for name in args.paths:

@@ -15,6 +15,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import (
     AutoConfig,
     AutoTokenizer,
+    PretrainedConfig,
     PreTrainedTokenizerBase,
     PreTrainedTokenizerFast,
     Qwen2Config,
@@ -168,9 +169,9 @@ class ParamCounts:
     head_dim: int
 
 
-def param_counts(model_dir: Path) -> ParamCounts:
-    """Count the parameters of the model saved in ``model_dir`` from its config alone (no weights loaded)."""
-    cfg = AutoConfig.from_pretrained(model_dir)
+def param_counts(model: Path | PretrainedConfig) -> ParamCounts:
+    """Count the parameters of the model saved in a directory (or of a config) from its config alone (no weights)."""
+    cfg = model if isinstance(model, PretrainedConfig) else AutoConfig.from_pretrained(model)
     h, layers, inter = cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size
     head_dim = getattr(cfg, "head_dim", None) or h // cfg.num_attention_heads
     q, kv = cfg.num_attention_heads * head_dim, cfg.num_key_value_heads * head_dim
