@@ -151,7 +151,8 @@ def test_a_plain_sample_function_still_samples(tokenizer):
 
     agent = AgentSettings.build(tokenizer, max_turns=1)
     model = short_turn_model(tokenizer)
-    rollout = sample_rollout(model, tokenizer, PROMPTS, SamplingSettings(2, 4), agent, max_prompt_length=8, sample=sample)
+    settings = SamplingSettings(num_generations=2, max_new_tokens=4)
+    rollout = sample_rollout(model, tokenizer, PROMPTS, settings, agent, max_prompt_length=8, sample=sample)
     assert calls == [2] and len(rollout) == 4
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import lightning as L
 import torch
 
-from tests.distributed.worker import make_strategy, rank
 from tests.backends.vllm_helpers import PROMPTS, loader, vllm_module
+from tests.distributed.worker import make_strategy, rank
 
 
 def main(strategy: str, workdir: Path) -> None:
