@@ -149,6 +149,17 @@ def test_backend_and_tis_settings_are_checked():
                    vllm=VLLMConfig())  # fmt: skip
 
 
+@needs_vllm
+def test_vllm_settings_may_be_given_as_rollout_backend_args_but_not_twice():
+    module = vllm_module(rollout_backend_args={"sync": "merged", "max_lora_rank": 8})
+    assert module.rollout_backend.config == VLLMConfig(sync="merged", max_lora_rank=8)
+    assert module.hparams["grpo"]["rollout_backend_args"] == {"sync": "merged", "max_lora_rank": 8}  # saved
+    with pytest.raises(ValueError, match=r"vllm settings were given twice"):
+        vllm_module(vllm=VLLMConfig(), rollout_backend_args={"sync": "merged"})
+    with pytest.raises(ValueError, match=r"VLLMConfig\.cpu_kv_cache_gb=0\.5 is not valid"):
+        vllm_module(rollout_backend_args={"cpu_kv_cache_gb": 0.5})
+
+
 def test_an_engine_that_fails_to_start_names_the_memory_settings(monkeypatch, tmp_path):
     pytest.importorskip("vllm")  # imports vLLM in this process (its own tests do too)
     import vllm
