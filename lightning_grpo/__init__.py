@@ -22,13 +22,13 @@ def _drop_lightning_tips(record: logging.LogRecord) -> bool:
 for _name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
     logging.getLogger(_name).addFilter(_drop_lightning_tips)
 
-from lightning_grpo.config import GRPOConfig  # noqa: E402 - after the filter above
+from lightning_grpo.backends import RolloutBackend, VLLMConfig  # noqa: E402 - after the filter; no vLLM import
+from lightning_grpo.config import GRPOConfig  # noqa: E402
 from lightning_grpo.data import PromptDataModule  # noqa: E402
 from lightning_grpo.module import GRPOModule  # noqa: E402
 from lightning_grpo.policy import PolicyConfig  # noqa: E402
 from lightning_grpo.rewards import RewardFunctions, RewardScores  # noqa: E402
 from lightning_grpo.rollout import Rollout, TokenLogProbs  # noqa: E402
-from lightning_grpo.rollout.vllm_settings import VLLMConfig  # noqa: E402 - settings only: vLLM is not imported
 from lightning_grpo.step import LossCounts, StepContext, StepOutput, UpdateBatch  # noqa: E402
 
 __version__ = "0.1.0"
@@ -42,6 +42,7 @@ __all__ = [
     "RewardFunctions",
     "RewardScores",
     "Rollout",
+    "RolloutBackend",
     "StepContext",
     "StepOutput",
     "TokenLogProbs",

@@ -128,9 +128,14 @@ class GRPOConfig:
             meanwhile and refuses a quantized base. With either, the rollout comes from a policy rounded to the base
             dtype: ``train/rollout_logprob_diff_*`` measures it and ``tis_cap`` corrects for it; training still
             scores the policy as trained. docs/benchmarks.md, "GPU readiness".
-        rollout_backend: What samples the rollouts: ``"hf"`` (Hugging Face ``generate``, or our own loop) or
+        rollout_backend: What samples the rollouts: ``"hf"`` (Hugging Face ``generate``, or our own loop),
             ``"vllm"`` (a colocated vLLM engine; the module's ``vllm`` settings, ``docs/vllm.md``; TRL ``use_vllm``
-            with ``vllm_mode="colocate"``).
+            with ``vllm_mode="colocate"``), or the import path of a user's ``RolloutBackend`` class
+            (``"my_project.backends.MyBackend"``, ``docs/backends.md``).
+        rollout_backend_args: The backend's own settings: keyword arguments of its ``settings_class`` (for
+            ``"vllm"``: ``VLLMConfig``'s fields); an unknown key is an error naming the allowed ones. Saved in the
+            checkpoint's hyper-parameters with the rest of this config; a resume with other values logs them and
+            uses them (``docs/backends.md``).
         tis_cap: Truncated importance sampling (TIS) for a sampler whose log-probs differ from the trainer's: each
             token's policy loss is weighted by ``min(exp(old_logprobs - rollout logprobs), tis_cap)``, no gradient
             through the weight (verl's rollout correction, TRL ``vllm_importance_sampling_cap``); ``None``: off.
@@ -197,7 +202,8 @@ class GRPOConfig:
     drop_finished: bool = False
     static_cache: bool = False
     sampling_adapter: Literal["as_trained", "base_dtype", "merged"] = "as_trained"
-    rollout_backend: Literal["hf", "vllm"] = "hf"
+    rollout_backend: str = "hf"
+    rollout_backend_args: dict[str, Any] | None = None
     tis_cap: float | None = None
     val_num_generations: int = 1
     val_temperature: float | None = None
@@ -241,17 +247,29 @@ class GRPOConfig:
                     "the same signature such as 'my_project.module.function'"
                 ) from None
             setattr(self, setting, str(value))  # a plain string in hyperparameters and checkpoints
+        self._check_backend()
         for setting, valid in (
             ("loss_agg_mode", LOSS_AGG_MODES),
             ("advantage_scale", ("group", "batch", "none")),
             ("sampler", SAMPLERS),
             ("old_logprobs", ("recompute", "rollout")),
             ("sampling_adapter", ("as_trained", "base_dtype", "merged")),
-            ("rollout_backend", ("hf", "vllm")),
         ):
             if getattr(self, setting) not in valid:
                 options = ", ".join(repr(v) for v in valid)
                 raise ValueError(f"{setting}={getattr(self, setting)!r} is not valid; choose one of {options}")
+
+    def _check_backend(self) -> None:
+        """The backend's name reads as one (it is imported when the module is built: ``lightning_grpo.backends``)."""
+        backend, args = self.rollout_backend, self.rollout_backend_args
+        if backend not in ("hf", "vllm") and not is_import_path(backend):
+            raise ValueError(
+                f"rollout_backend={backend!r} is not valid; choose one of 'hf', 'vllm', or the import path of a "
+                "RolloutBackend class such as 'my_project.backends.MyBackend'"
+            )
+        if args is not None and not (isinstance(args, dict) and all(isinstance(key, str) for key in args)):
+            raise TypeError(f"rollout_backend_args must be a mapping of setting names to values, got {args!r}")
+        self.rollout_backend_args = None if args is None else dict(args)
 
     def _check_ranges(self) -> None:
         for setting, bounds in _NUMBER_RULES.items():

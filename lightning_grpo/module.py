@@ -8,7 +8,7 @@ Each step of the iteration (docs/index.md) is one overridable method: :meth:`GRP
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from contextlib import nullcontext
+from contextlib import closing, nullcontext
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
@@ -24,21 +24,20 @@ from lightning_grpo import distributed
 from lightning_grpo.agents import EnvironmentFactory, ToolCallParser
 from lightning_grpo.algorithms import compute_advantages
 from lightning_grpo.algorithms.objective import grpo_loss
+from lightning_grpo.backends import BackendRun, RolloutBackend, VLLMConfig, build_backend
 from lightning_grpo.callbacks._outputs import missing_callbacks
+from lightning_grpo.callbacks.close_rollout_backend import CloseRolloutBackend
 from lightning_grpo.callbacks.defaults import default_callbacks as monitoring_callbacks
 from lightning_grpo.callbacks.progress_bar import readable_progress_bar
-from lightning_grpo.callbacks.rollout_engine import CloseRolloutEngine
 from lightning_grpo.checkpoint import check_resume, describe_policy, install_checked_io, keep_adapter_only, settings_of
 from lightning_grpo.config import GRPOConfig
 from lightning_grpo.metrics import ValidationMetrics
 from lightning_grpo.policy import PolicyConfig, export_adapter, load_policy, load_tokenizer, reference_mode
 from lightning_grpo.policy.quantization import check_shardable
-from lightning_grpo.policy.sampling_adapter import sampling_adapter
 from lightning_grpo.rewards import RewardFunctions, RewardScores, TrainerState
 from lightning_grpo.rollout import Rollout, SamplingSettings, TokenLogProbs, completion_logprobs
 from lightning_grpo.rollout.agent import AgentSettings
 from lightning_grpo.rollout.multi_turn import sample_rollout
-from lightning_grpo.rollout.vllm_settings import VLLMConfig
 from lightning_grpo.step import LossCounts, PhaseTimer, StepContext, StepOutput, UpdateBatch
 from lightning_grpo.step.context import any_rank
 from lightning_grpo.step.cpu_threads import apply_default_cpu_threads
@@ -46,7 +45,6 @@ from lightning_grpo.step.dynamic_sampling import dynamic_sample
 from lightning_grpo.step.finite import nonfinite_sampling
 from lightning_grpo.step.fit_checks import check_fit_inputs
 from lightning_grpo.step.process import advantage_inputs, gather_step_rewards
-from lightning_grpo.step.rollout_engine import VLLMRollout
 from lightning_grpo.step.seeding import seeded, step_seed
 from lightning_grpo.step.update import fixed_logprobs, run_updates, sampling_logprobs
 from lightning_grpo.step.zero_signal import check_signal
@@ -79,7 +77,7 @@ class GRPOModule(LightningModule):
             the trainer lacks (:meth:`configure_callbacks`), so any ``Trainer`` logs ``train/reward_mean`` and the
             rest; ``False``: only the trainer's callbacks.
         vllm: Settings of the colocated vLLM engine of ``grpo.rollout_backend="vllm"`` (``docs/vllm.md``); ``None``:
-            the defaults.
+            ``grpo.rollout_backend_args`` or the defaults. Any backend's settings: ``grpo.rollout_backend_args``.
 
     Example::
 
@@ -128,10 +126,9 @@ class GRPOModule(LightningModule):
         )  # fmt: skip
         self.optimizer_factory, self.scheduler_factory, self.seed = optimizer, lr_scheduler, seed
         self.use_default_callbacks = default_callbacks
-        self.rollout_engine = VLLMRollout.of(  # None: Hugging Face generate
-            vllm, cfg, self.policy_config, model_name=None if name is None else str(name),
-            generate_overridden=type(self).generate is not GRPOModule.generate,
-        )  # fmt: skip
+        run = BackendRun(cfg, self.policy_config, None if name is None else str(name),
+                         generate_overridden=type(self).generate is not GRPOModule.generate)  # fmt: skip
+        self.rollout_backend: RolloutBackend = build_backend(run, vllm)  # always one (docs/backends.md)
         self.timer, self._warned = PhaseTimer(), set[str]()  # the run's warnings given: shared by every step's context
         self._context: StepContext | None = None  # the running training_step's context
         self.skipped_steps: list[int] = []  # steps skipped for non-finite values (GRPOConfig.on_nonfinite="skip")
@@ -152,9 +149,8 @@ class GRPOModule(LightningModule):
         timer = context.timer
         timer.reset()
         with seeded(context.seed, self.device):  # depends only on (seed, step, rank): a resumed run samples the same
-            if self.rollout_engine is not None:
-                with timer("sync"):  # the adapter reaches the engine (docs/vllm.md)
-                    self.rollout_engine.sampler(self.policy, self.global_step)
+            with timer("sync"):  # the policy's weights reach the backend (docs/backends.md)
+                self.rollout_backend.sync(self.policy, self.global_step)
             with timer("generate"):
                 rollout = self.generate(batch)  # 1
             with timer("score"):
@@ -192,13 +188,12 @@ class GRPOModule(LightningModule):
         columns = {key: list(values) for key, values in batch.items() if key != "prompt"}
         sync = partial(any_rank, sum_across_ranks=self._sum_across_ranks, device=self.device)
         sync = sync if settings.synced_gpus else None
-        engine, version = self.rollout_engine, self.global_step if self._trainer is not None else 0
-        sample = engine.sampler(self.policy, version) if engine is not None else None  # None: Hugging Face generate
-        mode = self.config.sampling_adapter if engine is None else "as_trained"
-        with nonfinite_sampling(self.global_step), sampling_adapter(self.policy, mode):
+        backend = self.rollout_backend
+        backend.sync(self.policy, self.global_step if self._trainer is not None else 0)  # no-op once synced
+        with nonfinite_sampling(self.global_step), closing(backend.session(self.policy, settings)) as session:
             return sample_rollout(
                 self.policy, self.tokenizer, list(batch["prompt"]), settings, self.agent,
-                max_prompt_length=self.config.max_prompt_length, columns=columns, any_rank_active=sync, sample=sample,
+                max_prompt_length=self.config.max_prompt_length, columns=columns, any_rank_active=sync, sample=session,
             )  # fmt: skip
 
     def sampling_settings(
@@ -235,8 +230,7 @@ class GRPOModule(LightningModule):
         """Step 4: the loss mask, old log-probs (only if the rollout serves several updates), reference log-probs."""
         cfg = self.config
         self.config.check_rollout_size(len(rollout))
-        if self.rollout_engine is not None:
-            self.rollout_engine.sleep()  # vllm.sleep_mode: the engine's memory goes to the update
+        self.rollout_backend.release()  # e.g. vllm.sleep_mode: the engine's memory goes to the update
         loss_mask = rollout.sampled_mask  # tool and environment tokens are context: no loss, KL, entropy or count
         if cfg.mask_truncated_completions:
             loss_mask = loss_mask * (~rollout.truncated)[:, None]
@@ -342,20 +336,19 @@ class GRPOModule(LightningModule):
 
         A trainer's callback of the same or a related type wins; Lightning's default bar becomes ``GRPOProgressBar``.
         """
-        closing = [CloseRolloutEngine()] if self.rollout_engine is not None else []
+        close = [CloseRolloutBackend()]  # the one place the backend is closed: end of fit, or an exception
         if not self.use_default_callbacks:
-            return closing
+            return close
         missing = missing_callbacks(monitoring_callbacks(), present=self.trainer.callbacks)
-        return [*closing, *missing, *readable_progress_bar(self.trainer)]  # the bar last: it shows what they logged
+        return [*close, *missing, *readable_progress_bar(self.trainer)]  # the bar last: it shows what they logged
 
     def on_fit_start(self) -> None:
-        """Time phases, score with reward models on the module's device, check the inputs, start a rollout engine."""
+        """Time phases, score with reward models on the module's device, check the inputs, start the backend."""
         self.timer.device = self.device
         self.rewards.to(self.device, getattr(self.policy, "dtype", None))  # reward models are not in the policy
         environment = bool(self.agent.environment_factory)
         check_fit_inputs(self.config, self.rewards, self.trainer.datamodule, environment=environment)
-        if self.rollout_engine is not None:
-            self.rollout_engine.start(self.policy, self.seed, sharded=distributed.is_sharded(self.policy))
+        self.rollout_backend.start(self.policy, self.seed, sharded=distributed.is_sharded(self.policy))
 
     def on_train_start(self) -> None:
         """Check the batch sizes against the data's before the first rollout is sampled."""

@@ -95,7 +95,7 @@ LAYERS = (
     ("lightning_grpo.settings_checks", "lightning_grpo.algorithms", "lightning_grpo.distributed"),
     ("lightning_grpo.metrics", "lightning_grpo.rewards", "lightning_grpo.agents"),
     ("lightning_grpo.rollout", "lightning_grpo.policy"),
-    ("lightning_grpo.data", "lightning_grpo.config", "lightning_grpo.checkpoint"),
+    ("lightning_grpo.data", "lightning_grpo.config", "lightning_grpo.checkpoint", "lightning_grpo.backends"),
     ("lightning_grpo.step",),
     ("lightning_grpo.callbacks",),
     ("lightning_grpo.module",),

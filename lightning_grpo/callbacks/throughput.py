@@ -47,7 +47,7 @@ class ThroughputMonitor(LightningThroughputMonitor):
       summed across ranks (the sampling rate of the job).
     * ``throughput/trained_tokens_per_sec``: loss tokens (``loss_mask``) times ``ppo_epochs`` over the seconds of the
       ``update`` phase, summed across ranks.
-    * ``time/<phase>``: seconds of each phase ``GRPOModule`` timed (``sync`` with the vLLM backend, ``generate``,
+    * ``time/<phase>``: seconds of each phase ``GRPOModule`` timed (``sync``: the backend's weight sync, ``generate``,
       ``score``, ``old_logprobs``, ``reference``, ``update``; only those that ran), and ``time/step``: the whole
       ``training_step`` as seen from the batch-start and batch-end hooks. The maximum across ranks: the slowest rank
       sets the pace.

@@ -1,18 +1,30 @@
 """Hugging Face glue for sampling: the :class:`Rollout` batch, generation, and completion log-probs.
 
 :func:`sample_rollout` is the entry point of all sampling: single-turn, or multi-turn with tools or an environment
-(:class:`AgentSettings`).
+(:class:`AgentSettings`). What draws the tokens is a :data:`SampleFn` or a backend's :class:`RolloutSession`
+(``lightning_grpo.backends``).
 """
 
 from lightning_grpo.rollout.agent import AgentSettings
 from lightning_grpo.rollout.batch import Rollout, completion_mask_from_ids
-from lightning_grpo.rollout.generation import SamplingSettings, eos_token_ids, generate_rollout, tokenize_prompts
+from lightning_grpo.rollout.generation import (
+    Sampled,
+    SampleFn,
+    SamplingSettings,
+    eos_token_ids,
+    generate_rollout,
+    tokenize_prompts,
+)
 from lightning_grpo.rollout.logprobs import TokenLogProbs, completion_logprobs, position_ids_from_mask
 from lightning_grpo.rollout.multi_turn import sample_rollout
+from lightning_grpo.rollout.session import RolloutSession
 
 __all__ = [
     "AgentSettings",
     "Rollout",
+    "RolloutSession",
+    "SampleFn",
+    "Sampled",
     "SamplingSettings",
     "TokenLogProbs",
     "completion_logprobs",

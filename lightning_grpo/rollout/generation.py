@@ -65,7 +65,7 @@ class Sampled:
 
 
 #: What samples the tokens of a rollout: :func:`sample_tokens` (Hugging Face) or a rollout engine's ``sample``
-#: (:class:`~lightning_grpo.rollout.vllm_engine.VLLMEngine`), called as ``sample(model, tokenizer, prompt_ids,
+#: (:class:`~lightning_grpo.backends.vllm_engine.VLLMEngine`), called as ``sample(model, tokenizer, prompt_ids,
 #: prompt_mask, settings)``.
 SampleFn = Callable[..., Sampled]
 

@@ -39,6 +39,7 @@ from lightning_grpo.rollout.generation import (
     sample_tokens,
     tokenize_prompts,
 )
+from lightning_grpo.rollout.session import RolloutSession, as_sample_fn, draw
 
 __all__ = ["AgentSettings", "generate_conversations", "sample_rollout"]
 
@@ -55,12 +56,13 @@ def sample_rollout(
     max_prompt_length: int,
     columns: dict[str, Sequence[Any]] | None = None,
     any_rank_active: Callable[[bool], bool] | None = None,
-    sample: SampleFn | None = None,
+    sample: SampleFn | RolloutSession | None = None,
 ) -> Rollout:
     """Sample G completions per prompt: string prompts as plain text, conversational prompts through the template.
 
-    ``sample`` draws the tokens of every sampling call (:data:`~lightning_grpo.rollout.generation.SampleFn`; ``None``:
-    Hugging Face ``generate`` through :func:`~lightning_grpo.rollout.generation.sample_tokens`).
+    ``sample`` draws the tokens of every sampling call: a :data:`~lightning_grpo.rollout.generation.SampleFn`, a
+    backend's :class:`~lightning_grpo.rollout.session.RolloutSession` (told which trajectories each call continues),
+    or ``None``: Hugging Face ``generate`` through :func:`~lightning_grpo.rollout.generation.sample_tokens`.
 
     Raises:
         ValueError: Prompts mix strings and message lists, a message is malformed, or tools/an environment are set
@@ -74,8 +76,9 @@ def sample_rollout(
                 '[{"role": "user", "content": "..."}]); got string prompts'
             )
         return generate_rollout(
-            model, tokenizer, prompts, settings, max_prompt_length=max_prompt_length, columns=columns, sample=sample
-        )
+            model, tokenizer, prompts, settings, max_prompt_length=max_prompt_length, columns=columns,
+            sample=as_sample_fn(sample),
+        )  # fmt: skip
     if not all(isinstance(p, list | tuple) for p in prompts):
         kinds = sorted({type(p).__name__ for p in prompts})
         raise ValueError(f"prompts must be all strings or all lists of chat messages; got a mix of {kinds}")
@@ -97,7 +100,7 @@ def generate_conversations(
     max_prompt_length: int,
     columns: dict[str, Sequence[Any]] | None = None,
     any_rank_active: Callable[[bool], bool] | None = None,
-    sample: SampleFn | None = None,
+    sample: SampleFn | RolloutSession | None = None,
 ) -> Rollout:
     """Sample ``settings.num_generations`` trajectories for each conversational prompt.
 
@@ -111,7 +114,8 @@ def generate_conversations(
         columns: Dataset row fields, one list of ``B`` values each.
         any_rank_active: Under FSDP, whether any rank still has a running trajectory (a collective); a rank with none
             keeps joining the sampling calls of the others until all are done. ``None`` on one process.
-        sample: The sampler of every turn (:data:`~lightning_grpo.rollout.generation.SampleFn`); ``None``:
+        sample: The sampler of every turn (:data:`~lightning_grpo.rollout.generation.SampleFn` or a
+            :class:`~lightning_grpo.rollout.session.RolloutSession`); ``None``:
             :func:`~lightning_grpo.rollout.generation.sample_tokens`.
 
     Returns:
@@ -129,7 +133,8 @@ def generate_conversations(
             if not (any_rank_active(bool(active)) if any_rank_active is not None else active):
                 break
             if not active:  # other ranks still sample: join their synchronised calls
-                sample(model, tokenizer, prompt_ids[:1], prompt_mask[:1], replace(settings, num_generations=1))
+                one = replace(settings, num_generations=1)
+                draw(sample, model, tokenizer, prompt_ids[:1], prompt_mask[:1], one, rows=[])
                 continue
             sampled = _sample_turn(sample, (model, tokenizer), prompt_ids, prompt_mask, trajectories, active, settings,
                                    turn)  # fmt: skip
@@ -157,7 +162,7 @@ def _start(
 
 
 def _sample_turn(
-    sample: SampleFn,
+    sample: SampleFn | RolloutSession,
     policy: tuple[nn.Module, PreTrainedTokenizerBase],
     prompt_ids: torch.Tensor,
     prompt_mask: torch.Tensor,
@@ -170,12 +175,14 @@ def _sample_turn(
     (model, tokenizer), g = policy, settings.num_generations
     if turn == 0 and _groups_share_prompt(prompt_ids, prompt_mask, g):
         rows = torch.arange(0, len(prompt_ids), g, device=prompt_ids.device)  # the first of each group: G samples each
-        out = sample(model, tokenizer, prompt_ids[rows], prompt_mask[rows], settings)
+        out = draw(sample, model, tokenizer, prompt_ids[rows], prompt_mask[rows], settings, rows=range(len(prompt_ids)))
         return _new_tokens(out, prompt_ids.shape[1])
     contexts = [prompt_ids[i][prompt_mask[i].bool()].tolist() + trajectories[i].tokens for i in active]
     budget = max(settings.max_new_tokens - len(trajectories[i].tokens) for i in active)
     ids, mask = _left_pad(contexts, tokenizer.pad_token_id, prompt_ids.device)
-    out = sample(model, tokenizer, ids, mask, replace(settings, num_generations=1, max_new_tokens=budget))
+    out = draw(
+        sample, model, tokenizer, ids, mask, replace(settings, num_generations=1, max_new_tokens=budget), rows=active
+    )
     return _new_tokens(out, ids.shape[1])
 
 

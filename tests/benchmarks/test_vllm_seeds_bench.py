@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.vllm_seeds import _op
-from tests.rollout.vllm_helpers import needs_vllm
+from tests.backends.vllm_helpers import needs_vllm
 
 
 @needs_vllm

@@ -17,7 +17,7 @@ def test_rates_and_times_match_the_step_outputs(make_module):
     _, recorder = fit(module, [ThroughputMonitor()], iterations=2)
     for out, logged in zip(recorder.outputs, recorder.metrics, strict=True):
         seconds = out["timings"]
-        assert set(seconds) == {"generate", "score", "score/count_a", "old_logprobs", "reference", "update"}
+        assert set(seconds) == {"sync", "generate", "score", "score/count_a", "old_logprobs", "reference", "update"}
         assert seconds["score/count_a"] <= seconds["score"]  # one reward function's share of the score phase
         generated = out["rollout"].completion_mask.sum().item()  # valid completion tokens
         trained = out["loss_mask"].sum().item() * 2  # loss tokens, each seen once per epoch

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
+from tests.backends.vllm_helpers import needs_vllm
 from tests.distributed.launch import run_ranks
-from tests.rollout.vllm_helpers import needs_vllm
 
 pytestmark = [needs_vllm, pytest.mark.distributed, pytest.mark.timeout(600)]
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import lightning as L
 import torch
 
+from tests.backends.vllm_helpers import PROMPTS, loader, vllm_module
 from tests.distributed.worker import make_strategy, rank
-from tests.rollout.vllm_helpers import PROMPTS, loader, vllm_module
 
 
 def main(strategy: str, workdir: Path) -> None:
@@ -34,7 +34,7 @@ def main(strategy: str, workdir: Path) -> None:
         "completions": [out["rollout"].completion_ids.tolist() for out in seen],
         "diff_max": [float(out["metrics"]["rollout_logprob_diff_max"]) for out in seen],
         "sync": [out["timings"]["sync"] for out in seen],
-        "engine_closed": module.rollout_engine.engine is None,
+        "engine_closed": module.rollout_backend.engine is None,
         "adapter": adapter,
     }
     (workdir / f"vllm-{strategy}-rank{rank()}.json").write_text(json.dumps(result))

@@ -12,10 +12,10 @@ import torch
 
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig
 from lightning_grpo.algorithms import truncated_importance_weights
-from lightning_grpo.rollout import vllm_settings
-from lightning_grpo.rollout.vllm_settings import VLLMConfig, check_installed, check_sampling, engine_lora_rank
+from lightning_grpo.backends import vllm_settings
+from lightning_grpo.backends.vllm_settings import VLLMConfig, check_installed, check_sampling, engine_lora_rank
 from lightning_grpo.testing import build_tiny_tokenizer
-from tests.rollout.vllm_helpers import count_a, needs_vllm, tiny_policy, vllm_module
+from tests.backends.vllm_helpers import count_a, needs_vllm, tiny_policy, vllm_module
 
 
 def _pretend_installed(monkeypatch, transformers: str = "5.19.0", vllm_range: str = ">=5.16.1,<5.20") -> None:
@@ -135,7 +135,7 @@ def test_a_fractional_kv_cache_in_the_environment_is_named_before_anything_is_wr
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0.5")
     module = vllm_module(vllm=VLLMConfig(work_dir=str(tmp_path)))
     with pytest.raises(ValueError, match=r"VLLM_CPU_KVCACHE_SPACE='0\.5' in the environment.*whole GiB.*Unset it"):
-        module.rollout_engine.start(module.policy, seed=0, sharded=False)
+        module.rollout_backend.start(module.policy, seed=0, sharded=False)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -147,6 +147,17 @@ def test_backend_and_tis_settings_are_checked():
     with pytest.raises(ValueError, match="set rollout_backend: vllm"):
         GRPOModule(tiny_policy(), [count_a], tokenizer=build_tiny_tokenizer(), grpo=GRPOConfig(num_generations=2),
                    vllm=VLLMConfig())  # fmt: skip
+
+
+@needs_vllm
+def test_vllm_settings_may_be_given_as_rollout_backend_args_but_not_twice():
+    module = vllm_module(rollout_backend_args={"sync": "merged", "max_lora_rank": 8})
+    assert module.rollout_backend.config == VLLMConfig(sync="merged", max_lora_rank=8)
+    assert module.hparams["grpo"]["rollout_backend_args"] == {"sync": "merged", "max_lora_rank": 8}  # saved
+    with pytest.raises(ValueError, match=r"vllm settings were given twice"):
+        vllm_module(vllm=VLLMConfig(), rollout_backend_args={"sync": "merged"})
+    with pytest.raises(ValueError, match=r"VLLMConfig\.cpu_kv_cache_gb=0\.5 is not valid"):
+        vllm_module(rollout_backend_args={"cpu_kv_cache_gb": 0.5})
 
 
 def test_an_engine_that_fails_to_start_names_the_memory_settings(monkeypatch, tmp_path):
@@ -161,7 +172,7 @@ def test_an_engine_that_fails_to_start_names_the_memory_settings(monkeypatch, tm
     with pytest.raises(
         RuntimeError, match=r"failed to start.*No available memory.*vllm.cpu_kv_cache_gb.*max_model_len"
     ):
-        module.rollout_engine.start(module.policy, seed=0, sharded=False)
+        module.rollout_backend.start(module.policy, seed=0, sharded=False)
     assert list(tmp_path.iterdir()) == []  # its folder is removed
 
 
@@ -177,7 +188,7 @@ def test_an_engine_failure_that_is_not_memory_names_its_cause_without_the_memory
     with pytest.raises(
         RuntimeError, match=r"failed to start \(ValueError: Qwen9ForCausalLM is not supported\)"
     ) as info:
-        module.rollout_engine.start(module.policy, seed=0, sharded=False)
+        module.rollout_backend.start(module.policy, seed=0, sharded=False)
     assert "memory" not in str(info.value) and "gpu_memory_utilization" not in str(info.value)
     assert isinstance(info.value.__cause__, ValueError) and list(tmp_path.iterdir()) == []
 
@@ -207,7 +218,7 @@ def test_truncated_importance_weights_worked_example():
 def test_tis_with_the_hf_backend_weights_the_loss_by_the_capped_ratio():
     """Under Hugging Face sampling too (its log-probs are recorded): perturbed behaviour log-probs reweight the loss."""
     from lightning_grpo.algorithms.importance import importance_weighted
-    from tests.rollout.vllm_helpers import PROMPTS
+    from tests.backends.vllm_helpers import PROMPTS
 
     module = GRPOModule(tiny_policy(), [count_a], tokenizer=build_tiny_tokenizer(),
                         grpo=GRPOConfig(num_generations=2, max_new_tokens=4, max_prompt_length=16))  # fmt: skip

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from lightning_grpo import PolicyConfig
+from lightning_grpo.backends import vllm_files
+from lightning_grpo.backends.vllm_files import bytes_needed, make_work_dir
+from lightning_grpo.backends.vllm_settings import VLLMConfig
 from lightning_grpo.policy import load_policy
-from lightning_grpo.rollout import vllm_files
-from lightning_grpo.rollout.vllm_files import bytes_needed, make_work_dir
-from lightning_grpo.rollout.vllm_settings import VLLMConfig
-from tests.rollout.vllm_helpers import needs_vllm, tiny_policy, vllm_module
+from tests.backends.vllm_helpers import needs_vllm, tiny_policy, vllm_module
 
 _Usage = namedtuple("_Usage", "total used free")
 
@@ -84,5 +84,5 @@ def test_the_engine_checks_the_room_before_writing_the_base(folders, tmp_path):
     folders[2][chosen] = 2**20
     module = vllm_module(vllm=VLLMConfig(work_dir=str(chosen)))
     with pytest.raises(OSError, match=r"vllm\.work_dir = .* need [\d,]+ bytes"):
-        module.rollout_engine.start(module.policy, seed=0, sharded=False)
+        module.rollout_backend.start(module.policy, seed=0, sharded=False)
     assert list(chosen.iterdir()) == []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from lightning_grpo.testing import demo
-from tests.rollout.vllm_helpers import needs_vllm
+from tests.backends.vllm_helpers import needs_vllm
 
 
 @needs_vllm

@@ -14,12 +14,12 @@ import pytest
 import torch
 
 from lightning_grpo import GRPOModule
+from lightning_grpo.backends.vllm_settings import VLLMConfig
 from lightning_grpo.rollout import completion_logprobs
 from lightning_grpo.rollout.generation import SamplingSettings
-from lightning_grpo.rollout.vllm_settings import VLLMConfig
 from lightning_grpo.testing import build_tiny_tokenizer
 from lightning_grpo.testing.agents import CountdownEnv
-from tests.rollout.vllm_helpers import PROMPTS, fit, needs_vllm, tiny_policy, vllm_module
+from tests.backends.vllm_helpers import PROMPTS, fit, needs_vllm, tiny_policy, vllm_module
 
 pytestmark = [needs_vllm, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -45,7 +45,7 @@ class _Probe(L.Callback):
 
 
 def _compare_logprobs(module: GRPOModule, temperature: float) -> None:
-    module.rollout_engine.sampler(module.policy, version=module.global_step)
+    module.rollout_backend.sync(module.policy, module.global_step)
     rollout = module.generate({"prompt": PROMPTS})
     assert rollout.completion_mask.sum() > len(rollout)  # something was sampled
     ours = completion_logprobs(module.policy, rollout, temperature=temperature).logprobs
@@ -57,8 +57,8 @@ def _greedy(module: GRPOModule) -> tuple[list[list[int]], list[list[int]]]:
     """Greedy completions of the engine (current adapter) and of Hugging Face ``generate`` for :data:`PROMPTS`."""
     from vllm import SamplingParams
 
-    engine = module.rollout_engine.engine
-    module.rollout_engine.sampler(module.policy, version=module.global_step)  # sync what the update just changed
+    engine = module.rollout_backend.engine
+    module.rollout_backend.sync(module.policy, module.global_step)  # sync what the update just changed
     tokenizer = module.tokenizer
     ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
     params = SamplingParams(temperature=0.0, max_tokens=8, stop_token_ids=[tokenizer.eos_token_id], ignore_eos=True)
@@ -110,7 +110,7 @@ def test_one_batched_draw_copies_of_a_prompt_sample_apart_and_the_training_strea
 
 
 def _sample_copies(module: GRPOModule, sent: list) -> None:
-    engine = module.rollout_engine.engine
+    engine = module.rollout_backend.engine
     generate = engine.llm.generate
     engine.llm.generate = lambda prompts, params, **kw: sent.append(params) or generate(prompts, params, **kw)
     ids = torch.tensor([[5, 6, 7]] * 2)
@@ -175,9 +175,9 @@ def _make_eos_likely(model, eos: int, target: float = 3.0) -> None:
 
 
 def test_the_engine_is_shut_down_at_the_end_of_fit_and_on_an_exception():
-    module, seen = vllm_module(), _Probe(lambda m: m.rollout_engine.engine.work_dir)
+    module, seen = vllm_module(), _Probe(lambda m: m.rollout_backend.engine.work_dir)
     fit(module, steps=1, callbacks=[seen])
-    assert module.rollout_engine.engine is None and not seen.results[0].exists()  # its files are gone
+    assert module.rollout_backend.engine is None and not seen.results[0].exists()  # its files are gone
     assert psutil.Process().children(recursive=True) == []  # in-process engine: nothing to orphan
 
     def broken(completions, **_):
@@ -186,11 +186,11 @@ def test_the_engine_is_shut_down_at_the_end_of_fit_and_on_an_exception():
     failing, started = vllm_module(), []
     failing.rewards = type(failing.rewards).of([broken], None)
     on_start = L.pytorch.callbacks.LambdaCallback(
-        on_train_start=lambda t, m: started.append(m.rollout_engine.engine.work_dir)
+        on_train_start=lambda t, m: started.append(m.rollout_backend.engine.work_dir)
     )
     with pytest.raises(RuntimeError, match="reward exploded"):
         fit(failing, steps=1, callbacks=[on_start])
-    assert failing.rollout_engine.engine is None and not started[0].exists()
+    assert failing.rollout_backend.engine is None and not started[0].exists()
     assert psutil.Process().children(recursive=True) == []
 
 
@@ -204,9 +204,9 @@ def test_truncated_importance_sampling_weights_are_one_when_sampler_and_trainer_
 _START = """
 import sys
 from lightning_grpo.policy import PolicyConfig, load_policy
-from lightning_grpo.rollout.vllm_engine import VLLMEngine
-from lightning_grpo.rollout.vllm_settings import VLLMConfig
-from tests.rollout.vllm_helpers import tiny_policy
+from lightning_grpo.backends.vllm_engine import VLLMEngine
+from lightning_grpo.backends.vllm_settings import VLLMConfig
+from tests.backends.vllm_helpers import tiny_policy
 policy = load_policy(tiny_policy(), PolicyConfig(lora_r=4, lora_alpha=8))
 config = VLLMConfig(**dict(arg.split("=") for arg in sys.argv[1:]))
 engine = VLLMEngine.start(policy, config, model_name=None, max_model_len=32, max_lora_rank=8, seed=0)

@@ -1,0 +1,128 @@
+"""Choosing a rollout backend: a built-in name (``"hf"``, ``"vllm"``) or a class's import path, its settings checked
+key by key, and the run's settings it must honour (``docs/backends.md``).
+
+Every error is a :class:`~lightning_grpo.settings_checks.SettingError` whose message starts with the setting it
+refuses (``GRPOConfig.rollout_backend=...``, ``GRPOConfig.rollout_backend_args.<key>=...``, ``GRPOConfig.top_k=...``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from dataclasses import fields, is_dataclass
+from typing import Any
+
+from lightning_grpo.algorithms.catalogue import is_import_path
+from lightning_grpo.backends.hf import HFBackend
+from lightning_grpo.backends.protocol import OPTIONAL_SETTINGS, PROTOCOL_MEMBERS, BackendRun, RolloutBackend
+from lightning_grpo.backends.vllm import VLLMBackend
+from lightning_grpo.backends.vllm_settings import VLLMConfig
+from lightning_grpo.settings_checks import SettingError
+
+__all__ = ["BACKENDS", "backend_class", "backend_settings", "build_backend"]
+
+#: The built-in backends by name.
+BACKENDS: dict[str, type] = {"hf": HFBackend, "vllm": VLLMBackend}
+_FIELD = "GRPOConfig.rollout_backend"
+_FIX = "choose 'hf', 'vllm' or the import path of a RolloutBackend class such as 'my_project.backends.MyBackend'"
+
+
+def backend_class(name: str) -> type:
+    """The backend class ``name`` chooses: a built-in name or ``"package.module.Class"``.
+
+    Raises:
+        SettingError: ``name`` is neither, its module or class does not import, or the class misses a member of
+            :class:`~lightning_grpo.backends.protocol.RolloutBackend` (the message names them).
+    """
+    if name in BACKENDS:
+        return BACKENDS[name]
+    if not is_import_path(name):
+        raise SettingError(f"{_FIELD}={name!r}: not a backend name or an import path; {_FIX}", _FIELD, name)
+    module_name, attribute = name.rsplit(".", 1)
+    try:
+        found = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as error:
+        raise SettingError(f"{_FIELD}={name!r}: cannot import it ({error}); {_FIX}", _FIELD, name) from None
+    if not isinstance(found, type):
+        kind = type(found).__name__
+        raise SettingError(f"{_FIELD}={name!r}: a backend is a class, got a {kind}; {_FIX}", _FIELD, name)
+    missing = [member for member in PROTOCOL_MEMBERS if not hasattr(found, member)]
+    if missing:
+        raise SettingError(
+            f"{_FIELD}={name!r}: {found.__qualname__} is not a RolloutBackend: it lacks {', '.join(missing)} "
+            "(docs/backends.md lists the protocol: settings_class, supported_settings, start, sync, session, "
+            "release, close)",
+            _FIELD,
+            name,
+        )
+    return found
+
+
+def backend_settings(cls: type, args: Mapping[str, Any] | None, name: str) -> Any:
+    """``cls.settings_class(**args)``, or ``None`` for a backend without settings (then ``args`` must be empty).
+
+    Raises:
+        SettingError: A key of ``args`` is not a field of the settings class (the message lists the allowed keys),
+            or the backend takes no settings.
+    """
+    args, settings_class = dict(args or {}), cls.settings_class
+    if settings_class is None:
+        if args:
+            raise SettingError(
+                f"GRPOConfig.rollout_backend_args={args!r}: the rollout backend {name!r} takes no settings; remove "
+                "rollout_backend_args",
+                "GRPOConfig.rollout_backend_args", args,
+            )  # fmt: skip
+        return None
+    allowed = [f.name for f in fields(settings_class)] if is_dataclass(settings_class) else None
+    for key in args:
+        if allowed is not None and key not in allowed:
+            setting = f"GRPOConfig.rollout_backend_args.{key}"
+            raise SettingError(
+                f"{setting}={args[key]!r}: not a setting of the rollout backend {name!r} "
+                f"({settings_class.__name__}); allowed keys: {', '.join(allowed) or 'none'}",
+                setting, args[key],
+            )  # fmt: skip
+    return settings_class(**args)
+
+
+def check_supported(cls: type, run: BackendRun, name: str) -> None:
+    """Refuse a run that sets an :data:`~lightning_grpo.backends.protocol.OPTIONAL_SETTINGS` entry the backend does
+    not list in ``supported_settings``.
+
+    Raises:
+        SettingError: Names the first such setting, its value and the backend.
+    """
+    for setting, value in run.settings_in_use().items():
+        if setting not in cls.supported_settings:
+            owner = "PolicyConfig" if setting == "quantization" else "GRPOConfig"
+            default = OPTIONAL_SETTINGS[setting]
+            raise SettingError(
+                f"{owner}.{setting}={value!r}: the rollout backend {name!r} does not honour {setting} (it supports "
+                f"{', '.join(sorted(cls.supported_settings)) or 'none of the optional settings'}); set {setting} to "
+                f"{default!r} or choose a backend that supports it",
+                f"{owner}.{setting}", value,
+            )  # fmt: skip
+
+
+def build_backend(run: BackendRun, vllm: VLLMConfig | None = None) -> RolloutBackend:
+    """The backend ``run.grpo.rollout_backend`` names, built with ``run.grpo.rollout_backend_args`` (or ``vllm``).
+
+    Args:
+        run: The run it samples for.
+        vllm: The module's ``vllm`` argument: the vLLM backend's settings, given the older way.
+
+    Raises:
+        SettingError: See :func:`backend_class`, :func:`backend_settings`, :func:`check_supported`.
+        ValueError: ``vllm`` settings with another backend, or with ``rollout_backend_args`` too.
+    """
+    name, args = run.grpo.rollout_backend, run.grpo.rollout_backend_args
+    cls = backend_class(name)
+    if vllm is not None and cls is not VLLMBackend:
+        raise ValueError(f"vllm settings were given but grpo.rollout_backend is {name!r}; set rollout_backend: vllm")
+    if vllm is not None and args:
+        raise ValueError("vllm settings were given twice: as the module's vllm and grpo.rollout_backend_args; keep one")
+    settings = vllm if vllm is not None else backend_settings(cls, args, name)
+    backend = cls(settings, run)
+    check_supported(cls, run, name)
+    return backend

@@ -1,0 +1,106 @@
+"""The interface of a rollout backend: what samples a GRPO run's rollouts, and its life within a fit.
+
+A backend is a class constructed as ``Backend(settings, run)``: ``settings`` an instance of its
+:attr:`~RolloutBackend.settings_class` (``grpo.rollout_backend_args``, checked key by key), ``run`` the run's
+:class:`BackendRun`. Construction checks what can be checked before a fit and stays cheap; :meth:`~RolloutBackend.
+start` does the heavy work. ``docs/backends.md`` walks through writing one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+from peft import PeftModel
+
+from lightning_grpo.config import GRPOConfig
+from lightning_grpo.policy import PolicyConfig
+from lightning_grpo.rollout.generation import SamplingSettings
+from lightning_grpo.rollout.session import RolloutSession
+
+__all__ = ["OPTIONAL_SETTINGS", "BackendRun", "RolloutBackend", "RolloutSession"]
+
+#: Settings a backend may not honour, with the value that needs nothing of it: a run that sets one to anything else
+#: needs a backend that lists it in ``supported_settings`` (``policy.quantization``: a quantized base model).
+OPTIONAL_SETTINGS: dict[str, Any] = {
+    "top_p": 1.0, "top_k": 0, "sampler": "multinomial", "drop_finished": False, "static_cache": False,
+    "sampling_adapter": "as_trained", "quantization": None,
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class BackendRun:
+    """What a backend learns of the run it samples for, at construction.
+
+    Attributes:
+        grpo: The algorithm settings (sampling settings, lengths, ``rollout_backend_args``).
+        policy: The policy's settings (LoRA rank, quantization).
+        model_name: The model's hub id or folder; ``None``: the policy was given as an object.
+        generate_overridden: Whether the module's ``generate`` is a subclass's own (it may never call the backend).
+    """
+
+    grpo: GRPOConfig
+    policy: PolicyConfig
+    model_name: str | None = None
+    generate_overridden: bool = False
+
+    def settings_in_use(self) -> dict[str, Any]:
+        """The :data:`OPTIONAL_SETTINGS` this run sets to a value that needs the backend, by name (``"top_k"``)."""
+        values = {name: getattr(self.grpo, name, None) for name in OPTIONAL_SETTINGS}
+        values["quantization"] = self.policy.quantization
+        return {name: value for name, value in values.items() if value != OPTIONAL_SETTINGS[name]}
+
+
+@runtime_checkable
+class RolloutBackend(Protocol):
+    """What samples rollouts: started at fit start, synced with the policy's weights, sampled through one
+    :class:`RolloutSession` per rollout, released for the update, closed at the end of fit or on an exception.
+
+    Attributes:
+        settings_class: The dataclass of its settings (``grpo.rollout_backend_args`` are its keyword arguments);
+            ``None``: it takes none.
+        supported_settings: The :data:`OPTIONAL_SETTINGS` it honours; a run that needs another is refused at set-up
+            with an error naming the setting.
+
+    Example::
+
+        class EchoBackend:  # samples with the policy itself, like the Hugging Face backend
+            settings_class = None
+            supported_settings = frozenset()
+            def __init__(self, settings, run): ...
+            def start(self, policy, seed, *, sharded): ...
+            def sync(self, policy, version): ...
+            def session(self, policy, settings): return MySession(policy)
+            def release(self): ...
+            def close(self): ...
+    """
+
+    settings_class: ClassVar[type | None]
+    supported_settings: ClassVar[frozenset[str]]
+
+    def start(self, policy: PeftModel, seed: int, *, sharded: bool) -> None:
+        """Build what sampling needs (an engine, a connection); called at fit start, on every rank; idempotent."""
+        ...
+
+    def sync(self, policy: PeftModel, version: int) -> None:
+        """Make the policy's current weights the ones sampled; ``version`` (the global step) names them, so a
+        version already synced costs nothing. Under FSDP2 every rank calls it with the same version."""
+        ...
+
+    def session(self, policy: PeftModel, settings: SamplingSettings) -> RolloutSession:
+        """Open the sampler of one rollout: every turn of it is sampled through the session, then it is closed."""
+        ...
+
+    def release(self) -> None:
+        """Free memory for the policy update (the next :meth:`sync` or :meth:`session` takes it back)."""
+        ...
+
+    def close(self) -> None:
+        """Shut down (no process or file left); called at the end of fit and on an exception; safe to call twice."""
+        ...
+
+
+#: The members :func:`~lightning_grpo.backends.build.backend_class` checks a class for, in the protocol's order.
+PROTOCOL_MEMBERS: tuple[str, ...] = (
+    "settings_class", "supported_settings", "start", "sync", "session", "release", "close",
+)  # fmt: skip

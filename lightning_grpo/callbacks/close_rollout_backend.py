@@ -1,0 +1,38 @@
+"""Shut the module's rollout backend down when a fit ends, whether it finished or failed."""
+
+from __future__ import annotations
+
+from lightning.pytorch import Callback, LightningModule, Trainer
+from typing_extensions import override
+
+__all__ = ["CloseRolloutBackend"]
+
+
+class CloseRolloutBackend(Callback):
+    """Close ``pl_module.rollout_backend`` (:class:`~lightning_grpo.backends.RolloutBackend`: a colocated vLLM
+    engine, a user's server connection) at the end of fit and on an exception, so nothing outlives the run.
+
+    ``GRPOModule`` adds it itself (``configure_callbacks``): this callback is the one place a backend is closed.
+    Lightning calls a module's own ``teardown`` only when fit succeeds, a callback's ``on_exception`` also when it
+    fails.
+
+    Example::
+
+        from lightning import Trainer
+        Trainer(callbacks=[CloseRolloutBackend()])  # not needed with GRPOModule: it adds one
+    """
+
+    @staticmethod
+    def _close(pl_module: LightningModule) -> None:
+        backend = getattr(pl_module, "rollout_backend", None)
+        if backend is not None:
+            backend.close()
+
+    @override
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        self._close(pl_module)
+
+    @override
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if stage == "fit":
+            self._close(pl_module)
