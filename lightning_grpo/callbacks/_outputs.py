@@ -1,4 +1,4 @@
-"""Shared by the callbacks: reading the :class:`~lightning_grpo.step.StepOutput`, checking arguments, and choosing
+"""Shared by the callbacks: reading the :class:`~lightning_grpo.iteration.StepOutput`, checking arguments, and choosing
 the default callbacks a trainer lacks."""
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
 from lightning_grpo.callbacks._outputs import check_positive_int, check_prefix, step_output
+from lightning_grpo.iteration.dynamic_sampling import informative_groups
 from lightning_grpo.metrics import reduce_across_ranks
-from lightning_grpo.step.dynamic_sampling import informative_groups
 
 __all__ = ["COLLAPSE_MESSAGE", "CollapseMonitor"]
 

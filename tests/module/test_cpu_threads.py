@@ -1,13 +1,13 @@
 """PyTorch's CPU threads at fit start (issue 39, item 2): a chosen count is kept, otherwise a CPU fit lowers it to one
-that does not oversubscribe a shared machine (``lightning_grpo.step.cpu_threads``)."""
+that does not oversubscribe a shared machine (``lightning_grpo.iteration.cpu_threads``)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from lightning_grpo.step import cpu_threads
-from lightning_grpo.step.cpu_threads import apply_default_cpu_threads, default_cpu_threads, set_cpu_threads
+from lightning_grpo.iteration import cpu_threads
+from lightning_grpo.iteration.cpu_threads import apply_default_cpu_threads, default_cpu_threads, set_cpu_threads
 from tests.conftest import make_trainer, prompt_loader
 
 CPU = torch.device("cpu")

@@ -11,7 +11,7 @@ from lightning.pytorch import Callback
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_grpo import PromptDataModule
-from lightning_grpo.step.dynamic_sampling import check_datamodule, informative_groups
+from lightning_grpo.iteration.dynamic_sampling import check_datamodule, informative_groups
 from tests.conftest import make_trainer, prompt_loader
 
 

@@ -8,7 +8,7 @@ import torch
 from lightning.pytorch import Callback
 
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig
-from lightning_grpo.step import LossCounts
+from lightning_grpo.iteration import LossCounts
 from lightning_grpo.testing.agents import (
     CountdownEnv,
     add,

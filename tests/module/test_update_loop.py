@@ -1,5 +1,5 @@
 """The update loop takes the module's steps as callables: overrides are used, the context is built once per step,
-and the names that moved still import from their old paths with a warning (docs/api/step.md)."""
+and the names that moved still import from their old paths with a warning (docs/api/iteration.md)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from lightning_grpo import GRPOModule, PromptDataModule, UpdateBatch
+from lightning_grpo import GRPOModule, PromptDataModule, UpdateBatch, _moved
 from lightning_grpo.algorithms.importance import importance_weighted, rollout_agreement
 from lightning_grpo.rollout import TokenLogProbs
 from tests.conftest import make_trainer, prompt_records
@@ -56,18 +56,16 @@ def test_the_loop_and_the_fixed_passes_use_the_overrides_and_one_context_per_ste
 @pytest.mark.parametrize(
     ("old_path", "name", "new_path"),
     [
-        ("lightning_grpo.step.update", "MetricSums", "lightning_grpo.metrics.MetricSums"),
-        ("lightning_grpo.step.update", "importance_weighted", "lightning_grpo.algorithms.importance"),
-        ("lightning_grpo.step.update", "rollout_agreement", "lightning_grpo.algorithms.importance"),
-        ("lightning_grpo.step.context", "StepModule", "lightning_grpo.GRPOModule"),
+        ("lightning_grpo.iteration.update", "MetricSums", "lightning_grpo.metrics.MetricSums"),
+        ("lightning_grpo.iteration.update", "importance_weighted", "lightning_grpo.algorithms.importance"),
+        ("lightning_grpo.iteration.update", "rollout_agreement", "lightning_grpo.algorithms.importance"),
+        ("lightning_grpo.iteration.context", "StepModule", "lightning_grpo.GRPOModule"),
         ("lightning_grpo.step", "StepModule", "lightning_grpo.GRPOModule"),
     ],
 )
 def test_moved_names_import_from_their_old_path_with_one_warning_naming_the_new(old_path, name, new_path):
     module = importlib.import_module(old_path)
-    for warned in (module.__dict__.get("_WARNED"), importlib.import_module("lightning_grpo.step.context")._WARNED):
-        if warned is not None:
-            warned.discard(name)
+    _moved.WARNED.discard(f"{old_path}.{name}")
     with pytest.warns(DeprecationWarning, match=new_path.replace(".", r"\.")):
         first = getattr(module, name)
     with warnings.catch_warnings():
@@ -83,9 +81,11 @@ def test_the_old_signatures_give_the_pure_functions_results(make_module):
     batch = module.prepare_update(rollout, torch.ones(len(rollout)))
     behaviour, mask = rollout.logprobs, batch.loss_mask
     with pytest.warns(DeprecationWarning):
-        from lightning_grpo.step import update
+        from lightning_grpo.iteration import update
 
-        update._WARNED.clear()
+        _moved.WARNED.difference_update(
+            {f"{update.__name__}.importance_weighted", f"{update.__name__}.rollout_agreement"}
+        )
         old_weighted, old_agreement = update.importance_weighted, update.rollout_agreement
     per_token = torch.ones_like(behaviour)
     expected = importance_weighted(per_token, behaviour - 1.0, behaviour, mask, cap=2.0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import warnings
 import zlib
 
-from lightning_grpo.step.zero_signal import NO_REWARD_MESSAGE, ZERO_STD_MESSAGE
+from lightning_grpo.iteration.zero_signal import NO_REWARD_MESSAGE, ZERO_STD_MESSAGE
 from tests.conftest import make_trainer, prompt_loader
 
 

@@ -10,7 +10,6 @@ override of it serves the old and reference passes too. Nothing here calls back 
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
@@ -19,15 +18,16 @@ import torch
 from torch import Tensor, nn
 
 from lightning_grpo import distributed
+from lightning_grpo._moved import Moved, moved_names
 from lightning_grpo.config import GRPOConfig
+from lightning_grpo.iteration.context import StepContext
+from lightning_grpo.iteration.nonfinite import gradient_flag, nonfinite_flags, step_is_finite
+from lightning_grpo.iteration.timing import PhaseTimer
+from lightning_grpo.iteration.types import LossCounts, UpdateBatch
 from lightning_grpo.metrics import MetricSums as _MetricSums
 from lightning_grpo.metrics import reduce_across_ranks
 from lightning_grpo.rollout import Rollout, TokenLogProbs
 from lightning_grpo.rollout.generation import eval_mode
-from lightning_grpo.step.batch import LossCounts, UpdateBatch
-from lightning_grpo.step.context import StepContext
-from lightning_grpo.step.finite import gradient_flag, nonfinite_flags, step_is_finite
-from lightning_grpo.step.timing import PhaseTimer
 
 __all__ = ["LogProbsStep", "LossStep", "fixed_logprobs", "minibatch_indices", "run_updates", "sampling_logprobs"]
 
@@ -169,7 +169,7 @@ def _accumulate(
 
     Returns this rank's parts of the mini-batch ``loss`` and ``pg_loss`` (computed with global normalisers, so
     the parts of all ranks add up to the global values) and the non-finite flags of its terms
-    (:func:`~lightning_grpo.step.finite.nonfinite_flags`); the other metrics go to ``sums``, weighted by tokens.
+    (:func:`~lightning_grpo.iteration.nonfinite.nonfinite_flags`); the other metrics go to ``sums``, weighted by tokens.
     """
     device = context.device
     shares = {"loss": torch.zeros((), device=device), "pg_loss": torch.zeros((), device=device)}
@@ -191,13 +191,6 @@ def _accumulate(
 
 # ---------------------------------------------------------------- deprecated names (moved)
 
-_MOVED = {
-    "MetricSums": "lightning_grpo.metrics.MetricSums",
-    "importance_weighted": "lightning_grpo.algorithms.importance.importance_weighted",
-    "rollout_agreement": "lightning_grpo.algorithms.importance.rollout_agreement",
-}
-_WARNED: set[str] = set()
-
 
 def _importance_weighted(
     per_token: Tensor, batch: UpdateBatch, old_logprobs: Tensor, cap: float | None
@@ -217,13 +210,18 @@ def _rollout_agreement(batch: UpdateBatch, logprobs: Tensor) -> dict[str, Tensor
     return rollout_agreement(logprobs, batch.rollout.logprobs, batch.loss_mask)
 
 
-def __getattr__(name: str) -> Any:
-    """The names that moved out of this module still import from here, with a ``DeprecationWarning`` once each."""
-    if name not in _MOVED:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    if name not in _WARNED:
-        _WARNED.add(name)
-        how = " (its arguments are now plain tensors)" if name != "MetricSums" else ""
-        warnings.warn(f"lightning_grpo.step.update.{name} moved to {_MOVED[name]}{how}", DeprecationWarning, 2)
-    return {"MetricSums": _MetricSums, "importance_weighted": _importance_weighted,
-            "rollout_agreement": _rollout_agreement}[name]  # fmt: skip
+_PLAIN_TENSORS = " (its arguments are now plain tensors)"
+__getattr__ = moved_names(
+    __name__,
+    {
+        "MetricSums": "lightning_grpo.metrics.MetricSums",
+        "importance_weighted": Moved(
+            "lightning_grpo.algorithms.importance.importance_weighted",
+            f"{__name__}._importance_weighted",
+            _PLAIN_TENSORS,
+        ),
+        "rollout_agreement": Moved(
+            "lightning_grpo.algorithms.importance.rollout_agreement", f"{__name__}._rollout_agreement", _PLAIN_TENSORS
+        ),
+    },
+)

@@ -9,10 +9,10 @@ from __future__ import annotations
 import torch
 
 from lightning_grpo.algorithms.process import constant_step_groups
+from lightning_grpo.iteration.context import StepContext
+from lightning_grpo.iteration.dynamic_sampling import informative_groups
 from lightning_grpo.rewards import RewardScores
 from lightning_grpo.rollout import Rollout
-from lightning_grpo.step.context import StepContext
-from lightning_grpo.step.dynamic_sampling import informative_groups
 
 __all__ = ["NO_REWARD_MESSAGE", "NO_STEP_MESSAGE", "ZERO_STD_MESSAGE", "check_signal"]
 

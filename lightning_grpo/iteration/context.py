@@ -1,14 +1,13 @@
 """What the phases of a GRPO iteration take from the module: a small, explicit :class:`StepContext`.
 
-The phases (:mod:`~lightning_grpo.step.update`, :mod:`~lightning_grpo.step.dynamic_sampling`,
-:mod:`~lightning_grpo.step.zero_signal`) never reach into the module: ``training_step`` builds one context per step
+The phases (:mod:`~lightning_grpo.iteration.update`, :mod:`~lightning_grpo.iteration.dynamic_sampling`,
+:mod:`~lightning_grpo.iteration.zero_signal`) never reach into the module: ``training_step`` builds one context per step
 (:meth:`GRPOModule.step_context <lightning_grpo.module.GRPOModule.step_context>`) and hands it, with the module's
 steps (``generate``, ``score``, ``compute_loss``, ...) as explicit callables, to each phase.
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -17,12 +16,13 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 
+from lightning_grpo._moved import Moved, moved_names
 from lightning_grpo.algorithms.statistics import SumAcrossRanks
 from lightning_grpo.config import GRPOConfig
+from lightning_grpo.iteration.timing import PhaseTimer
+from lightning_grpo.iteration.types import LossCounts, UpdateBatch
 from lightning_grpo.rewards import RewardScores
 from lightning_grpo.rollout import Rollout, TokenLogProbs
-from lightning_grpo.step.batch import LossCounts, UpdateBatch
-from lightning_grpo.step.timing import PhaseTimer
 
 __all__ = ["StepContext", "any_rank"]
 
@@ -116,19 +116,9 @@ class _StepModule(Protocol):
     def manual_backward(self, loss: Tensor) -> None: ...
 
 
-_WARNED: set[str] = set()
-
-
-def __getattr__(name: str) -> Any:
-    """``StepModule`` still imports from here, with a ``DeprecationWarning`` once: the phases take callables now."""
-    if name != "StepModule":
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    if name not in _WARNED:
-        _WARNED.add(name)
-        warnings.warn(
-            "lightning_grpo.step.context.StepModule is deprecated: the phases take the module's steps as explicit "
-            "callables (lightning_grpo.step.update.run_updates); type a module as lightning_grpo.GRPOModule",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-    return _StepModule
+STEP_MODULE = Moved(
+    "lightning_grpo.GRPOModule",
+    "lightning_grpo.iteration.context._StepModule",
+    " (the phases take the module's steps as explicit callables: lightning_grpo.iteration.update.run_updates)",
+)
+__getattr__ = moved_names(__name__, {"StepModule": STEP_MODULE})

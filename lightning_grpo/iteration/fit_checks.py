@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from lightning_grpo.config import GRPOConfig
+from lightning_grpo.iteration.dynamic_sampling import check_datamodule
+from lightning_grpo.iteration.process_supervision import check_step_sources
 from lightning_grpo.rewards import RewardFunctions
-from lightning_grpo.step.dynamic_sampling import check_datamodule
-from lightning_grpo.step.process import check_step_sources
 
 __all__ = ["STEP_KEYWORDS", "check_fit_inputs", "check_reward_keywords"]
 

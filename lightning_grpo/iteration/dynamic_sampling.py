@@ -19,9 +19,9 @@ import torch
 from torch import Tensor
 
 from lightning_grpo.algorithms.advantages import group_stats
+from lightning_grpo.iteration.context import StepContext
 from lightning_grpo.rewards import RewardScores
 from lightning_grpo.rollout import Rollout
-from lightning_grpo.step.context import StepContext
 
 __all__ = ["ExtraBatchSource", "check_datamodule", "dynamic_sample", "group_starts", "informative_groups"]
 

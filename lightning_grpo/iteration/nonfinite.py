@@ -1,6 +1,6 @@
 """The non-finite guard of the update loop: a NaN or infinite loss, KL, ratio or gradient is never applied.
 
-:func:`~lightning_grpo.step.update.run_updates` checks each mini-batch before its optimizer step. Every rank
+:func:`~lightning_grpo.iteration.update.run_updates` checks each mini-batch before its optimizer step. Every rank
 agrees (one small all-reduce), so under DDP and FSDP2 all ranks skip or stop together. With
 ``GRPOConfig(on_nonfinite="stop")`` (the default) the run stops with :class:`~lightning_grpo.policy.NonFiniteError`
 naming the step and the quantity; with ``"skip"`` the rest of the GRPO iteration is skipped with a warning, at most
@@ -16,8 +16,8 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 
+from lightning_grpo.iteration.context import StepContext
 from lightning_grpo.policy.finite import LIKELY_CAUSES, NonFiniteError
-from lightning_grpo.step.context import StepContext
 
 __all__ = ["QUANTITIES", "gradient_flag", "nonfinite_flags", "nonfinite_sampling", "step_is_finite"]
 
