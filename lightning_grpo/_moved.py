@@ -29,6 +29,10 @@ __all__ = ["MOVED_MODULES", "WARNED", "Moved", "install", "moved_names", "resolv
 
 #: Old dotted module name -> the module that replaced it (docs/index.md, "Layout"). Sorted by old name.
 MOVED_MODULES: Mapping[str, str] = {
+    "lightning_grpo.algorithms.process": "lightning_grpo.algorithms.process_supervision",
+    "lightning_grpo.rewards.process_model": "lightning_grpo.rewards.process_supervision",
+    "lightning_grpo.rewards.steps": "lightning_grpo.rewards.process_supervision",
+    "lightning_grpo.rollout.steps": "lightning_grpo.rollout.process_supervision",
     "lightning_grpo.step.batch": "lightning_grpo.iteration.types",
     "lightning_grpo.step.context": "lightning_grpo.iteration.context",
     "lightning_grpo.step.cpu_threads": "lightning_grpo.iteration.cpu_threads",

@@ -11,7 +11,7 @@ Estimators (choose by name, see :data:`ADVANTAGE_ESTIMATORS`):
   whitened over all valid tokens of the batch.
 * ``grpo_process`` — DeepSeekMath §4.1.3, process supervision: the step rewards of a group normalised together, each
   token's advantage the sum of the normalised rewards of the steps ending at or after it
-  (:mod:`~lightning_grpo.algorithms.process`).
+  (:mod:`~lightning_grpo.algorithms.process_supervision`).
 
 Rewards that are NaN (every reward function skipped the row) are left out of every statistic and get advantage 0;
 groups whose valid rewards are all equal get 0. Groups are located by ``group_ids`` and need not be contiguous; the
@@ -34,7 +34,7 @@ from torch import Tensor
 
 from lightning_grpo.algorithms._checks import check_floating
 from lightning_grpo.algorithms.catalogue import choose
-from lightning_grpo.algorithms.process import process_advantages
+from lightning_grpo.algorithms.process_supervision import process_advantages
 from lightning_grpo.algorithms.statistics import SumAcrossRanks, mean_std, moments
 
 AdvantageEstimator = Literal["grpo", "rloo", "reinforce_pp_baseline", "grpo_process"]
@@ -192,7 +192,7 @@ def compute_advantages(
             local.
         step_rewards: ``(N, T)`` the reward of each step at the token where it ends, NaN elsewhere; required by
             ``grpo_process`` (which reads no ``rewards``: add an outcome step with
-            :func:`~lightning_grpo.algorithms.process.with_outcome_step`).
+            :func:`~lightning_grpo.algorithms.process_supervision.with_outcome_step`).
 
     Returns:
         ``(N,)`` advantages in ``rewards.dtype`` — ``(N, T)`` for ``reinforce_pp_baseline`` and ``grpo_process``,

@@ -1,7 +1,13 @@
-"""Process supervision in the step: gather step rewards for ``grpo_process`` and check, at fit start, that some exist.
+"""Process supervision in the GRPO iteration: gather step rewards for a process estimator and check, at fit start,
+that some exist.
+
+Process supervision has one file per layer, each named ``process_supervision.py`` (the same feature in four
+layers): ``algorithms`` (the advantages), ``rewards`` (:class:`~lightning_grpo.rewards.StepRewards`, the process reward
+model), ``rollout`` (step ends as token positions) and ``iteration`` (gathering the step rewards of one GRPO iteration).
+
 
 Step rewards come from reward functions that return :class:`~lightning_grpo.rewards.StepRewards` (weighted by their
-reward weights) and from environment turn rewards (weight 1); :func:`~lightning_grpo.rollout.steps.
+reward weights) and from environment turn rewards (weight 1); :func:`~lightning_grpo.rollout.process_supervision.
 step_rewards_tensor` places them on tokens. See ``docs/math.md`` ("Process supervision").
 """
 
@@ -13,12 +19,12 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedTokenizerBase
 
-from lightning_grpo.algorithms.process import with_outcome_step
+from lightning_grpo.algorithms.process_supervision import with_outcome_step
 from lightning_grpo.config import GRPOConfig
 from lightning_grpo.rewards import RewardFunctions, RewardScores
-from lightning_grpo.rewards.steps import gives_step_rewards
+from lightning_grpo.rewards.process_supervision import gives_step_rewards
 from lightning_grpo.rollout import Rollout
-from lightning_grpo.rollout.steps import step_rewards_tensor
+from lightning_grpo.rollout.process_supervision import step_rewards_tensor
 
 __all__ = ["PROCESS_ESTIMATORS", "advantage_inputs", "check_step_sources", "gather_step_rewards", "outcome_rewards"]
 

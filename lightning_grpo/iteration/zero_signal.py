@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from lightning_grpo.algorithms.process import constant_step_groups
+from lightning_grpo.algorithms.process_supervision import constant_step_groups
 from lightning_grpo.iteration.context import StepContext
 from lightning_grpo.iteration.dynamic_sampling import informative_groups
 from lightning_grpo.rewards import RewardScores

@@ -23,7 +23,7 @@ from lightning_grpo.rewards._concurrency import RewardCall, _CallFailed, run_cal
 from lightning_grpo.rewards._signature import KeywordSpec, unique_names
 from lightning_grpo.rewards._text import DATASET_INDEX, excerpt
 from lightning_grpo.rewards._validation import check_inputs, check_timeouts, check_weights, split_functions
-from lightning_grpo.rewards.steps import StepRewards
+from lightning_grpo.rewards.process_supervision import StepRewards
 
 _FLOAT32_MAX = torch.finfo(torch.float32).max
 

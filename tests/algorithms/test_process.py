@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lightning_grpo.algorithms import compute_advantages
-from lightning_grpo.algorithms.process import process_advantages, with_outcome_step
+from lightning_grpo.algorithms.process_supervision import process_advantages, with_outcome_step
 
 NAN = math.nan
 

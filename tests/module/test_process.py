@@ -11,7 +11,7 @@ import torch
 from lightning.pytorch import Callback
 
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig
-from lightning_grpo.algorithms.process import process_advantages, with_outcome_step
+from lightning_grpo.algorithms.process_supervision import process_advantages, with_outcome_step
 from lightning_grpo.iteration.zero_signal import NO_STEP_MESSAGE
 from lightning_grpo.rewards import StepRewards, step_reward
 from lightning_grpo.testing.agents import CountdownEnv, short_turn_model

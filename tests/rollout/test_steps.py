@@ -12,7 +12,7 @@ from transformers import PreTrainedTokenizerFast
 
 from lightning_grpo.rewards import StepRewards
 from lightning_grpo.rollout import Rollout
-from lightning_grpo.rollout.steps import completion_step_text, step_rewards_tensor, token_ends
+from lightning_grpo.rollout.process_supervision import completion_step_text, step_rewards_tensor, token_ends
 from lightning_grpo.testing.agents import short_turn_model
 from tests.rollout.test_multi_turn import _env_rollout, _runs
 

@@ -1,4 +1,10 @@
-"""Step rewards as token positions: reward functions' character offsets and environment turns, in one ``(N, T)``.
+"""Process supervision in the rollout layer: step rewards as token positions, reward functions' character offsets
+and environment turns, in one ``(N, T)``.
+
+Process supervision has one file per layer, each named ``process_supervision.py`` (the same feature in four
+layers): ``algorithms`` (the advantages), ``rewards`` (:class:`~lightning_grpo.rewards.StepRewards`, the process reward
+model), ``rollout`` (step ends as token positions) and ``iteration`` (gathering the step rewards of one GRPO iteration).
+
 
 For ``grpo_process`` (``docs/math.md``, "Process supervision") every step ends at a token of the completion:
 
@@ -22,7 +28,7 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedTokenizerBase
 
-from lightning_grpo.rewards.steps import StepRewards
+from lightning_grpo.rewards.process_supervision import StepRewards
 from lightning_grpo.rollout.batch import Rollout
 
 __all__ = ["completion_step_text", "step_rewards_tensor", "token_ends"]

@@ -1,4 +1,10 @@
-"""Process advantages: step rewards of a group normalised together, summed over the steps at or after each token.
+"""Process supervision in the algorithms layer: process advantages, step rewards of a group normalised together,
+summed over the steps at or after each token.
+
+Process supervision has one file per layer, each named ``process_supervision.py`` (the same feature in four
+layers): ``algorithms`` (the advantages), ``rewards`` (:class:`~lightning_grpo.rewards.StepRewards`, the process reward
+model), ``rollout`` (step ends as token positions) and ``iteration`` (gathering the step rewards of one GRPO iteration).
+
 
 DeepSeekMath (Shao et al., 2024, arXiv:2402.03300) §4.1.3, "process supervision": completion ``i`` of a group has
 steps ending at token indices ``index(1) < ... < index(K_i)`` with rewards ``r_i^index(j)``. Every step reward of the
