@@ -19,7 +19,9 @@ statistics are vectorised with ``index_add_`` (no Python loop over groups).
 
 An estimator of your own is an :data:`AdvantageFunction` named by its import path (``advantage_estimator:
 my_project.advantages.my_estimator``): it receives the rewards' :class:`GroupStats`, the completion mask and one
-:class:`AdvantageSettings`.
+:class:`AdvantageSettings`. An estimator declares what it needs beyond the rewards with :func:`declare_needs`
+(attributes ``needs_groups`` and ``needs_step_rewards`` on the function), never by its name: the configuration reads
+them (:func:`estimator_needs`) to refuse ``num_generations < 2`` and to gather step rewards for it.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Literal
+from typing import Literal, TypeVar
 
 import torch
 from torch import Tensor
@@ -46,10 +48,15 @@ __all__ = [
     "AdvantageFunction",
     "AdvantageScale",
     "AdvantageSettings",
+    "EstimatorNeeds",
     "GroupStats",
     "compute_advantages",
+    "declare_needs",
+    "estimator_needs",
     "group_stats",
 ]
+
+F = TypeVar("F", bound=Callable[..., object])
 
 
 @dataclass(frozen=True)
@@ -118,7 +125,56 @@ class AdvantageSettings:
 AdvantageFunction = Callable[[GroupStats, Tensor | None, AdvantageSettings], Tensor]
 
 
-# Every estimator shares one signature: AdvantageFunction.
+@dataclass(frozen=True)
+class EstimatorNeeds:
+    """What an advantage estimator needs beyond the rewards, as its function declares it (:func:`declare_needs`).
+
+    Attributes:
+        groups: Compares a sample with its group (``needs_groups``): ``num_generations >= 2`` is required.
+        step_rewards: Reads ``settings.step_rewards`` (``needs_step_rewards``): the module gathers the step rewards
+            of reward functions and environments for it, and refuses a run where nothing gives them.
+    """
+
+    groups: bool = False
+    step_rewards: bool = False
+
+
+def declare_needs(*, groups: bool = False, step_rewards: bool = False) -> Callable[[F], F]:
+    """Mark an advantage estimator with what it needs (the attributes ``needs_groups``, ``needs_step_rewards``).
+
+    Example::
+
+        >>> @declare_needs(groups=True, step_rewards=True)
+        ... def my_estimator(stats, completion_mask, settings):
+        ...     return settings.step_rewards.nan_to_num(0.0)
+        >>> estimator_needs(my_estimator)
+        EstimatorNeeds(groups=True, step_rewards=True)
+    """
+
+    def mark(function: F) -> F:
+        setattr(function, "needs_groups", groups)  # noqa: B010 - an attribute of a function, typed as one
+        setattr(function, "needs_step_rewards", step_rewards)  # noqa: B010
+        return function
+
+    return mark
+
+
+def estimator_needs(estimator: str | AdvantageFunction) -> EstimatorNeeds:
+    """What ``estimator`` (a built-in name, an import path, or the function) declares it needs; nothing if undeclared.
+
+    Raises:
+        ValueError: An unknown name, or an import path that does not import (listing the valid names).
+    """
+    function = estimator if callable(estimator) else choose(ADVANTAGE_ESTIMATORS, estimator, "advantage estimator",
+                                                            import_paths=True)  # fmt: skip
+    return EstimatorNeeds(
+        groups=bool(getattr(function, "needs_groups", False)),
+        step_rewards=bool(getattr(function, "needs_step_rewards", False)),
+    )
+
+
+# Every estimator shares one signature: AdvantageFunction; each declares what it needs.
+@declare_needs(groups=True)
 def _grpo(stats: GroupStats, completion_mask: Tensor | None, settings: AdvantageSettings) -> Tensor:
     centred = stats.rewards - stats.mean  # (N,)
     if settings.scale == "group":
@@ -129,11 +185,13 @@ def _grpo(stats: GroupStats, completion_mask: Tensor | None, settings: Advantage
     return centred
 
 
+@declare_needs(groups=True)
 def _rloo(stats: GroupStats, completion_mask: Tensor | None, settings: AdvantageSettings) -> Tensor:
     leave_one_out_mean = (stats.total - stats.rewards) / (stats.count - 1).clamp(min=1)
     return stats.rewards - leave_one_out_mean  # (N,)
 
 
+@declare_needs(groups=True)
 def _reinforce_pp_baseline(stats: GroupStats, completion_mask: Tensor | None, settings: AdvantageSettings) -> Tensor:
     if completion_mask is None or completion_mask.ndim != 2 or completion_mask.shape[0] != stats.rewards.shape[0]:
         got = None if completion_mask is None else tuple(completion_mask.shape)
@@ -146,6 +204,7 @@ def _reinforce_pp_baseline(stats: GroupStats, completion_mask: Tensor | None, se
     return (tokens - mean) / (std + settings.eps) * weights * keep[:, None]  # constant groups, skipped rows stay 0
 
 
+@declare_needs(groups=True, step_rewards=True)
 def _grpo_process(stats: GroupStats, completion_mask: Tensor | None, settings: AdvantageSettings) -> Tensor:
     if settings.step_rewards is None or completion_mask is None or stats.group_ids is None:
         raise ValueError(

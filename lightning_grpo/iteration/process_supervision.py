@@ -19,6 +19,8 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedTokenizerBase
 
+from lightning_grpo._moved import Moved, moved_names
+from lightning_grpo.algorithms.advantages import estimator_needs
 from lightning_grpo.algorithms.process_supervision import with_outcome_step
 from lightning_grpo.config import GRPOConfig
 from lightning_grpo.rewards import RewardFunctions, RewardScores
@@ -26,10 +28,19 @@ from lightning_grpo.rewards.process_supervision import gives_step_rewards
 from lightning_grpo.rollout import Rollout
 from lightning_grpo.rollout.process_supervision import step_rewards_tensor
 
-__all__ = ["PROCESS_ESTIMATORS", "advantage_inputs", "check_step_sources", "gather_step_rewards", "outcome_rewards"]
+__all__ = ["advantage_inputs", "check_step_sources", "gather_step_rewards", "outcome_rewards"]
 
-#: Estimators that read step rewards.
-PROCESS_ESTIMATORS = ("grpo_process",)
+#: The built-in estimators that read step rewards, as once listed here (deprecated: read ``estimator_needs``).
+_PROCESS_ESTIMATORS = ("grpo_process",)
+__getattr__ = moved_names(
+    __name__,
+    {
+        "PROCESS_ESTIMATORS": Moved(
+            "lightning_grpo.algorithms.estimator_needs", f"{__name__}._PROCESS_ESTIMATORS",
+            " (an estimator declares needs_step_rewards itself: lightning_grpo.algorithms.declare_needs)",
+        )
+    },
+)  # fmt: skip
 
 
 def gather_step_rewards(
@@ -39,13 +50,13 @@ def gather_step_rewards(
     scores: RewardScores,
     rewards: RewardFunctions,
 ) -> Tensor | None:
-    """``(N, T)`` step rewards for a process estimator (NaN where no step ends); ``None`` for outcome estimators.
+    """``(N, T)`` step rewards (NaN where no step ends) for an estimator that declares it needs them; else ``None``.
 
     With ``config.process_outcome_weight`` set, the outcome reward (the weighted sum of the functions that returned
     a number for the row, not :class:`~lightning_grpo.rewards.StepRewards`) times that weight is one more step,
     ending at the row's last sampled token.
     """
-    if config.advantage_estimator not in PROCESS_ESTIMATORS:
+    if not estimator_needs(config.advantage_estimator).step_rewards:
         return None
     weights = dict(zip(rewards.names, rewards.weights, strict=True))
     steps = step_rewards_tensor(tokenizer, rollout, scores.steps, weights)  # (N, T)
@@ -69,19 +80,20 @@ def outcome_rewards(scores: RewardScores, weights: dict[str, float]) -> Tensor:
 def advantage_inputs(scores: RewardScores) -> dict[str, Any]:
     """Keywords for ``GRPOModule.compute_advantages`` beyond ``(rewards, rollout)``: ``step_rewards`` when scored.
 
-    Only a process estimator's step passes ``step_rewards``, so an override of ``compute_advantages(rewards,
-    rollout)`` keeps working with every outcome estimator.
+    Only for an estimator that needs step rewards does the step pass ``step_rewards``, so an override of
+    ``compute_advantages(rewards, rollout)`` keeps working with every outcome estimator.
     """
     return {} if scores.step_rewards is None else {"step_rewards": scores.step_rewards}
 
 
 def check_step_sources(config: GRPOConfig, rewards: RewardFunctions, *, environment: bool) -> None:
-    """At fit start: refuse ``grpo_process`` when neither an environment nor a marked reward function gives steps.
+    """At fit start: refuse an estimator that needs step rewards (``grpo_process``, or a user's that declares
+    ``needs_step_rewards``) when neither an environment nor a marked reward function gives them.
 
     Raises:
         ValueError: Naming the reward functions and the two ways to give step rewards.
     """
-    if config.advantage_estimator not in PROCESS_ESTIMATORS or environment:
+    if not estimator_needs(config.advantage_estimator).step_rewards or environment:
         return
     if any(gives_step_rewards(function) for function in rewards.functions):
         return
