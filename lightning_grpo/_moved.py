@@ -30,6 +30,7 @@ __all__ = ["MOVED_MODULES", "WARNED", "Moved", "install", "moved_names", "resolv
 #: Old dotted module name -> the module that replaced it (docs/index.md, "Layout"). Sorted by old name.
 MOVED_MODULES: Mapping[str, str] = {
     "lightning_grpo.algorithms.process": "lightning_grpo.algorithms.process_supervision",
+    "lightning_grpo.rewards.model": "lightning_grpo.rewards.reward_model",
     "lightning_grpo.rewards.process_model": "lightning_grpo.rewards.process_supervision",
     "lightning_grpo.rewards.steps": "lightning_grpo.rewards.process_supervision",
     "lightning_grpo.rollout.steps": "lightning_grpo.rollout.process_supervision",

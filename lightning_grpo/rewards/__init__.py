@@ -23,9 +23,9 @@ from lightning_grpo.rewards.base import (
 )
 from lightning_grpo.rewards.format import DEFAULT_PATTERN, FormatReward, format_reward
 from lightning_grpo.rewards.math_answer import answers_match, extract_answer, math_answer
-from lightning_grpo.rewards.model import RewardModel
 from lightning_grpo.rewards.overlong import OverlongPenalty, soft_overlong_penalty
 from lightning_grpo.rewards.process_supervision import ProcessRewardModel, StepRewards, gives_step_rewards, step_reward
+from lightning_grpo.rewards.reward_model import RewardModel
 
 __all__ = [
     "DEFAULT_PATTERN",
