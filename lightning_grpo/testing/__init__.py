@@ -18,7 +18,8 @@ Example::
 from __future__ import annotations
 
 from lightning_grpo.testing.datamodule import TinyTaskDataModule
-from lightning_grpo.testing.model import (
+from lightning_grpo.testing.tasks import BUILTIN_TASKS, addition, make_task, successor
+from lightning_grpo.testing.tiny_model import (
     RANDOM,
     TinyModel,
     WarmupSettings,
@@ -28,7 +29,6 @@ from lightning_grpo.testing.model import (
     tiny_config,
     warm_up,
 )
-from lightning_grpo.testing.tasks import BUILTIN_TASKS, addition, make_task, successor
 from lightning_grpo.testing.tokenizer import ALPHABET, TinyTokenizer, build_tiny_tokenizer
 
 __all__ = [
