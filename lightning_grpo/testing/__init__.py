@@ -17,7 +17,7 @@ Example::
 
 from __future__ import annotations
 
-from lightning_grpo.testing.datamodule import TinyTaskDataModule
+from lightning_grpo.testing.task_datamodule import TinyTaskDataModule
 from lightning_grpo.testing.tasks import BUILTIN_TASKS, addition, make_task, successor
 from lightning_grpo.testing.tiny_model import (
     RANDOM,
