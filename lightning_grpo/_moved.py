@@ -29,6 +29,7 @@ __all__ = ["MOVED_MODULES", "WARNED", "Moved", "install", "moved_names", "resolv
 
 #: Old dotted module name -> the module that replaced it (docs/index.md, "Layout"). Sorted by old name.
 MOVED_MODULES: Mapping[str, str] = {
+    "lightning_grpo.algorithms.logprobs": "lightning_grpo.algorithms.logprob_kernels",
     "lightning_grpo.algorithms.process": "lightning_grpo.algorithms.process_supervision",
     "lightning_grpo.rewards.model": "lightning_grpo.rewards.reward_model",
     "lightning_grpo.rewards.process_model": "lightning_grpo.rewards.process_supervision",

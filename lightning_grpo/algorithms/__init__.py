@@ -21,7 +21,7 @@ from lightning_grpo.algorithms.aggregation import LOSS_AGG_MODES, LossAggMode, a
 from lightning_grpo.algorithms.fused_head import FusedHeadLogProbs, fused_head_logprobs
 from lightning_grpo.algorithms.importance import importance_weighted, rollout_agreement, truncated_importance_weights
 from lightning_grpo.algorithms.kl import KL_ESTIMATORS, KLEstimator, kl_penalty
-from lightning_grpo.algorithms.logprobs import entropy_from_logits, selective_logprobs
+from lightning_grpo.algorithms.logprob_kernels import entropy_from_logits, selective_logprobs
 from lightning_grpo.algorithms.objective import LossSettings, grpo_loss
 from lightning_grpo.algorithms.policy_losses import (
     POLICY_LOSSES,
