@@ -31,6 +31,7 @@ __all__ = ["MOVED_MODULES", "WARNED", "Moved", "install", "moved_names", "resolv
 MOVED_MODULES: Mapping[str, str] = {
     "lightning_grpo.algorithms.logprobs": "lightning_grpo.algorithms.logprob_kernels",
     "lightning_grpo.algorithms.process": "lightning_grpo.algorithms.process_supervision",
+    "lightning_grpo.rewards.base": "lightning_grpo.rewards.reward_functions",
     "lightning_grpo.rewards.model": "lightning_grpo.rewards.reward_model",
     "lightning_grpo.rewards.process_model": "lightning_grpo.rewards.process_supervision",
     "lightning_grpo.rewards.steps": "lightning_grpo.rewards.process_supervision",
