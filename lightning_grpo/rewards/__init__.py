@@ -1,12 +1,12 @@
 """Reward functions: the protocol, weighted combination, and built-ins.
 
 A reward function is any callable ``fn(prompts=..., completions=..., completion_ids=..., **columns) ->
-list[float | None]``, sync or ``async``, called by keyword; see :mod:`lightning_grpo.rewards.reward_functions`. A trained
-sequence-classification model is one too: :class:`RewardModel`. Built-ins: :func:`math_answer` (final answer against
-a reference),
-:data:`format_reward` / :class:`FormatReward` (a pattern such as ``<think>...</think><answer>...</answer>``) and
-:class:`OverlongPenalty` (DAPO's soft overlong punishment). For process supervision a function returns
-:class:`StepRewards` per completion (marked with :func:`step_reward`); :class:`ProcessRewardModel` is one.
+list[float | None]``, sync or ``async``, called by keyword; see :mod:`lightning_grpo.rewards.reward_functions`. A
+trained sequence-classification model is one too: :class:`RewardModel`. Built-ins: :func:`math_answer` (final answer
+against a reference), :data:`format_reward` / :class:`FormatReward` (a pattern such as
+``<think>...</think><answer>...</answer>``) and :class:`OverlongPenalty` (DAPO's soft overlong punishment). For
+process supervision a function returns :class:`StepRewards` per completion (marked with :func:`step_reward`);
+:class:`ProcessRewardModel` is one.
 """
 
 from __future__ import annotations
