@@ -47,7 +47,7 @@ from lightning_grpo.policy.sampling_adapter import sampling_adapter
 from lightning_grpo.rewards import RewardFunctions, RewardScores, TrainerState
 from lightning_grpo.rollout import Rollout, SamplingSettings, TokenLogProbs, completion_logprobs
 from lightning_grpo.rollout.agent import AgentSettings
-from lightning_grpo.rollout.multi_turn import sample_rollout
+from lightning_grpo.rollout.sampling import sample_rollout
 from lightning_grpo.rollout.vllm_settings import VLLMConfig
 from lightning_grpo.step.rollout_engine import VLLMRollout
 
