@@ -18,7 +18,7 @@ MODULES = sorted(
 )
 #: Modules whose docstrings must hold examples, so that losing them all fails here rather than passing quietly.
 WITH_EXAMPLES = {
-    *(f"lightning_grpo.rewards.{name}" for name in ("base", "format", "math_answer", "overlong")),
+    *(f"lightning_grpo.rewards.{name}" for name in ("reward_functions", "format", "math_answer", "overlong")),
     *(
         f"lightning_grpo.callbacks.{name}"
         for name in ("adapter_export", "completion_stats", "defaults", "group_rewards", "progress_bar")
