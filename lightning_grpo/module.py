@@ -24,8 +24,8 @@ from lightning_grpo import distributed
 from lightning_grpo.agents import EnvironmentFactory, ToolCallParser
 from lightning_grpo.algorithms import compute_advantages
 from lightning_grpo.algorithms.objective import grpo_loss
-from lightning_grpo.callbacks._outputs import missing_callbacks
 from lightning_grpo.callbacks.defaults import default_callbacks as monitoring_callbacks
+from lightning_grpo.callbacks.defaults import missing_callbacks
 from lightning_grpo.callbacks.progress_bar import readable_progress_bar
 from lightning_grpo.callbacks.rollout_engine import CloseRolloutEngine
 from lightning_grpo.checkpoint import check_resume, describe_policy, install_checked_io, keep_adapter_only, settings_of
