@@ -67,14 +67,14 @@ def _example(name: str) -> Callable[[int, Path], dict[str, float]]:
 
 
 def _demo(seed: int, out: Path) -> dict[str, float]:
-    from lightning_grpo.testing import demo
+    from lightning_grpo import demo
 
     first, last, _ = demo.main(["--seed", str(seed), "--output-dir", str(out)])
     return _rise(first, last)
 
 
 def _demo_vllm(seed: int, out: Path) -> dict[str, float]:
-    from lightning_grpo.testing import demo
+    from lightning_grpo import demo
 
     first, last, _ = demo.main(["--seed", str(seed), "--output-dir", str(out), "--rollout-backend", "vllm"])
     return _rise(first, last)

@@ -48,6 +48,7 @@ MOVED_MODULES: Mapping[str, str] = {
     "lightning_grpo.step.update": "lightning_grpo.iteration.update",
     "lightning_grpo.step.zero_signal": "lightning_grpo.iteration.zero_signal",
     "lightning_grpo.testing.datamodule": "lightning_grpo.testing.task_datamodule",
+    "lightning_grpo.testing.demo": "lightning_grpo.demo",
     "lightning_grpo.testing.model": "lightning_grpo.testing.tiny_model",
 }
 

@@ -65,8 +65,8 @@ from lightning_grpo.settings_checks import SettingError
 
 __all__ = ["GRPOCLI", "main", "misspelt_setting", "parse_config"]
 
-#: The demo's config, shipped in the package (a wheel has no configs/ folder); not imported: testing is fixtures.
-_PACKAGED_CONFIG = Path(__file__).resolve().parent / "testing" / "tiny.yaml"
+#: The demo's config, shipped in the package (a wheel has no configs/ folder); not imported: the demo runs this CLI.
+_PACKAGED_CONFIG = Path(__file__).resolve().parent / "demo" / "tiny.yaml"
 _DESCRIPTION = (
     "GRPO fine-tuning with LoRA, as a PyTorch Lightning module. First run 'lightning-grpo demo': a tiny model learns "
     "addition on CPU, offline, in about a minute. Subcommands: demo, fit, validate, test, predict. Start a run from a "

@@ -106,6 +106,7 @@ LAYERS = (
     ("lightning_grpo.module",),
     ("lightning_grpo.cli", "lightning_grpo.cli_errors", "lightning_grpo.cli_summary"),
     ("lightning_grpo.testing",),
+    ("lightning_grpo.demo",),
     ("lightning_grpo.__main__", "lightning_grpo"),
 )
 

@@ -11,7 +11,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.loggers import CSVLogger
 
 from lightning_grpo.cli import main
-from lightning_grpo.testing.demo import curve_title
+from lightning_grpo.demo import curve_title
 from tests.cli.conftest import TINY, quiet_run_args, run_module
 
 

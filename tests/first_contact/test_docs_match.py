@@ -43,4 +43,4 @@ def test_every_new_message_is_in_troubleshooting():
                   "did not finish within its timeout", "could not write checkpoint", "did you mean",
                   "prompt file 'x.jsonl' not found", "needs keyword(s)"):  # fmt: skip
         assert start in text, start
-    assert Path(lightning_grpo.__file__).parent.joinpath("testing", "tiny.yaml").exists()
+    assert Path(lightning_grpo.__file__).parent.joinpath("demo", "tiny.yaml").exists()

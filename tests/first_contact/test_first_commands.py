@@ -21,7 +21,7 @@ def test_help_names_the_demo_and_the_packaged_config(tmp_path):
 def test_a_subcommand_without_a_config_names_the_packaged_one(tmp_path):
     result = run_cli("fit", cwd=tmp_path)
     assert result.returncode == 2
-    assert "configs/debug/tiny.yaml" not in result.stdout and "testing/tiny.yaml" in result.stdout
+    assert "configs/debug/tiny.yaml" not in result.stdout and "demo/tiny.yaml" in result.stdout
 
 
 @pytest.mark.usefixtures("warm_tiny_cache")

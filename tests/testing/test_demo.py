@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from lightning_grpo.testing import demo
+from lightning_grpo import demo
 from tests.cli.conftest import REPO, TINY, run_module
 
 LINE = re.compile(r"demo: mean reward (\d\.\d\d) -> (\d\.\d\d) over (\d+) steps \((\d+) s\)")
@@ -81,8 +81,8 @@ def wheel(tmp_path_factory) -> Path:
 
 def test_the_wheel_ships_the_demo_config(wheel):
     with zipfile.ZipFile(wheel) as archive:
-        assert archive.read("lightning_grpo/testing/tiny.yaml") == demo.DEFAULT_CONFIG.read_bytes()
-        assert "lightning_grpo/testing/demo.py" in archive.namelist()
+        assert archive.read("lightning_grpo/demo/tiny.yaml") == demo.DEFAULT_CONFIG.read_bytes()
+        assert "lightning_grpo/demo/__init__.py" in archive.namelist()
 
 
 @pytest.mark.slow
@@ -91,9 +91,9 @@ def test_the_demo_runs_from_the_wheel_outside_the_repository(wheel, tmp_path, wa
     with zipfile.ZipFile(wheel) as archive:
         archive.extractall(site)
     env = {**os.environ, "PYTHONPATH": str(site), "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
-    where = "import lightning_grpo.testing.demo as d; print(d.DEFAULT_CONFIG)"
+    where = "import lightning_grpo.demo as d; print(d.DEFAULT_CONFIG)"
     found = subprocess.run([sys.executable, "-c", where], cwd=tmp_path, env=env, capture_output=True, text=True)
-    assert Path(found.stdout.strip()) == site / "lightning_grpo" / "testing" / "tiny.yaml"  # the wheel's copy runs
+    assert Path(found.stdout.strip()) == site / "lightning_grpo" / "demo" / "tiny.yaml"  # the wheel's copy runs
     command = [sys.executable, "-m", "lightning_grpo", "demo", "--max-steps", "2", "--output-dir", str(tmp_path / "o")]
     result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -1,6 +1,6 @@
 """The offline demo (``lightning-grpo demo``, ``make demo``): GRPO visibly teaches a tiny model addition on CPU.
 
-It runs the config shipped beside this module (``lightning_grpo/testing/tiny.yaml``, linked from
+It runs the config shipped beside this module (``lightning_grpo/demo/tiny.yaml``, linked from
 ``configs/debug/tiny.yaml`` in the repository) through the ``lightning-grpo`` command line, so it is exactly
 ``lightning-grpo fit --config configs/debug/tiny.yaml``, then reads the run's ``metrics.csv`` and reports the mean
 reward of the first and the last tenth of the GRPO iterations. It works from an installed wheel::
@@ -8,7 +8,7 @@ reward of the first and the last tenth of the GRPO iterations. It works from an 
     lightning-grpo demo                    # ~30 s on two CPU cores (+ ~30 s of warm-up the first time)
     lightning-grpo demo --max-steps 20     # a shorter run
     lightning-grpo demo --rollout-backend vllm   # sampled by a colocated vLLM engine (docs/vllm.md)
-    python -m lightning_grpo demo          # the same; so is python -m lightning_grpo.testing.demo
+    python -m lightning_grpo demo          # the same; so is python -m lightning_grpo.demo
 
 It writes ``metrics.csv`` (CSVLogger) and ``reward_curve.png`` (with matplotlib) in the run directory, prints their
 paths, and ends with one line such as ``demo: mean reward 0.35 -> 0.88 over 300 steps (61 s)``.
@@ -30,7 +30,7 @@ from typing import Any
 
 __all__ = ["DEFAULT_CONFIG", "curve_title", "fit_and_report", "main", "read_rewards", "summarize"]
 
-#: The config the demo runs, shipped in the package as ``lightning_grpo/testing/tiny.yaml``.
+#: The config the demo runs, shipped in the package as ``lightning_grpo/demo/tiny.yaml``.
 DEFAULT_CONFIG = Path(__file__).resolve().with_name("tiny.yaml")
 _REWARD_KEY = "train/reward_mean"
 
@@ -188,7 +188,3 @@ def main(argv: Sequence[str] | None = None, prog: str = "lightning-grpo demo") -
     print(f"reward curve: {png}" if png else "reward curve: skipped (pip install matplotlib to draw it)")
     print(f"demo: mean reward {first:.2f} -> {last:.2f} over {len(rewards)} steps ({seconds:.0f} s)")
     return first, last, len(rewards)
-
-
-if __name__ == "__main__":
-    main(prog="python -m lightning_grpo.testing.demo")
