@@ -1,4 +1,4 @@
-"""What the command line says first and last (issue 39, item 6): the subcommands with ``demo``, GRPO's settings
+"""What the command line says first and last: the subcommands with ``demo``, GRPO's settings
 before the Trainer's in ``fit --help``, no Lightning tips, and where a fit's files went."""
 
 from __future__ import annotations

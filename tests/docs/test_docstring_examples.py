@@ -11,7 +11,7 @@ import torch
 
 import lightning_grpo
 
-#: Entry points, tested by running them (tests/cli, tests/testing/test_demo.py).
+#: Entry points, tested by running them (tests/cli, tests/demo/test_demo.py).
 SKIP = {"lightning_grpo.__main__", "lightning_grpo.cli", "lightning_grpo.demo"}
 MODULES = sorted(
     info.name for info in pkgutil.walk_packages(lightning_grpo.__path__, "lightning_grpo.") if info.name not in SKIP

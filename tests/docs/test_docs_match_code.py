@@ -1,4 +1,4 @@
-"""Docs that match what runs (issue 21, item 10): metric names, snippets without undefined names, the install."""
+"""Docs that match what runs: metric names, snippets without undefined names, the install."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 import lightning_grpo
-from tests.first_contact.helpers import REPO
+from tests.cli.run_process import REPO
 
 DOCS = REPO / "docs"
 

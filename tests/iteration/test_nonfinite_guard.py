@@ -1,4 +1,4 @@
-"""Non-finite loss or gradients (issue 21, item 2): the step is not applied, the run stops (or skips, a few times)
+"""Non-finite loss or gradients: the step is not applied, the run stops (or skips, a few times)
 with an error naming the step and the quantity, and nothing non-finite reaches a checkpoint or an adapter."""
 
 from __future__ import annotations

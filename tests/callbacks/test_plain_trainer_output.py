@@ -1,4 +1,4 @@
-"""A plain ``Trainer`` in Python (issue 21, item 6): a readable progress bar, one metrics.csv row per step, no agent
+"""A plain ``Trainer`` in Python: a readable progress bar, one metrics.csv row per step, no agent
 columns for a single-turn run."""
 
 from __future__ import annotations

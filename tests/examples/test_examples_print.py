@@ -1,4 +1,4 @@
-"""The examples print what they say (issue 21, item 10): first and last rewards, a reward, defaults in --help."""
+"""The examples print what they say: first and last rewards, a reward, defaults in --help."""
 
 from __future__ import annotations
 

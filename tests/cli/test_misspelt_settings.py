@@ -1,11 +1,11 @@
-"""A misspelt setting (issue 21, item 8): the closest valid name on the first line; ``--debug`` adds the rest."""
+"""A misspelt setting: the closest valid name on the first line; ``--debug`` adds the rest."""
 
 from __future__ import annotations
 
 import pytest
 
 from lightning_grpo.cli import misspelt_setting
-from tests.first_contact.helpers import REPO, run_cli
+from tests.cli.run_process import REPO, run_cli
 
 TINY = str(REPO / "configs" / "debug" / "tiny.yaml")
 

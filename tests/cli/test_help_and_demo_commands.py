@@ -1,11 +1,11 @@
-"""A newcomer's first commands (issue 21, item 7): ``lightning-grpo --help`` and ``lightning-grpo demo``."""
+"""A newcomer's first commands: ``lightning-grpo --help`` and ``lightning-grpo demo``."""
 
 from __future__ import annotations
 
 import pytest
 
 from lightning_grpo.testing import TinyModel
-from tests.first_contact.helpers import run_cli
+from tests.cli.run_process import run_cli
 
 #: What must never come before the demo's own first line.
 NOISE = ("args parameter is intended", "loss_type", "FutureWarning", "Tip:", "Seed set to")

@@ -1,6 +1,6 @@
 """One rank of a 2-rank DDP run (gloo, CPU) that a test stops with SIGTERM, as a scheduler preempting the job does.
 
-``python -m tests.first_contact.sigterm_worker <workdir>``: writes ``<workdir>/started-<rank>`` once training runs.
+``python -m tests.callbacks.sigterm_worker <workdir>``: writes ``<workdir>/started-<rank>`` once training runs.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Errors at the boundary (issue 21, item 9): a missing data file before the model loads, reward parameters the data
+"""Errors at the boundary: a missing data file before the model loads, reward parameters the data
 cannot fill at fit start."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 
 from lightning_grpo.data import MissingDataError, PromptDataModule
 from lightning_grpo.rewards import RewardInputError
+from tests.cli.run_process import REPO, run_cli
 from tests.conftest import make_trainer, prompt_records
-from tests.first_contact.helpers import REPO, run_cli
 
 
 def test_a_missing_prompt_file_is_refused_at_construction(tmp_path, monkeypatch):

@@ -1,4 +1,4 @@
-"""A full disk during a checkpoint (issue 21, item 4): the error names the file and the previous checkpoint, which
+"""A full disk during a checkpoint: the error names the file and the previous checkpoint, which
 stays intact and resumable."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from lightning_grpo.checkpoint import CheckpointWriteError
+from tests.cli.run_process import REPO
 from tests.conftest import make_trainer, prompt_loader
-from tests.first_contact.helpers import REPO
 
 
 def test_a_failed_write_names_the_file_and_keeps_the_previous_checkpoint(make_module, tmp_path, monkeypatch):

@@ -1,4 +1,4 @@
-"""A hung reward function (issue 21, item 3): its timeout comes from GRPOConfig (or YAML), the run stops with an
+"""A hung reward function: its timeout comes from GRPOConfig (or YAML), the run stops with an
 error naming it, and the process exits."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from lightning_grpo import GRPOConfig
 from lightning_grpo.rewards import RewardFunctions
-from tests.first_contact.helpers import REPO
+from tests.cli.run_process import REPO
 
 SCRIPT = """
 import time

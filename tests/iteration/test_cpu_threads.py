@@ -1,4 +1,4 @@
-"""PyTorch's CPU threads at fit start (issue 39, item 2): a chosen count is kept, otherwise a CPU fit lowers it to one
+"""PyTorch's CPU threads at fit start: a chosen count is kept, otherwise a CPU fit lowers it to one
 that does not oversubscribe a shared machine (``lightning_grpo.iteration.cpu_threads``)."""
 
 from __future__ import annotations

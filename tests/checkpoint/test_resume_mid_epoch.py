@@ -1,4 +1,4 @@
-"""Resuming mid-epoch from the command line (issue 39, item 4): a run stopped by SIGTERM and resumed trains on the
+"""Resuming mid-epoch from the command line: a run stopped by SIGTERM and resumed trains on the
 prompts an uninterrupted run would have seen next, and Lightning does not warn that the data loader is not
 resumable (it is: ``data.sampler.StreamLoader``)."""
 
@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.callbacks.test_sigterm import _wait_for
 from tests.cli.prompt_recorder import read_batches
-from tests.first_contact.helpers import REPO, run_cli
-from tests.first_contact.test_sigterm import _wait_for
+from tests.cli.run_process import REPO, run_cli
 
 TINY = str(REPO / "configs" / "debug" / "tiny.yaml")
 BATCHES_PER_EPOCH = 256 // 8  # the tiny config: 256 addition prompts, 8 per batch

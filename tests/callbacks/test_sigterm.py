@@ -1,4 +1,4 @@
-"""SIGTERM (issue 21, item 1): a checkpoint of the last completed step and the adapter, the resume command, a
+"""SIGTERM: a checkpoint of the last completed step and the adapter, the resume command, a
 non-zero exit status; under DDP every rank stops after the same step. Signals go to real processes."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.cli.run_process import REPO
 from tests.distributed.launch import _env, _stop_session, free_port
-from tests.first_contact.helpers import REPO
 
 TINY = str(REPO / "configs" / "debug" / "tiny.yaml")
 
@@ -60,7 +60,7 @@ def test_sigterm_under_ddp_stops_every_rank_after_the_same_step(tmp_path):
     for rank in range(2):
         logs.append((tmp_path / f"rank{rank}.log").open("w"))
         procs.append(subprocess.Popen(
-            [sys.executable, "-m", "tests.first_contact.sigterm_worker", str(tmp_path)], cwd=REPO,
+            [sys.executable, "-m", "tests.callbacks.sigterm_worker", str(tmp_path)], cwd=REPO,
             env=_env(rank, 2, port), stdout=logs[-1], stderr=subprocess.STDOUT, start_new_session=True,
         ))  # fmt: skip
     try:
