@@ -164,13 +164,21 @@ def estimator_needs(estimator: str | AdvantageFunction) -> EstimatorNeeds:
 
     Raises:
         ValueError: An unknown name, or an import path that does not import (listing the valid names).
+        TypeError: A ``needs_groups`` or ``needs_step_rewards`` attribute that is not ``True`` or ``False``.
     """
     function = estimator if callable(estimator) else choose(ADVANTAGE_ESTIMATORS, estimator, "advantage estimator",
                                                             import_paths=True)  # fmt: skip
-    return EstimatorNeeds(
-        groups=bool(getattr(function, "needs_groups", False)),
-        step_rewards=bool(getattr(function, "needs_step_rewards", False)),
-    )
+    needs = {}
+    for field in ("groups", "step_rewards"):
+        value = getattr(function, f"needs_{field}", False)
+        if not isinstance(value, bool):
+            name = getattr(function, "__qualname__", repr(function))
+            raise TypeError(
+                f"the advantage estimator {name} sets needs_{field}={value!r}; it must be True or False "
+                "(lightning_grpo.algorithms.declare_needs sets it)"
+            )
+        needs[field] = value
+    return EstimatorNeeds(**needs)
 
 
 # Every estimator shares one signature: AdvantageFunction; each declares what it needs.

@@ -82,3 +82,12 @@ def test_a_declared_need_is_checked_like_a_built_in_ones(make_module):
     module = make_module([count_a], advantage_estimator=PATH)
     with pytest.raises(ValueError, match="needs step rewards"):
         make_trainer(max_steps=1).fit(module, train_dataloaders=prompt_loader(["1+1="]))
+
+
+def test_a_need_that_is_not_a_bool_is_refused_naming_the_estimator():
+    def sloppy(stats, completion_mask, settings):
+        return stats.rewards
+
+    sloppy.needs_step_rewards = "yes"
+    with pytest.raises(TypeError, match=r"sloppy sets needs_step_rewards='yes'; it must be True or False"):
+        estimator_needs(sloppy)
