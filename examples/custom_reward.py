@@ -23,8 +23,8 @@ from lightning.pytorch.loggers import CSVLogger
 
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig, PromptDataModule
 from lightning_grpo.callbacks import CompletionStats, GroupRewardStats
+from lightning_grpo.demo import read_rewards, summarize
 from lightning_grpo.testing import TinyModel, TinyTokenizer, make_task
-from lightning_grpo.testing.demo import read_rewards, summarize
 
 _SUM = re.compile(r"(\d+)\+(\d+)=")
 

@@ -43,10 +43,10 @@ from transformers import PreTrainedTokenizerBase
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig, PromptDataModule
 from lightning_grpo.agents import EnvStep
 from lightning_grpo.callbacks import AgentStats, GroupRewardStats
+from lightning_grpo.demo import fit_and_report
 from lightning_grpo.rollout.chat import continuation_ids, render_messages
 from lightning_grpo.testing import build_tiny_model, build_tiny_tokenizer
 from lightning_grpo.testing.agents import warm_up_on_traces
-from lightning_grpo.testing.demo import fit_and_report
 
 LOW, HIGH = 1, 8
 PENALTY = 0.1  # per earlier guess: the fewer guesses, the higher the reward

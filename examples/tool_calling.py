@@ -39,9 +39,9 @@ from lightning.pytorch.loggers import CSVLogger
 
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig, PromptDataModule
 from lightning_grpo.callbacks import AgentStats, GroupRewardStats
+from lightning_grpo.demo import fit_and_report
 from lightning_grpo.testing import build_tiny_model
 from lightning_grpo.testing.agents import add, add_records, called_add_right, tool_name_tokenizer, warm_up_tool_use
-from lightning_grpo.testing.demo import fit_and_report
 
 _OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
 

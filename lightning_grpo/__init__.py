@@ -2,6 +2,10 @@
 
 import logging
 
+from lightning_grpo import _moved
+
+_moved.install()  # old import paths (lightning_grpo.step.update, ...) answer with their new modules, warning once
+
 
 def _drop_hub_kernel_hint(record: logging.LogRecord) -> bool:
     """bitsandbytes, imported by peft whether or not a model is quantized, warns on CPUs with AVX-512 BF16 that its
@@ -25,11 +29,11 @@ for _name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utiliti
 from lightning_grpo.backends import RolloutBackend, VLLMConfig  # noqa: E402 - after the filter; no vLLM import
 from lightning_grpo.config import GRPOConfig  # noqa: E402
 from lightning_grpo.data import PromptDataModule  # noqa: E402
+from lightning_grpo.iteration import LossCounts, StepContext, StepOutput, UpdateBatch  # noqa: E402
 from lightning_grpo.module import GRPOModule  # noqa: E402
 from lightning_grpo.policy import PolicyConfig  # noqa: E402
 from lightning_grpo.rewards import RewardFunctions, RewardScores  # noqa: E402
 from lightning_grpo.rollout import Rollout, TokenLogProbs  # noqa: E402
-from lightning_grpo.step import LossCounts, StepContext, StepOutput, UpdateBatch  # noqa: E402
 
 __version__ = "0.1.0"
 

@@ -26,7 +26,7 @@ Reward functions are import paths or ``class_path`` instances, the optimizer and
 
 Besides LightningCLI's keys, a config may set ``torch_num_threads`` (CPU threads for PyTorch; left out, a fit on CPU
 uses 1 for models under 50M parameters and half the cores, at most 8, for larger ones: see
-:mod:`lightning_grpo.step.cpu_threads`).
+:mod:`lightning_grpo.iteration.cpu_threads`).
 """
 
 from __future__ import annotations
@@ -57,16 +57,16 @@ from lightning_grpo.cli_errors import (
 from lightning_grpo.cli_summary import fit_summary
 from lightning_grpo.data import MissingDataError, PromptDataModule
 from lightning_grpo.data.sources import check_source_path
+from lightning_grpo.iteration.cpu_threads import set_cpu_threads
 from lightning_grpo.module import GRPOModule
 from lightning_grpo.policy import ModelLoadError
 from lightning_grpo.rewards import RewardInputError, RewardOutputError
 from lightning_grpo.settings_checks import SettingError
-from lightning_grpo.step.cpu_threads import set_cpu_threads
 
 __all__ = ["GRPOCLI", "main", "misspelt_setting", "parse_config"]
 
-#: The demo's config, shipped in the package (a wheel has no configs/ folder); not imported: testing is fixtures.
-_PACKAGED_CONFIG = Path(__file__).resolve().parent / "testing" / "tiny.yaml"
+#: The demo's config, shipped in the package (a wheel has no configs/ folder); not imported: the demo runs this CLI.
+_PACKAGED_CONFIG = Path(__file__).resolve().parent / "demo" / "tiny.yaml"
 _DESCRIPTION = (
     "GRPO fine-tuning with LoRA, as a PyTorch Lightning module. First run 'lightning-grpo demo': a tiny model learns "
     "addition on CPU, offline, in about a minute. Subcommands: demo, fit, validate, test, predict. Start a run from a "
@@ -193,7 +193,7 @@ class GRPOCLI(LightningCLI):
             type=int | None,
             default=None,
             help="CPU threads for PyTorch (torch.set_num_threads); null: on CPU, 1 for models under 50M parameters, "
-            "else half the cores (at most 8), unless OMP_NUM_THREADS is set (lightning_grpo.step.cpu_threads).",
+            "else half the cores (at most 8), unless OMP_NUM_THREADS is set (lightning_grpo.iteration.cpu_threads).",
         )
 
     def _parse_ckpt_path(self) -> None:

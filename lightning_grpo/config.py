@@ -11,7 +11,7 @@ from typing import Any, Literal
 from jsonargparse.typing import restricted_string_type
 
 from lightning_grpo.algorithms import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES
-from lightning_grpo.algorithms.advantages import AdvantageEstimator, AdvantageScale
+from lightning_grpo.algorithms.advantages import AdvantageEstimator, AdvantageScale, estimator_needs
 from lightning_grpo.algorithms.aggregation import LossAggMode
 from lightning_grpo.algorithms.catalogue import IMPORT_PATH_PATTERN, choose, is_import_path
 from lightning_grpo.algorithms.kl import KLEstimator
@@ -32,7 +32,6 @@ _OPEN = {
     "advantage_estimator": (ADVANTAGE_ESTIMATORS, "advantage estimator"),
 }
 
-_GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_pp_baseline", "grpo_process")
 _INT: dict[str, Any] = {"integer": True, "minimum": 1}  # a count or size: an int >= 1
 _OPTIONAL_INT: dict[str, Any] = {**_INT, "allow_none": True}
 #: Every numeric setting and its allowed range (``check_number``'s arguments); a new numeric field adds a line here.
@@ -278,17 +277,19 @@ class GRPOConfig:
             value = getattr(self, field.name)
             if isinstance(field.default, bool) and not isinstance(value, bool):
                 raise TypeError(f"{field.name} must be true or false, got {value!r} ({type(value).__name__})")
-        if self.advantage_estimator in _GROUP_ESTIMATORS and self.num_generations < 2:
+        needs = estimator_needs(self.advantage_estimator)  # what the estimator declares (declare_needs)
+        if needs.groups and self.num_generations < 2:
             raise SettingError(
                 f"num_generations={self.num_generations}: the group estimator {self.advantage_estimator!r} needs "
                 "num_generations >= 2 (a group of one has no baseline); set num_generations to 2 or more (8 is usual)",
                 "num_generations",
                 self.num_generations,
             )
-        if self.advantage_estimator == "grpo_process" and self.dynamic_sampling:
+        if needs.step_rewards and self.dynamic_sampling:
             raise ValueError(
                 "dynamic_sampling keeps groups whose outcome rewards differ, which says nothing of their step rewards: "
-                "it cannot be combined with advantage_estimator='grpo_process'; turn one of them off"
+                f"it cannot be combined with advantage_estimator={self.advantage_estimator!r}, which reads step "
+                "rewards; turn one of them off"
             )
         check_clip_args(self.clip_low, self.clip_high, self.dual_clip, self.delta)  # the loss checks the same
 

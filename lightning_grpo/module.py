@@ -25,31 +25,31 @@ from lightning_grpo.agents import EnvironmentFactory, ToolCallParser
 from lightning_grpo.algorithms import compute_advantages
 from lightning_grpo.algorithms.objective import grpo_loss
 from lightning_grpo.backends import BackendRun, RolloutBackend, VLLMConfig, build_backend
-from lightning_grpo.callbacks._outputs import missing_callbacks
 from lightning_grpo.callbacks.close_rollout_backend import CloseRolloutBackend
 from lightning_grpo.callbacks.defaults import default_callbacks as monitoring_callbacks
+from lightning_grpo.callbacks.defaults import missing_callbacks
 from lightning_grpo.callbacks.progress_bar import readable_progress_bar
 from lightning_grpo.checkpoint import check_resume, describe_policy, install_checked_io, keep_adapter_only, settings_of
 from lightning_grpo.config import GRPOConfig
+from lightning_grpo.iteration import LossCounts, PhaseTimer, StepContext, StepOutput, UpdateBatch
+from lightning_grpo.iteration.context import any_rank
+from lightning_grpo.iteration.cpu_threads import apply_default_cpu_threads
+from lightning_grpo.iteration.dynamic_sampling import dynamic_sample
+from lightning_grpo.iteration.fit_checks import check_fit_inputs
+from lightning_grpo.iteration.nonfinite import nonfinite_sampling
+from lightning_grpo.iteration.process_supervision import advantage_inputs, gather_step_rewards
+from lightning_grpo.iteration.seeding import seeded, step_seed
+from lightning_grpo.iteration.update import fixed_logprobs, run_updates, sampling_logprobs
+from lightning_grpo.iteration.zero_signal import check_signal
 from lightning_grpo.metrics import ValidationMetrics
 from lightning_grpo.policy import PolicyConfig, export_adapter, load_policy, load_tokenizer, reference_mode
 from lightning_grpo.policy.quantization import check_shardable
 from lightning_grpo.rewards import RewardFunctions, RewardScores, TrainerState
 from lightning_grpo.rollout import Rollout, SamplingSettings, TokenLogProbs, completion_logprobs
 from lightning_grpo.rollout.agent import AgentSettings
-from lightning_grpo.rollout.multi_turn import sample_rollout
-from lightning_grpo.step import LossCounts, PhaseTimer, StepContext, StepOutput, UpdateBatch
-from lightning_grpo.step.context import any_rank
-from lightning_grpo.step.cpu_threads import apply_default_cpu_threads
-from lightning_grpo.step.dynamic_sampling import dynamic_sample
-from lightning_grpo.step.finite import nonfinite_sampling
-from lightning_grpo.step.fit_checks import check_fit_inputs
-from lightning_grpo.step.process import advantage_inputs, gather_step_rewards
-from lightning_grpo.step.seeding import seeded, step_seed
-from lightning_grpo.step.update import fixed_logprobs, run_updates, sampling_logprobs
-from lightning_grpo.step.zero_signal import check_signal
+from lightning_grpo.rollout.sampling import sample_rollout
 
-__all__ = ["GRPOModule", "StepOutput"]  # StepOutput is defined in lightning_grpo.step
+__all__ = ["GRPOModule", "StepOutput"]  # StepOutput is defined in lightning_grpo.iteration
 
 OptimizerCallable = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
 LRSchedulerCallable = Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler]
@@ -280,7 +280,7 @@ class GRPOModule(LightningModule):
         )  # fmt: skip
 
     def step_context(self) -> StepContext:
-        """What the phases of this step take from the module (:class:`~lightning_grpo.step.StepContext`)."""
+        """What the phases of this step take from the module (:class:`~lightning_grpo.iteration.StepContext`)."""
         return StepContext(
             device=self.device, global_step=self.global_step if self._trainer is not None else 0,
             seed=self._step_seed(), sum_across_ranks=self._sum_across_ranks,

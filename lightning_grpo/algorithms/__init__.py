@@ -11,14 +11,17 @@ from lightning_grpo.algorithms.advantages import (
     AdvantageFunction,
     AdvantageScale,
     AdvantageSettings,
+    EstimatorNeeds,
     GroupStats,
     compute_advantages,
+    declare_needs,
+    estimator_needs,
 )
 from lightning_grpo.algorithms.aggregation import LOSS_AGG_MODES, LossAggMode, aggregate_loss, count_sequences
 from lightning_grpo.algorithms.fused_head import FusedHeadLogProbs, fused_head_logprobs
 from lightning_grpo.algorithms.importance import importance_weighted, rollout_agreement, truncated_importance_weights
 from lightning_grpo.algorithms.kl import KL_ESTIMATORS, KLEstimator, kl_penalty
-from lightning_grpo.algorithms.logprobs import entropy_from_logits, selective_logprobs
+from lightning_grpo.algorithms.logprob_kernels import entropy_from_logits, selective_logprobs
 from lightning_grpo.algorithms.objective import LossSettings, grpo_loss
 from lightning_grpo.algorithms.policy_losses import (
     POLICY_LOSSES,
@@ -39,6 +42,7 @@ __all__ = [
     "AdvantageFunction",
     "AdvantageScale",
     "AdvantageSettings",
+    "EstimatorNeeds",
     "FusedHeadLogProbs",
     "GroupStats",
     "KLEstimator",
@@ -52,7 +56,9 @@ __all__ = [
     "aggregate_loss",
     "compute_advantages",
     "count_sequences",
+    "declare_needs",
     "entropy_from_logits",
+    "estimator_needs",
     "fused_head_logprobs",
     "grpo_loss",
     "importance_weighted",

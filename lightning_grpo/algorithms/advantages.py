@@ -11,7 +11,7 @@ Estimators (choose by name, see :data:`ADVANTAGE_ESTIMATORS`):
   whitened over all valid tokens of the batch.
 * ``grpo_process`` — DeepSeekMath §4.1.3, process supervision: the step rewards of a group normalised together, each
   token's advantage the sum of the normalised rewards of the steps ending at or after it
-  (:mod:`~lightning_grpo.algorithms.process`).
+  (:mod:`~lightning_grpo.algorithms.process_supervision`).
 
 Rewards that are NaN (every reward function skipped the row) are left out of every statistic and get advantage 0;
 groups whose valid rewards are all equal get 0. Groups are located by ``group_ids`` and need not be contiguous; the
@@ -19,7 +19,9 @@ statistics are vectorised with ``index_add_`` (no Python loop over groups).
 
 An estimator of your own is an :data:`AdvantageFunction` named by its import path (``advantage_estimator:
 my_project.advantages.my_estimator``): it receives the rewards' :class:`GroupStats`, the completion mask and one
-:class:`AdvantageSettings`.
+:class:`AdvantageSettings`. An estimator declares what it needs beyond the rewards with :func:`declare_needs`
+(attributes ``needs_groups`` and ``needs_step_rewards`` on the function), never by its name: the configuration reads
+them (:func:`estimator_needs`) to refuse ``num_generations < 2`` and to gather step rewards for it.
 """
 
 from __future__ import annotations
@@ -27,14 +29,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Literal
+from typing import Literal, TypeVar
 
 import torch
 from torch import Tensor
 
 from lightning_grpo.algorithms._checks import check_floating
 from lightning_grpo.algorithms.catalogue import choose
-from lightning_grpo.algorithms.process import process_advantages
+from lightning_grpo.algorithms.process_supervision import process_advantages
 from lightning_grpo.algorithms.statistics import SumAcrossRanks, mean_std, moments
 
 AdvantageEstimator = Literal["grpo", "rloo", "reinforce_pp_baseline", "grpo_process"]
@@ -46,10 +48,15 @@ __all__ = [
     "AdvantageFunction",
     "AdvantageScale",
     "AdvantageSettings",
+    "EstimatorNeeds",
     "GroupStats",
     "compute_advantages",
+    "declare_needs",
+    "estimator_needs",
     "group_stats",
 ]
+
+F = TypeVar("F", bound=Callable[..., object])
 
 
 @dataclass(frozen=True)
@@ -118,7 +125,64 @@ class AdvantageSettings:
 AdvantageFunction = Callable[[GroupStats, Tensor | None, AdvantageSettings], Tensor]
 
 
-# Every estimator shares one signature: AdvantageFunction.
+@dataclass(frozen=True)
+class EstimatorNeeds:
+    """What an advantage estimator needs beyond the rewards, as its function declares it (:func:`declare_needs`).
+
+    Attributes:
+        groups: Compares a sample with its group (``needs_groups``): ``num_generations >= 2`` is required.
+        step_rewards: Reads ``settings.step_rewards`` (``needs_step_rewards``): the module gathers the step rewards
+            of reward functions and environments for it, and refuses a run where nothing gives them.
+    """
+
+    groups: bool = False
+    step_rewards: bool = False
+
+
+def declare_needs(*, groups: bool = False, step_rewards: bool = False) -> Callable[[F], F]:
+    """Mark an advantage estimator with what it needs (the attributes ``needs_groups``, ``needs_step_rewards``).
+
+    Example::
+
+        >>> @declare_needs(groups=True, step_rewards=True)
+        ... def my_estimator(stats, completion_mask, settings):
+        ...     return settings.step_rewards.nan_to_num(0.0)
+        >>> estimator_needs(my_estimator)
+        EstimatorNeeds(groups=True, step_rewards=True)
+    """
+
+    def mark(function: F) -> F:
+        setattr(function, "needs_groups", groups)  # noqa: B010 - an attribute of a function, typed as one
+        setattr(function, "needs_step_rewards", step_rewards)  # noqa: B010
+        return function
+
+    return mark
+
+
+def estimator_needs(estimator: str | AdvantageFunction) -> EstimatorNeeds:
+    """What ``estimator`` (a built-in name, an import path, or the function) declares it needs; nothing if undeclared.
+
+    Raises:
+        ValueError: An unknown name, or an import path that does not import (listing the valid names).
+        TypeError: A ``needs_groups`` or ``needs_step_rewards`` attribute that is not ``True`` or ``False``.
+    """
+    function = estimator if callable(estimator) else choose(ADVANTAGE_ESTIMATORS, estimator, "advantage estimator",
+                                                            import_paths=True)  # fmt: skip
+    needs = {}
+    for field in ("groups", "step_rewards"):
+        value = getattr(function, f"needs_{field}", False)
+        if not isinstance(value, bool):
+            name = getattr(function, "__qualname__", repr(function))
+            raise TypeError(
+                f"the advantage estimator {name} sets needs_{field}={value!r}; it must be True or False "
+                "(lightning_grpo.algorithms.declare_needs sets it)"
+            )
+        needs[field] = value
+    return EstimatorNeeds(**needs)
+
+
+# Every estimator shares one signature: AdvantageFunction; each declares what it needs.
+@declare_needs(groups=True)
 def _grpo(stats: GroupStats, completion_mask: Tensor | None, settings: AdvantageSettings) -> Tensor:
     centred = stats.rewards - stats.mean  # (N,)
     if settings.scale == "group":
@@ -129,11 +193,13 @@ def _grpo(stats: GroupStats, completion_mask: Tensor | None, settings: Advantage
     return centred
 
 
+@declare_needs(groups=True)
 def _rloo(stats: GroupStats, completion_mask: Tensor | None, settings: AdvantageSettings) -> Tensor:
     leave_one_out_mean = (stats.total - stats.rewards) / (stats.count - 1).clamp(min=1)
     return stats.rewards - leave_one_out_mean  # (N,)
 
 
+@declare_needs(groups=True)
 def _reinforce_pp_baseline(stats: GroupStats, completion_mask: Tensor | None, settings: AdvantageSettings) -> Tensor:
     if completion_mask is None or completion_mask.ndim != 2 or completion_mask.shape[0] != stats.rewards.shape[0]:
         got = None if completion_mask is None else tuple(completion_mask.shape)
@@ -146,6 +212,7 @@ def _reinforce_pp_baseline(stats: GroupStats, completion_mask: Tensor | None, se
     return (tokens - mean) / (std + settings.eps) * weights * keep[:, None]  # constant groups, skipped rows stay 0
 
 
+@declare_needs(groups=True, step_rewards=True)
 def _grpo_process(stats: GroupStats, completion_mask: Tensor | None, settings: AdvantageSettings) -> Tensor:
     if settings.step_rewards is None or completion_mask is None or stats.group_ids is None:
         raise ValueError(
@@ -192,7 +259,7 @@ def compute_advantages(
             local.
         step_rewards: ``(N, T)`` the reward of each step at the token where it ends, NaN elsewhere; required by
             ``grpo_process`` (which reads no ``rewards``: add an outcome step with
-            :func:`~lightning_grpo.algorithms.process.with_outcome_step`).
+            :func:`~lightning_grpo.algorithms.process_supervision.with_outcome_step`).
 
     Returns:
         ``(N,)`` advantages in ``rewards.dtype`` — ``(N, T)`` for ``reinforce_pp_baseline`` and ``grpo_process``,

@@ -58,7 +58,7 @@ def grpo_loss(
         loss_mask: ``(n, T)`` tokens that enter the loss, the KL, the entropy and every count.
         settings: The loss settings (a :class:`~lightning_grpo.config.GRPOConfig`).
         aggregate: Turns ``(n, T)`` per-token values into this micro-batch's share of the mini-batch loss (global
-            normalisers: :meth:`LossCounts.aggregate <lightning_grpo.step.batch.LossCounts.aggregate>`).
+            normalisers: :meth:`LossCounts.aggregate <lightning_grpo.iteration.types.LossCounts.aggregate>`).
         old_logprobs: ``(n, T)`` log-probs before the update; ``None``: the detached current ones (one update).
         ref_logprobs: ``(n, T)`` reference log-probs; ``None``: no KL term.
         behaviour_logprobs: ``(n, T)`` log-probs the sampler recorded (``Rollout.logprobs``), for TIS and agreement.

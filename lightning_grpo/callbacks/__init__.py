@@ -1,6 +1,6 @@
 """Callbacks that log what a GRPO practitioner watches, and export the adapter; one callback per file.
 
-Each reads the :class:`~lightning_grpo.step.StepOutput` that ``GRPOModule.training_step`` returns, in
+Each reads the :class:`~lightning_grpo.iteration.StepOutput` that ``GRPOModule.training_step`` returns, in
 ``on_train_batch_end``, and logs with ``pl_module.log`` so every attached logger receives the metrics.
 """
 

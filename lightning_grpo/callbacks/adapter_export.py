@@ -9,8 +9,9 @@ from typing import Any
 from lightning.pytorch import LightningModule, Trainer
 from typing_extensions import override
 
-from lightning_grpo.callbacks._outputs import IterationCounter, check_positive_int
+from lightning_grpo.callbacks._arguments import check_positive_int
 from lightning_grpo.callbacks._run_folder import choose_export_folder
+from lightning_grpo.callbacks.iteration_counter import IterationCounter
 
 __all__ = ["AdapterExport"]
 

@@ -10,7 +10,8 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from torch import Tensor
 from typing_extensions import override
 
-from lightning_grpo.callbacks._outputs import check_prefix, step_output
+from lightning_grpo.callbacks._arguments import check_prefix
+from lightning_grpo.callbacks._step_output import step_output
 from lightning_grpo.metrics import reduce_across_ranks
 from lightning_grpo.rollout.batch import Rollout
 

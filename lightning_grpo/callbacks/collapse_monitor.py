@@ -10,9 +10,10 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
-from lightning_grpo.callbacks._outputs import check_positive_int, check_prefix, step_output
+from lightning_grpo.callbacks._arguments import check_positive_int, check_prefix
+from lightning_grpo.callbacks._step_output import step_output
+from lightning_grpo.iteration.dynamic_sampling import informative_groups
 from lightning_grpo.metrics import reduce_across_ranks
-from lightning_grpo.step.dynamic_sampling import informative_groups
 
 __all__ = ["COLLAPSE_MESSAGE", "CollapseMonitor"]
 

@@ -8,7 +8,8 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from typing_extensions import override
 
-from lightning_grpo.callbacks._outputs import check_prefix, step_output
+from lightning_grpo.callbacks._arguments import check_prefix
+from lightning_grpo.callbacks._step_output import step_output
 from lightning_grpo.metrics import reduce_across_ranks
 
 __all__ = ["CompletionStats"]

@@ -1,7 +1,8 @@
-"""The callbacks a GRPO run usually wants."""
+"""The callbacks a GRPO run usually wants, and which of them a trainer lacks (:func:`missing_callbacks`)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 from lightning.pytorch import Callback
@@ -15,7 +16,7 @@ from lightning_grpo.callbacks.interrupt import SaveOnInterrupt
 from lightning_grpo.callbacks.sample_logger import SampleLogger
 from lightning_grpo.callbacks.throughput import ThroughputMonitor
 
-__all__ = ["default_callbacks"]
+__all__ = ["default_callbacks", "missing_callbacks"]
 
 
 def default_callbacks(
@@ -50,3 +51,22 @@ def default_callbacks(
     if export_adapter:
         callbacks.append(AdapterExport(dirpath=adapter_dirpath))
     return callbacks
+
+
+def missing_callbacks(defaults: Iterable[Callback], present: Iterable[Callback]) -> list[Callback]:
+    """The ``defaults`` whose type is not related to the type of any ``present`` callback, in order.
+
+    A default is left out when a present callback is of its type, of a subclass or of a base class (other than
+    ``Callback``): Lightning replaces a trainer's callback by a module's one of a subclass, so the user's would lose.
+
+    Example::
+
+        >>> from lightning.pytorch.callbacks import ThroughputMonitor, Timer
+        >>> from lightning_grpo.callbacks import GroupRewardStats, ThroughputMonitor as GRPOThroughput
+        >>> defaults = [GroupRewardStats(), GRPOThroughput()]
+        >>> [type(c).__name__ for c in missing_callbacks(defaults, [Timer(), ThroughputMonitor(len)])]
+        ['GroupRewardStats']
+    """
+    kinds = {type(callback) for callback in present} - {Callback}
+    related = lambda cls: any(issubclass(cls, kind) or issubclass(kind, cls) for kind in kinds)  # noqa: E731
+    return [callback for callback in defaults if not related(type(callback))]

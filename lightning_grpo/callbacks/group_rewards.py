@@ -11,7 +11,8 @@ from typing_extensions import override
 
 from lightning_grpo.algorithms.advantages import group_stats
 from lightning_grpo.algorithms.statistics import SumAcrossRanks, mean_std, moments, ratio
-from lightning_grpo.callbacks._outputs import check_prefix, step_output
+from lightning_grpo.callbacks._arguments import check_prefix
+from lightning_grpo.callbacks._step_output import step_output
 from lightning_grpo.metrics import reduce_across_ranks
 from lightning_grpo.rewards import RewardScores
 

@@ -14,7 +14,9 @@ from lightning.pytorch.loggers import CSVLogger, Logger
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
-from lightning_grpo.callbacks._outputs import IterationCounter, check_positive_int, step_output
+from lightning_grpo.callbacks._arguments import check_positive_int
+from lightning_grpo.callbacks._step_output import step_output
+from lightning_grpo.callbacks.iteration_counter import IterationCounter
 
 __all__ = ["SampleLogger", "conversation_text", "markdown_table"]
 

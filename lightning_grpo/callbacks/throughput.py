@@ -12,7 +12,8 @@ from lightning.pytorch.callbacks import ThroughputMonitor as LightningThroughput
 from lightning.pytorch.trainer.states import RunningStage
 from typing_extensions import override
 
-from lightning_grpo.callbacks._outputs import check_positive_int, check_prefix, step_output
+from lightning_grpo.callbacks._arguments import check_positive_int, check_prefix
+from lightning_grpo.callbacks._step_output import step_output
 from lightning_grpo.metrics import reduce_across_ranks
 from lightning_grpo.rollout import Rollout
 

@@ -56,7 +56,7 @@ def _is_model(fn: object) -> bool:
 def _as_function(fn: Any) -> Any:
     """A model id/path or a loaded model as a :class:`~lightning_grpo.rewards.RewardModel`; anything else as is."""
     if isinstance(fn, str) or _is_model(fn):
-        from lightning_grpo.rewards.model import RewardModel  # loads transformers only when a model is used
+        from lightning_grpo.rewards.reward_model import RewardModel  # loads transformers only when a model is used
 
         return RewardModel(fn)
     return fn

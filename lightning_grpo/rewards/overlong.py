@@ -18,7 +18,7 @@ import numbers
 from collections.abc import Sequence
 from typing import Any
 
-from lightning_grpo.rewards.base import RewardError
+from lightning_grpo.rewards.reward_functions import RewardError
 
 __all__ = ["OverlongPenalty", "soft_overlong_penalty"]
 

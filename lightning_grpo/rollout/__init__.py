@@ -16,7 +16,7 @@ from lightning_grpo.rollout.generation import (
     tokenize_prompts,
 )
 from lightning_grpo.rollout.logprobs import TokenLogProbs, completion_logprobs, position_ids_from_mask
-from lightning_grpo.rollout.multi_turn import sample_rollout
+from lightning_grpo.rollout.sampling import sample_rollout
 from lightning_grpo.rollout.session import RolloutSession
 
 __all__ = [

@@ -18,12 +18,12 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
+from lightning_grpo._moved import moved_names
 from lightning_grpo.agents import (
     EnvironmentEpisode,
     ParsedTurn,
     assistant_message,
     step_episodes,
-    validate_messages,
 )
 from lightning_grpo.rewards._text import DATASET_INDEX
 from lightning_grpo.rollout.agent import AgentSettings, Trajectory
@@ -35,58 +35,16 @@ from lightning_grpo.rollout.generation import (
     SamplingSettings,
     eos_token_ids,
     eval_mode,
-    generate_rollout,
     sample_tokens,
     tokenize_prompts,
 )
-from lightning_grpo.rollout.session import RolloutSession, as_sample_fn, draw
+from lightning_grpo.rollout.session import RolloutSession, draw
 
-__all__ = ["AgentSettings", "generate_conversations", "sample_rollout"]
+__all__ = ["AgentSettings", "generate_conversations"]
+
+__getattr__ = moved_names(__name__, {"sample_rollout": "lightning_grpo.rollout.sampling.sample_rollout"})
 
 _ERRORS = ("error", "unknown_tool", "parse_error")
-
-
-def sample_rollout(
-    model: nn.Module,
-    tokenizer: PreTrainedTokenizerBase,
-    prompts: Sequence[str | list[dict[str, Any]]],
-    settings: SamplingSettings,
-    agent: AgentSettings,
-    *,
-    max_prompt_length: int,
-    columns: dict[str, Sequence[Any]] | None = None,
-    any_rank_active: Callable[[bool], bool] | None = None,
-    sample: SampleFn | RolloutSession | None = None,
-) -> Rollout:
-    """Sample G completions per prompt: string prompts as plain text, conversational prompts through the template.
-
-    ``sample`` draws the tokens of every sampling call: a :data:`~lightning_grpo.rollout.generation.SampleFn`, a
-    backend's :class:`~lightning_grpo.rollout.session.RolloutSession` (told which trajectories each call continues),
-    or ``None``: Hugging Face ``generate`` through :func:`~lightning_grpo.rollout.generation.sample_tokens`.
-
-    Raises:
-        ValueError: Prompts mix strings and message lists, a message is malformed, or tools/an environment are set
-            with string prompts.
-    """
-    prompts = list(prompts)
-    if all(isinstance(p, str) for p in prompts):
-        if agent.multi_turn:
-            raise ValueError(
-                "tools and environment_factory need conversational prompts (a list of chat messages per row, e.g. "
-                '[{"role": "user", "content": "..."}]); got string prompts'
-            )
-        return generate_rollout(
-            model, tokenizer, prompts, settings, max_prompt_length=max_prompt_length, columns=columns,
-            sample=as_sample_fn(sample),
-        )  # fmt: skip
-    if not all(isinstance(p, list | tuple) for p in prompts):
-        kinds = sorted({type(p).__name__ for p in prompts})
-        raise ValueError(f"prompts must be all strings or all lists of chat messages; got a mix of {kinds}")
-    messages = [validate_messages(p, name=f"prompt {i}") for i, p in enumerate(prompts)]
-    return generate_conversations(
-        model, tokenizer, messages, settings, agent,
-        max_prompt_length=max_prompt_length, columns=columns, any_rank_active=any_rank_active, sample=sample,
-    )  # fmt: skip
 
 
 @torch.no_grad()

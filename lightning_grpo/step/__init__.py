@@ -1,42 +1,19 @@
-"""The phases of one GRPO iteration and the types they exchange.
+"""Moved: the parts of one GRPO iteration live in :mod:`lightning_grpo.iteration` ("step" is an optimizer step).
 
-``GRPOModule.training_step`` runs them in order (docs/index.md): sampling and scoring (the module's ``generate`` and
-``score``), :func:`~lightning_grpo.step.dynamic_sampling.dynamic_sample` when asked, the zero-signal check
-(:func:`~lightning_grpo.step.zero_signal.check_signal`), advantages, ``prepare_update`` and the update loop
-(:func:`~lightning_grpo.step.update.run_updates`). The phases take a :class:`StepContext` that ``training_step``
-builds once per step, and the module's steps as explicit callables; they never call back into the module.
-
-Everything a subclass needs to override one step is importable from here (and from :mod:`lightning_grpo`):
-
-* :class:`UpdateBatch`: what ``prepare_update`` returns and ``compute_loss`` receives;
-* :class:`LossCounts`: the global normalisers ``compute_loss`` divides by;
-* :class:`StepOutput`: what ``training_step`` returns to the callbacks;
-* :class:`~lightning_grpo.rollout.Rollout` and :class:`~lightning_grpo.rollout.TokenLogProbs`: what ``generate``
-  and ``compute_logprobs`` return.
+``lightning_grpo.step`` and its modules (``lightning_grpo.step.update``, ``.batch``, ``.context``, ...) still import,
+each with one ``DeprecationWarning`` naming its new path (:mod:`lightning_grpo._moved`).
 """
 
-from typing import Any
+from lightning_grpo._moved import moved_names
+from lightning_grpo.iteration.context import STEP_MODULE
 
-from lightning_grpo.rollout import Rollout, TokenLogProbs
-from lightning_grpo.step.batch import LossCounts, StepOutput, UpdateBatch
-from lightning_grpo.step.context import StepContext
-from lightning_grpo.step.timing import PhaseTimer
-
-__all__ = [
-    "LossCounts",
-    "PhaseTimer",
-    "Rollout",
-    "StepContext",
-    "StepOutput",
-    "TokenLogProbs",
-    "UpdateBatch",
-]
-
-
-def __getattr__(name: str) -> Any:
-    """``StepModule`` (deprecated) still imports from here: :mod:`lightning_grpo.step.context` warns once."""
-    if name == "StepModule":
-        from lightning_grpo.step import context
-
-        return context.StepModule
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = moved_names(
+    __name__,
+    {
+        **{name: f"lightning_grpo.iteration.{name}" for name in ("LossCounts", "PhaseTimer", "StepContext")},
+        **{name: f"lightning_grpo.iteration.{name}" for name in ("StepOutput", "UpdateBatch")},
+        "Rollout": "lightning_grpo.rollout.Rollout",
+        "TokenLogProbs": "lightning_grpo.rollout.TokenLogProbs",
+        "StepModule": STEP_MODULE,
+    },
+)

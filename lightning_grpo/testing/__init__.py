@@ -1,10 +1,9 @@
-"""Test fixtures and the offline demo: a tiny model and tokenizer built in code, tiny tasks, and their data module.
+"""Test fixtures: a tiny model and tokenizer built in code, tiny tasks, and their data module.
 
-Nothing here is needed to train real models, and no other module of the package imports it but the entry point
-(``lightning_grpo.__main__``, for ``lightning-grpo demo``). Use it in tests and examples, or in YAML configs by
-``class_path`` (``lightning_grpo.testing.TinyModel``,
-``lightning_grpo.testing.TinyTokenizer``, ``lightning_grpo.testing.TinyTaskDataModule``); see
-``lightning_grpo/testing/tiny.yaml``, the demo's config (``lightning-grpo demo``).
+Nothing here is needed to train real models, and no module of the package imports it. Use it in tests and examples,
+or in YAML configs by ``class_path`` (``lightning_grpo.testing.TinyModel``, ``lightning_grpo.testing.TinyTokenizer``,
+``lightning_grpo.testing.TinyTaskDataModule``), as the demo's config does (``lightning_grpo/demo/tiny.yaml``; the
+demo itself is :mod:`lightning_grpo.demo`).
 
 Example::
 
@@ -17,8 +16,9 @@ Example::
 
 from __future__ import annotations
 
-from lightning_grpo.testing.datamodule import TinyTaskDataModule
-from lightning_grpo.testing.model import (
+from lightning_grpo.testing.task_datamodule import TinyTaskDataModule
+from lightning_grpo.testing.tasks import BUILTIN_TASKS, addition, make_task, successor
+from lightning_grpo.testing.tiny_model import (
     RANDOM,
     TinyModel,
     WarmupSettings,
@@ -28,7 +28,6 @@ from lightning_grpo.testing.model import (
     tiny_config,
     warm_up,
 )
-from lightning_grpo.testing.tasks import BUILTIN_TASKS, addition, make_task, successor
 from lightning_grpo.testing.tokenizer import ALPHABET, TinyTokenizer, build_tiny_tokenizer
 
 __all__ = [

@@ -24,7 +24,7 @@ from transformers import PreTrainedTokenizerBase, Qwen2ForCausalLM
 from lightning_grpo.agents import EnvStep, HermesToolCallParser, ToolSet, assistant_message
 from lightning_grpo.rollout.chat import continuation_ids, render_messages
 from lightning_grpo.testing.chat_template import TINY_CHAT_TEMPLATE
-from lightning_grpo.testing.model import build_tiny_model
+from lightning_grpo.testing.tiny_model import build_tiny_model
 from lightning_grpo.testing.tokenizer import TinyTokenizer, build_tiny_tokenizer
 
 __all__ = [

@@ -29,10 +29,10 @@ from lightning_grpo.algorithms import (
 )
 from lightning_grpo.callbacks.agent_stats import agent_metrics
 from lightning_grpo.callbacks.group_rewards import group_reward_stats, process_stats
+from lightning_grpo.iteration.nonfinite import gradient_flag, nonfinite_flags
 from lightning_grpo.metrics import reduce_across_ranks
 from lightning_grpo.policy.finite import NonFiniteError, check_finite
 from lightning_grpo.rewards import RewardScores
-from lightning_grpo.step.finite import gradient_flag, nonfinite_flags
 from tests.callbacks.test_agent_stats import _rollout, _turns
 
 N, T, V = 6, 5, 40

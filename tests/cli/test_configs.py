@@ -132,7 +132,7 @@ def test_a_subcommand_without_a_config_fails_with_a_hint(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["fit", "--trainer.max_steps=3"])
     assert exit_info.value.code == 2
-    assert "--config " in (err := capsys.readouterr().err) and "testing/tiny.yaml" in err
+    assert "--config " in (err := capsys.readouterr().err) and "demo/tiny.yaml" in err
 
 
 def test_reward_functions_optimizer_and_scheduler_from_yaml(tmp_path):

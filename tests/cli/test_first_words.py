@@ -1,4 +1,4 @@
-"""What the command line says first and last (issue 39, item 6): the subcommands with ``demo``, GRPO's settings
+"""What the command line says first and last: the subcommands with ``demo``, GRPO's settings
 before the Trainer's in ``fit --help``, no Lightning tips, and where a fit's files went."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.loggers import CSVLogger
 
 from lightning_grpo.cli import main
-from lightning_grpo.testing.demo import curve_title
+from lightning_grpo.demo import curve_title
 from tests.cli.conftest import TINY, quiet_run_args, run_module
 
 

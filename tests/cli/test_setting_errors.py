@@ -1,4 +1,4 @@
-"""A bad setting value gives its cause first (issue 39, item 1): the real command line, one kind of error per test.
+"""A bad setting value gives its cause first: the real command line, one kind of error per test.
 
 The first line after Lightning's own info lines names the key as a config writes it, the value, why and the fix; the
 whole output is a few lines, with no traceback unless ``--debug`` (or ``LIGHTNING_GRPO_DEBUG=1``) asks for one.

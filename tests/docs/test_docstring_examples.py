@@ -11,14 +11,14 @@ import torch
 
 import lightning_grpo
 
-#: Entry points, tested by running them (tests/cli, tests/testing/test_demo.py).
-SKIP = {"lightning_grpo.__main__", "lightning_grpo.cli", "lightning_grpo.testing.demo"}
+#: Entry points, tested by running them (tests/cli, tests/demo/test_demo.py).
+SKIP = {"lightning_grpo.__main__", "lightning_grpo.cli", "lightning_grpo.demo"}
 MODULES = sorted(
     info.name for info in pkgutil.walk_packages(lightning_grpo.__path__, "lightning_grpo.") if info.name not in SKIP
 )
 #: Modules whose docstrings must hold examples, so that losing them all fails here rather than passing quietly.
 WITH_EXAMPLES = {
-    *(f"lightning_grpo.rewards.{name}" for name in ("base", "format", "math_answer", "overlong")),
+    *(f"lightning_grpo.rewards.{name}" for name in ("reward_functions", "format", "math_answer", "overlong")),
     *(
         f"lightning_grpo.callbacks.{name}"
         for name in ("adapter_export", "completion_stats", "defaults", "group_rewards", "progress_bar")

@@ -21,7 +21,7 @@ from lightning_grpo.rollout.generation import SamplingSettings, generate_rollout
 from lightning_grpo.testing import build_tiny_model
 from tests.conftest import make_trainer, prompt_loader
 from tests.module.test_foreign_device import CASES
-from tests.module.test_process import halves
+from tests.process_supervision.test_process_estimator_fit import halves
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 

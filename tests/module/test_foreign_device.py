@@ -20,7 +20,7 @@ from lightning_grpo import GRPOConfig, PolicyConfig
 from lightning_grpo.testing import build_tiny_model
 from tests.conftest import count_a, make_trainer, prompt_loader
 from tests.module.helpers import FixedRolloutModule, fixed_rollout
-from tests.module.test_process import halves
+from tests.process_supervision.test_process_estimator_fit import halves
 
 
 class ForeignDefaultDevice(FixedRolloutModule):

@@ -8,14 +8,14 @@ import torch
 from lightning.pytorch import Callback
 
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig
-from lightning_grpo.step import LossCounts
+from lightning_grpo.demo import summarize
+from lightning_grpo.iteration import LossCounts
 from lightning_grpo.testing.agents import (
     CountdownEnv,
     add,
     called_add_right,
     short_turn_model,
 )
-from lightning_grpo.testing.demo import summarize
 from tests.conftest import make_trainer
 
 PROMPTS = [[{"role": "user", "content": "go"}], [{"role": "user", "content": "play"}]]

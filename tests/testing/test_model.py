@@ -34,7 +34,9 @@ def test_warm_up_is_deterministic_cached_and_leaves_the_global_rng_alone(tmp_pat
     assert not _same_weights(first, build_tiny_model(build_tiny_tokenizer()))  # it did train
     (cached,) = (tmp_path / "a").iterdir()
     assert cached.name == f"tiny-successor-{QUICK.fingerprint('successor')}"
-    monkeypatch.setattr("lightning_grpo.testing.model.warm_up", lambda *a, **k: pytest.fail("the cache was not used"))
+    monkeypatch.setattr(
+        "lightning_grpo.testing.tiny_model.warm_up", lambda *a, **k: pytest.fail("the cache was not used")
+    )
     assert _same_weights(load_tiny_model("successor", settings=QUICK, cache_dir=tmp_path / "a"), first)
 
 

@@ -1,0 +1,40 @@
+"""Checks at fit start, before the first rollout is sampled: what the reward functions need against the data."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lightning_grpo.config import GRPOConfig
+from lightning_grpo.iteration.dynamic_sampling import check_datamodule
+from lightning_grpo.iteration.process_supervision import check_step_sources
+from lightning_grpo.rewards import RewardFunctions
+
+__all__ = ["STEP_KEYWORDS", "check_fit_inputs", "check_reward_keywords"]
+
+#: Keywords ``GRPOModule.score`` offers every reward function besides prompts, completions and the data's columns.
+STEP_KEYWORDS = ("completion_ids", "completion_lengths", "trainer_state")
+
+
+def check_reward_keywords(rewards: RewardFunctions, datamodule: Any, *, environment: bool) -> None:
+    """Refuse reward functions whose parameters the data's columns cannot fill, naming the missing columns.
+
+    Only a data module that holds its rows (:class:`~lightning_grpo.data.PromptDataModule`'s ``train_records``,
+    set up by then) is checked; with an environment the keywords also come from it, so nothing is checked.
+
+    Raises:
+        RewardInputError: A function needs keywords that neither the columns nor the step offer.
+    """
+    records = getattr(datamodule, "train_records", None)
+    if environment or not isinstance(records, list) or not records:
+        return
+    columns = sorted({key for row in records if isinstance(row, dict) for key in row} - {"prompt"})
+    rewards.check_keywords([*columns, *STEP_KEYWORDS], where=f"the data (columns {columns})")
+
+
+def check_fit_inputs(config: GRPOConfig, rewards: RewardFunctions, datamodule: Any, *, environment: bool) -> None:
+    """Every fit-start check of the inputs: the reward functions' keywords against the data, a source of step rewards
+    for ``grpo_process``, and a data module that can give more prompts for ``dynamic_sampling``."""
+    check_reward_keywords(rewards, datamodule, environment=environment)
+    check_step_sources(config, rewards, environment=environment)
+    if config.dynamic_sampling:
+        check_datamodule(datamodule)

@@ -1,0 +1,227 @@
+"""The update loop, in one file: from the module's ``update_policy`` to ``optimizer.step()``.
+
+:meth:`GRPOModule.update_policy <lightning_grpo.module.GRPOModule.update_policy>` calls :func:`run_updates` with the
+module's steps as explicit arguments: its (possibly overridden) ``compute_loss`` gives each micro-batch's loss
+(:func:`~lightning_grpo.algorithms.objective.grpo_loss` by default), ``manual_backward`` runs the backward, and the
+optimizer, gradient clipping and scheduler are Lightning's. :meth:`~lightning_grpo.module.GRPOModule.prepare_update`
+calls :func:`sampling_logprobs` and :func:`fixed_logprobs` with the module's ``compute_logprobs`` the same way, so an
+override of it serves the old and reference passes too. Nothing here calls back into the module (docs/index.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from lightning_grpo import distributed
+from lightning_grpo._moved import Moved, moved_names
+from lightning_grpo.config import GRPOConfig
+from lightning_grpo.iteration.context import StepContext
+from lightning_grpo.iteration.nonfinite import gradient_flag, nonfinite_flags, step_is_finite
+from lightning_grpo.iteration.timing import PhaseTimer
+from lightning_grpo.iteration.types import LossCounts, UpdateBatch
+from lightning_grpo.metrics import MetricSums as _MetricSums
+from lightning_grpo.metrics import reduce_across_ranks
+from lightning_grpo.rollout import Rollout, TokenLogProbs
+from lightning_grpo.rollout.generation import eval_mode
+
+__all__ = ["LogProbsStep", "LossStep", "fixed_logprobs", "minibatch_indices", "run_updates", "sampling_logprobs"]
+
+#: The module's ``compute_logprobs(rollout, *, reference=False, with_entropy=False)``.
+LogProbsStep = Callable[..., TokenLogProbs]
+#: The module's ``compute_loss(batch, counts) -> (loss, metrics)`` of one micro-batch.
+LossStep = Callable[[UpdateBatch, LossCounts], tuple[Tensor, dict[str, Tensor]]]
+
+
+def fixed_logprobs(
+    compute_logprobs: LogProbsStep,
+    policy: nn.Module,
+    rollout: Rollout,
+    micro_batch_size: int | None,
+    *,
+    reference: bool,
+) -> Tensor:
+    """``(N, T)`` log-probs without gradient (old or, with ``reference``, reference ones): eval mode, by micro-batch.
+
+    Args:
+        compute_logprobs: The module's ``compute_logprobs`` (an override of it serves these passes too).
+        policy: The policy, put in eval mode for the pass.
+        rollout: The rollout.
+        micro_batch_size: Rows per forward; ``None``: all at once.
+        reference: Log-probs of the reference policy (the adapter disabled) rather than of the current one.
+    """
+    micro = micro_batch_size or len(rollout)
+    with torch.no_grad(), eval_mode(policy):
+        parts = [
+            compute_logprobs(rollout.select(rows), reference=reference).logprobs
+            for rows in torch.arange(len(rollout), device="cpu").split(micro)  # host indices: no sync to select
+        ]
+    return torch.cat(parts)
+
+
+def sampling_logprobs(
+    compute_logprobs: LogProbsStep,
+    policy: nn.Module,
+    rollout: Rollout,
+    config: GRPOConfig,
+    timer: PhaseTimer,
+    device: torch.device,
+) -> Tensor | None:
+    """``(N, T)`` old log-probs of a rollout that serves several updates; ``None`` when it serves one.
+
+    ``config.old_logprobs`` chooses: ``"recompute"`` runs :func:`fixed_logprobs` (timed as ``old_logprobs``),
+    ``"rollout"`` takes the behaviour log-probs the sampler recorded (``rollout.logprobs``), moved to ``device``.
+    ``compute_logprobs`` and ``policy`` are as for :func:`fixed_logprobs`.
+
+    Raises:
+        ValueError: ``old_logprobs="rollout"`` and the rollout holds no log-probs (a ``generate`` override that does
+            not fill ``Rollout.logprobs``).
+    """
+    if config.ppo_epochs * len(rollout) // (config.mini_batch_size or len(rollout)) <= 1:
+        return None
+    if config.old_logprobs == "rollout":
+        if rollout.logprobs is None:
+            raise ValueError(
+                "old_logprobs='rollout' needs the sampled log-probs (Rollout.logprobs), but this rollout has none: "
+                "fill Rollout.logprobs in your generate override, or use old_logprobs='recompute'"
+            )
+        return rollout.logprobs.to(device)
+    with timer("old_logprobs"):
+        return fixed_logprobs(compute_logprobs, policy, rollout, config.micro_batch_size, reference=False)
+
+
+def minibatch_indices(num_samples: int, mini_batch_size: int, generator: torch.Generator) -> Iterator[Tensor]:
+    """A fresh random permutation of the rows, split into mini-batches of ``mini_batch_size``."""
+    yield from torch.randperm(num_samples, generator=generator, device=generator.device).split(mini_batch_size)
+
+
+def run_updates(
+    batch: UpdateBatch,
+    context: StepContext,
+    config: GRPOConfig,
+    *,
+    policy: nn.Module,
+    compute_loss: LossStep,
+    backward: Callable[[Tensor], None],
+    optimizer: Any,
+    clip_gradients: Callable[..., None],
+    scheduler: Any = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """``ppo_epochs`` passes over shuffled mini-batches of ``batch``; one optimizer step per mini-batch.
+
+    Args:
+        batch: The rollout with its advantages, loss mask and fixed log-probs.
+        context: The step's context (seed, gradient scale, cross-rank sums), built once by ``training_step``.
+        config: The algorithm settings (batch sizes, ``ppo_epochs``, clipping, non-finite handling).
+        policy: The policy whose gradients are synchronised, checked and clipped.
+        compute_loss: The module's ``compute_loss``: each micro-batch's loss and metrics.
+        backward: The module's ``manual_backward``.
+        optimizer: The module's (Lightning-wrapped) optimizer.
+        clip_gradients: The module's ``clip_gradients(optimizer, gradient_clip_val=, gradient_clip_algorithm=)``.
+        scheduler: The learning-rate scheduler, stepped once at the end; ``None``: none.
+
+    Returns:
+        The global mean mini-batch loss and the metrics (``pg_loss`` and the token-weighted means of the others),
+        exact over all ranks.
+    """
+    mini = config.mini_batch_size or len(batch)
+    micro = config.micro_batch_size or mini
+    generator = torch.Generator().manual_seed(context.seed)
+    norm = float(config.loss_agg_norm or config.max_new_tokens)
+    sums, shares = _MetricSums(), []
+    epochs = [rows for _ in range(config.ppo_epochs) for rows in minibatch_indices(len(batch), mini, generator)]
+    for index, rows in enumerate(epochs):  # the mini-batches of every pass, each pass a fresh permutation
+        minibatch = replace(batch.select(rows), at_sampling_weights=index == 0)  # rows on the host: no sync
+        counts = LossCounts.of(minibatch.loss_mask, norm, context.sum_across_ranks)
+        part, flags = _accumulate(minibatch, counts, micro, sums, context, policy, compute_loss, backward, optimizer)
+        shares.append(part)
+        flags = torch.cat([flags, gradient_flag(policy.parameters(), context.device)])
+        if not step_is_finite(context, flags, on_nonfinite=config.on_nonfinite, max_skipped=config.max_skipped_steps):
+            optimizer.zero_grad(set_to_none=True)  # nothing of this iteration's remaining updates is applied
+            break
+        if config.max_grad_norm is not None:
+            clip_gradients(optimizer, gradient_clip_val=config.max_grad_norm, gradient_clip_algorithm="norm")
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    if scheduler is not None:
+        scheduler.step()
+    parts = torch.stack([torch.stack(list(s.values())) for s in shares]).mean(0)  # (loss, pg_loss), this rank
+    loss, pg_loss = reduce_across_ranks(parts).float()  # the ranks' parts add up to the global values
+    return loss, {"pg_loss": pg_loss, **sums.means(reduce_across_ranks)}
+
+
+def _accumulate(
+    minibatch: UpdateBatch,
+    counts: LossCounts,
+    micro: int,
+    sums: _MetricSums,
+    context: StepContext,
+    policy: nn.Module,
+    compute_loss: LossStep,
+    backward: Callable[[Tensor], None],
+    optimizer: Any,
+) -> tuple[dict[str, Tensor], Tensor]:
+    """Backward over the micro-batches of one mini-batch; gradients sync across ranks on the last one only.
+
+    Returns this rank's parts of the mini-batch ``loss`` and ``pg_loss`` (computed with global normalisers, so
+    the parts of all ranks add up to the global values) and the non-finite flags of its terms
+    (:func:`~lightning_grpo.iteration.nonfinite.nonfinite_flags`); the other metrics go to ``sums``, weighted by tokens.
+    """
+    device = context.device
+    shares = {"loss": torch.zeros((), device=device), "pg_loss": torch.zeros((), device=device)}
+    chunks = torch.arange(len(minibatch), device="cpu").split(micro)  # host indices: selecting needs no sync
+    scale = context.grad_scale  # each rank's loss is its share of the global loss; ranks average gradients
+    flags = torch.zeros(4, device=device)
+    for i, rows in enumerate(chunks):
+        part = minibatch.select(rows)
+        last = i == len(chunks) - 1
+        with optimizer.toggle_model(sync_grad=last), distributed.gradient_sync(policy, last):
+            loss, metrics = compute_loss(part, counts)
+            backward(loss * scale)
+        flags = torch.maximum(flags, nonfinite_flags(loss, metrics))
+        shares["loss"] += loss.detach()
+        shares["pg_loss"] += metrics.pop("pg_loss").detach()
+        sums.add(metrics, part.loss_mask.sum())
+    return shares, flags
+
+
+# ---------------------------------------------------------------- deprecated names (moved)
+
+
+def _importance_weighted(
+    per_token: Tensor, batch: UpdateBatch, old_logprobs: Tensor, cap: float | None
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The old signature of :func:`~lightning_grpo.algorithms.importance.importance_weighted` (deprecated)."""
+    from lightning_grpo.algorithms.importance import importance_weighted
+
+    return importance_weighted(per_token, old_logprobs, batch.rollout.logprobs, batch.loss_mask, cap)
+
+
+def _rollout_agreement(batch: UpdateBatch, logprobs: Tensor) -> dict[str, Tensor]:
+    """The old signature of :func:`~lightning_grpo.algorithms.importance.rollout_agreement` (deprecated)."""
+    from lightning_grpo.algorithms.importance import rollout_agreement
+
+    if not batch.at_sampling_weights:
+        return {}
+    return rollout_agreement(logprobs, batch.rollout.logprobs, batch.loss_mask)
+
+
+_PLAIN_TENSORS = " (its arguments are now plain tensors)"
+__getattr__ = moved_names(
+    __name__,
+    {
+        "MetricSums": "lightning_grpo.metrics.MetricSums",
+        "importance_weighted": Moved(
+            "lightning_grpo.algorithms.importance.importance_weighted",
+            f"{__name__}._importance_weighted",
+            _PLAIN_TENSORS,
+        ),
+        "rollout_agreement": Moved(
+            "lightning_grpo.algorithms.importance.rollout_agreement", f"{__name__}._rollout_agreement", _PLAIN_TENSORS
+        ),
+    },
+)

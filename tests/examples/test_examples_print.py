@@ -1,0 +1,30 @@
+"""The examples print what they say: first and last rewards, a reward, defaults in --help."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.examples.test_examples import load_example
+
+EXAMPLES = ["custom_reward", "subclass_step", "gsm8k_lora", "tool_calling", "multi_turn_env"]
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_help_shows_the_defaults(name, capsys):
+    with pytest.raises(SystemExit):
+        load_example(name).parse(["--help"])
+    assert "(default: " in capsys.readouterr().out
+
+
+def test_custom_reward_prints_the_first_and_last_rewards(tmp_path, warm_tiny_cache, capsys):
+    args = ["--max-steps", "3", "--num-generations", "4", "--batch-size", "4", "--output-dir", str(tmp_path)]
+    load_example("custom_reward").main([*args, "--no-progress-bar"])
+    assert re.search(r"custom_reward: mean reward \d\.\d\d -> \d\.\d\d over 3 steps", capsys.readouterr().out)
+
+
+def test_subclass_step_prints_a_reward(warm_tiny_cache, capsys):
+    load_example("subclass_step").main(["--max-steps", "2", "--num-generations", "4", "--batch-size", "4",
+                                        "--no-progress-bar"])  # fmt: skip
+    assert re.search(r"mean reward \d\.\d\d, mean completion length", capsys.readouterr().out)
