@@ -22,12 +22,14 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from lightning_grpo import distributed
 from lightning_grpo.agents import EnvironmentFactory, ToolCallParser
+from lightning_grpo.agents.trl_environment import trl_environments_of, with_environment_rewards
 from lightning_grpo.algorithms import compute_advantages
 from lightning_grpo.algorithms.objective import grpo_loss
 from lightning_grpo.callbacks._outputs import missing_callbacks
 from lightning_grpo.callbacks.defaults import default_callbacks as monitoring_callbacks
 from lightning_grpo.callbacks.progress_bar import readable_progress_bar
 from lightning_grpo.callbacks.rollout_engine import CloseRolloutEngine
+from lightning_grpo.callbacks.tool_servers import CloseToolServers
 from lightning_grpo.checkpoint import check_resume, describe_policy, install_checked_io, keep_adapter_only, settings_of
 from lightning_grpo.config import GRPOConfig
 from lightning_grpo.metrics import ValidationMetrics
@@ -63,7 +65,8 @@ class GRPOModule(LightningModule):
     Args:
         model: A Hugging Face id or local path, a ``PreTrainedModel`` or a ``PeftModel``.
         reward_funcs: Reward functions ``fn(prompts, completions, **columns) -> list[float | None]`` (a sequence, a
-            name-to-function mapping, or a :class:`~lightning_grpo.rewards.RewardFunctions`).
+            name-to-function mapping, or a :class:`~lightning_grpo.rewards.RewardFunctions`); may be omitted when a
+            TRL-style environment scores with ``get_reward()``, which joins them (weight 1).
         reward_weights: One weight per reward function; ``None`` weighs each 1.0.
         tokenizer: Tokenizer or its id/path; defaults to the model's. One without a pad token gets EOS as pad.
         policy: Loading and LoRA settings (:class:`~lightning_grpo.policy.PolicyConfig`).
@@ -71,9 +74,11 @@ class GRPOModule(LightningModule):
         optimizer: Builds the optimizer from the adapter parameters; default ``AdamW(lr=1e-5)``.
         lr_scheduler: Builds a scheduler from the optimizer; stepped once per ``training_step`` (one GRPO iteration).
         seed: Seeds sampling and mini-batch shuffling per step, so runs and resumed runs are reproducible.
-        tools: Python functions the policy may call (type hints and a Google docstring each); needs conversational
-            prompts and a chat template that renders tools (``docs/agents.md``).
-        environment_factory: Makes one environment per sample from its dataset row, for multi-turn tasks.
+        tools: Python functions the policy may call (type hints and a Google docstring each), and MCP tool servers
+            (``{"command": [...]}`` or ``{"url": ...}``); needs conversational prompts and a chat template that renders
+            tools (``docs/agents.md``).
+        environment_factory: Makes one environment per sample from its dataset row, for multi-turn tasks; or a
+            TRL-style environment class (no ``step``) or ``{name: factory}`` dict, run as TRL runs it.
         tool_parser: Reads tool calls from the policy's turns; defaults to the ``<tool_call>{json}</tool_call>`` form.
         default_callbacks: Add the monitoring callbacks of :func:`~lightning_grpo.callbacks.default_callbacks` that
             the trainer lacks (:meth:`configure_callbacks`), so any ``Trainer`` logs ``train/reward_mean`` and the
@@ -97,7 +102,7 @@ class GRPOModule(LightningModule):
     def __init__(
         self,
         model: str | PreTrainedModel | PeftModel,
-        reward_funcs: Sequence[Callable[..., Any]] | Mapping[str, Callable[..., Any]] | RewardFunctions,
+        reward_funcs: Sequence[Callable[..., Any]] | Mapping[str, Callable[..., Any]] | RewardFunctions | None = None,
         *,
         reward_weights: Sequence[float] | None = None,
         tokenizer: str | PreTrainedTokenizerBase | None = None,
@@ -106,8 +111,8 @@ class GRPOModule(LightningModule):
         optimizer: OptimizerCallable | None = None,
         lr_scheduler: LRSchedulerCallable | None = None,
         seed: int = 0,
-        tools: Sequence[Callable[..., Any]] | None = None,
-        environment_factory: EnvironmentFactory | None = None,
+        tools: Sequence[Callable[..., Any] | dict[str, Any]] | None = None,
+        environment_factory: EnvironmentFactory | Mapping[str, Callable[[], Any]] | None = None,
         tool_parser: ToolCallParser | None = None,
         default_callbacks: bool = True,
         vllm: VLLMConfig | None = None,
@@ -117,6 +122,8 @@ class GRPOModule(LightningModule):
         self.strict_loading = False  # checkpoints hold the adapter only, not the base weights
         self.config = cfg = grpo or GRPOConfig()
         self.policy_config = policy or PolicyConfig()
+        environment_factory = trl_environments_of(environment_factory)  # TRL-style: probed; get_reward is a reward
+        reward_funcs, reward_weights = with_environment_rewards(reward_funcs, reward_weights, environment_factory)
         self.rewards = RewardFunctions.of(reward_funcs, reward_weights, timeout=cfg.reward_timeout)
         name = model if isinstance(model, str | Path) else None
         self.tokenizer = load_tokenizer(tokenizer, name, trust_remote_code=self.policy_config.trust_remote_code)
@@ -186,8 +193,7 @@ class GRPOModule(LightningModule):
         temperature: float | None = None,
     ) -> Rollout:
         """Step 1: G completions (trajectories) per prompt of ``batch["prompt"]``; other keys become row columns."""
-        if "prompt" not in batch:
-            raise KeyError(f"a batch must have a 'prompt' key (strings or chat messages); got keys {sorted(batch)}")
+        prompts = self.agent.prompts_of(batch)  # KeyError without "prompt" (unless TRL-style environments fill it)
         settings = self.sampling_settings(num_generations=num_generations, temperature=temperature)
         columns = {key: list(values) for key, values in batch.items() if key != "prompt"}
         sync = partial(any_rank, sum_across_ranks=self._sum_across_ranks, device=self.device)
@@ -197,7 +203,7 @@ class GRPOModule(LightningModule):
         mode = self.config.sampling_adapter if engine is None else "as_trained"
         with nonfinite_sampling(self.global_step), sampling_adapter(self.policy, mode):
             return sample_rollout(
-                self.policy, self.tokenizer, list(batch["prompt"]), settings, self.agent,
+                self.policy, self.tokenizer, prompts, settings, self.agent,
                 max_prompt_length=self.config.max_prompt_length, columns=columns, any_rank_active=sync, sample=sample,
             )  # fmt: skip
 
@@ -343,6 +349,7 @@ class GRPOModule(LightningModule):
         A trainer's callback of the same or a related type wins; Lightning's default bar becomes ``GRPOProgressBar``.
         """
         closing = [CloseRolloutEngine()] if self.rollout_engine is not None else []
+        closing += [CloseToolServers()] if self.agent.servers else []  # MCP sessions end with the fit
         if not self.use_default_callbacks:
             return closing
         missing = missing_callbacks(monitoring_callbacks(), present=self.trainer.callbacks)
