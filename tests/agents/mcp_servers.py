@@ -34,6 +34,11 @@ def build():
         return os.getpid()
 
     @server.tool()
+    def env(name: str) -> str:
+        """An environment variable of the server process."""
+        return os.environ.get(name, "")
+
+    @server.tool()
     def die() -> str:
         """Exit the server process at once."""
         os._exit(3)
