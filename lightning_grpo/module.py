@@ -111,7 +111,7 @@ class GRPOModule(LightningModule):
         optimizer: OptimizerCallable | None = None,
         lr_scheduler: LRSchedulerCallable | None = None,
         seed: int = 0,
-        tools: Sequence[Callable[..., Any] | dict[str, Any]] | None = None,
+        tools: Sequence[dict[str, Any] | Callable[..., Any]] | None = None,
         environment_factory: EnvironmentFactory | Mapping[str, Callable[[], Any]] | None = None,
         tool_parser: ToolCallParser | None = None,
         default_callbacks: bool = True,

@@ -22,9 +22,10 @@ from lightning_grpo.agents import (
     check_chat_template_supports_tools,
 )
 from lightning_grpo.agents.mcp_tools import MCPToolServer, server_tools, split_tools
-from lightning_grpo.agents.trl_environment import TRLEnvironments, trl_environments_of
+from lightning_grpo.agents.trl_environment import EMPTY_PROMPT, TRLEnvironments, trl_environments_of
+from lightning_grpo.rewards._text import DATASET_INDEX
 
-__all__ = ["AgentSettings", "Trajectory"]
+__all__ = ["AgentSettings", "Trajectory", "trl_trajectories"]
 
 
 @dataclass(frozen=True)
@@ -161,3 +162,26 @@ class Trajectory:
     def stop(self, *, truncated: bool = False, max_turns: bool = False) -> None:
         """End the trajectory, flagged truncated (and cut by ``max_turns``) when asked."""
         self.done, self.truncated, self.max_turns_reached = True, truncated, max_turns
+
+
+def trl_trajectories(
+    prompts: Sequence[list[dict[str, Any]]], columns: dict[str, list[Any]], g: int, agent: AgentSettings
+) -> list[Trajectory]:
+    """``B * G`` trajectories of TRL-style environments: an instance from the pool each, ``reset`` with the row first.
+
+    A row without a prompt starts from one empty user message, which ``reset`` fills (TRL's behaviour).
+    """
+    environments, trajectories = agent.trl_environments, []
+    assert environments is not None
+    environments.start_batch()
+    dataset_index = columns.get(DATASET_INDEX)  # PromptDataModule's: errors name the dataset row
+    for b, prompt in enumerate(prompts):
+        row = {name: values[b] for name, values in columns.items()}
+        if prompt:
+            row = {"prompt": prompt, **row}
+        name = environments.environment_of(row, dataset_index[b] if dataset_index is not None else b)
+        for _ in range(g):
+            instance = environments.draw(name)
+            start = environments.reset(instance, row, list(prompt) or list(EMPTY_PROMPT))
+            trajectories.append(Trajectory(prompt=start, environment=instance, tools=environments.toolset(instance)))
+    return trajectories

@@ -25,9 +25,8 @@ from lightning_grpo.agents import (
     step_episodes,
     validate_messages,
 )
-from lightning_grpo.agents.trl_environment import EMPTY_PROMPT
 from lightning_grpo.rewards._text import DATASET_INDEX
-from lightning_grpo.rollout.agent import AgentSettings, Trajectory
+from lightning_grpo.rollout.agent import AgentSettings, Trajectory, trl_trajectories
 from lightning_grpo.rollout.batch import Rollout, TurnStats
 from lightning_grpo.rollout.chat import continuation_ids, render_messages
 from lightning_grpo.rollout.generation import (
@@ -143,7 +142,7 @@ def _start(
 ) -> list[Trajectory]:
     """``B * G`` trajectories; with an environment, each gets its own instance and its first observation."""
     if agent.trl_environments is not None:
-        return _start_trl(prompts, columns, g, agent)
+        return trl_trajectories(prompts, columns, g, agent)
     trajectories = []
     dataset_index = columns.get(DATASET_INDEX)  # PromptDataModule's: errors name the dataset row
     label = "dataset row" if dataset_index is not None else "batch row"
@@ -156,29 +155,6 @@ def _start(
             index = dataset_index[b] if dataset_index is not None else b
             episode = EnvironmentEpisode(agent.environment_factory, row, index=index, row_label=label)
             trajectories.append(Trajectory(prompt=[*prompt, *episode.reset()], episode=episode))
-    return trajectories
-
-
-def _start_trl(
-    prompts: Sequence[list[dict[str, Any]]], columns: dict[str, list[Any]], g: int, agent: AgentSettings
-) -> list[Trajectory]:
-    """``B * G`` trajectories of TRL-style environments: an instance from the pool each, ``reset`` with the row first.
-
-    A row without a prompt starts from one empty user message, which ``reset`` fills (TRL's behaviour).
-    """
-    environments, trajectories = agent.trl_environments, []
-    assert environments is not None
-    environments.start_batch()
-    dataset_index = columns.get(DATASET_INDEX)
-    for b, prompt in enumerate(prompts):
-        row = {name: values[b] for name, values in columns.items()}
-        if prompt:
-            row = {"prompt": prompt, **row}
-        name = environments.environment_of(row, dataset_index[b] if dataset_index is not None else b)
-        for _ in range(g):
-            instance = environments.draw(name)
-            start = environments.reset(instance, row, list(prompt) or list(EMPTY_PROMPT))
-            trajectories.append(Trajectory(prompt=start, environment=instance, tools=environments.toolset(instance)))
     return trajectories
 
 
