@@ -359,7 +359,7 @@ class GRPOModule(LightningModule):
         """Time phases, score with reward models on the module's device, check the inputs, start a rollout engine."""
         self.timer.device = self.device
         self.rewards.to(self.device, getattr(self.policy, "dtype", None))  # reward models are not in the policy
-        environment = bool(self.agent.environment_factory)
+        environment = bool(self.agent.environment_factory or self.agent.trl_environments)  # keywords from it too
         check_fit_inputs(self.config, self.rewards, self.trainer.datamodule, environment=environment)
         if self.rollout_engine is not None:
             self.rollout_engine.start(self.policy, self.seed, sharded=distributed.is_sharded(self.policy))

@@ -193,7 +193,15 @@ class TRLEnvironments:
 
     def _make(self, name: str | None) -> Any:
         label = "environment_factory" if name is None else f"environment_factory[{name!r}]"
-        instance = self.factories[name]()
+        factory = self.factories[name]
+        try:
+            instance = factory()
+        except TypeError as err:
+            raise TypeError(
+                f"{label} ({getattr(factory, '__name__', factory)!r}) has no step() method, so it is a TRL-style "
+                f"environment, made with no argument; that failed: {err}. Give a TRL-style class a no-argument "
+                "__init__, or add step(message) for the row-taking protocol (docs/agents.md)."
+            ) from err
         if not callable(getattr(type(instance), "reset", None)):
             raise ValueError(
                 f"{label} made a {type(instance).__name__}, which has no reset() method. A TRL-style environment "

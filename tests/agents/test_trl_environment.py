@@ -327,3 +327,36 @@ def test_a_tool_named_twice_is_refused(tokenizer):
     environments = TRLEnvironments(Ledger, list(ToolSet([deposit])))
     with pytest.raises(ValueError, match="Two tools are named 'deposit'"):
         environments.toolset(environments.draw(None))
+
+
+def test_a_class_without_step_that_needs_an_argument_is_told_which_protocol_it_fell_under():
+    class NeedsRow:
+        def __init__(self, row):
+            self.row = row
+
+        def reset(self):
+            return None
+
+    with pytest.raises(TypeError, match=r"has no step\(\) method, so it is a TRL-style environment"):
+        TRLEnvironments(NeedsRow)
+
+
+def test_a_fit_with_a_trl_environment_dict_and_batches_without_prompts(tokenizer):
+    from tests.conftest import make_trainer
+
+    class Task(Echo):
+        def reset(self, topic):
+            self.said = []
+            return f"Talk about {topic}."
+
+    def said(environments, prompts, **_):
+        assert all(p[-1]["content"].startswith("Talk about ") for p in prompts)  # the prompt came from reset alone
+        return [float(len(e.said)) for e in environments]
+
+    options = {"num_generations": 2, "max_new_tokens": 16, "max_prompt_length": 600, "max_turns": 2}
+    module = GRPOModule(short_turn_model(tokenizer), [said], tokenizer=tokenizer, environment_factory={"task": Task},
+                        policy=PolicyConfig(lora_r=4, lora_alpha=8), grpo=GRPOConfig(**options))  # fmt: skip
+    batch = {"environment": ["task", "task"], "topic": ["cats", "dogs"]}  # no "prompt": reset writes it
+    loader = torch.utils.data.DataLoader([batch], batch_size=None)
+    make_trainer(max_steps=1).fit(module, loader)
+    assert module.global_step == 1
