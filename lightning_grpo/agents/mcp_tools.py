@@ -51,6 +51,7 @@ __all__ = [
 
 _KEYS = {"command", "url", "env", "cwd", "name", "startup_timeout", "on_exit"}
 _OPEN: weakref.WeakSet[MCPToolServer] = weakref.WeakSet()
+_START = threading.RLock()  # concurrent first calls (a new process) start a server once
 
 
 class MCPServerError(RuntimeError):
@@ -147,8 +148,11 @@ class MCPToolServer:
             ImportError: ``mcp`` is not installed.
             MCPServerError: The server did not start or answer within ``startup_timeout`` (with its stderr).
         """
-        if self._pid == os.getpid() and self._session is not None:
-            return
+        with _START:
+            if self._pid != os.getpid() or self._session is None:
+                self._start()
+
+    def _start(self) -> None:
         self._reset_runtime()
         try:
             import mcp  # noqa: F401 - the optional dependency, only when a server is used
@@ -181,13 +185,10 @@ class MCPToolServer:
 
     def close(self) -> None:
         """End the session and, for stdio, the subprocess; safe to call twice. A later call reconnects."""
-        loop, thread, stop = self._loop, self._thread, self._stop
+        loop, thread = self._loop, self._thread
         if loop is not None and thread is not None and thread.is_alive() and self._pid == os.getpid():
-            if stop is not None:
-                loop.call_soon_threadsafe(stop.set)
-            if self._serving is not None:
-                with contextlib.suppress(Exception):  # closing: the server's own errors no longer matter
-                    self._serving.result(timeout=10.0)
+            with contextlib.suppress(Exception):  # closing: the server's own errors no longer matter
+                asyncio.run_coroutine_threadsafe(self._shutdown(), loop).result(timeout=20.0)
             loop.call_soon_threadsafe(loop.stop)
             thread.join(timeout=5.0)
             if not thread.is_alive():
@@ -202,7 +203,7 @@ class MCPToolServer:
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        for key in ("_loop", "_thread", "_stderr", "_session", "_stop", "_serving"):
+        for key in ("_loop", "_thread", "_stderr", "_session", "_stop", "_serving", "_task"):
             state[key] = None
         state["_pid"] = None  # a new process opens its own session on first use
         return state
@@ -249,7 +250,20 @@ class MCPToolServer:
         self._session: Any = None
         self._stop: asyncio.Event | None = None
         self._serving: Future[None] | None = None
+        self._task: asyncio.Task[None] | None = None
         self._listed: list[Any] = []
+
+    async def _shutdown(self) -> None:
+        """End the serving task: leave its contexts (the stdio subprocess is terminated), cancelling it if need be."""
+        task = self._task
+        if task is None or task.done():
+            return
+        if self._stop is not None:  # open: leave the session and the transport in order
+            self._stop.set()
+            await asyncio.wait({task}, timeout=10.0)
+        if not task.done():  # still starting (or stuck): cancel, which unwinds the same contexts
+            task.cancel()
+            await asyncio.wait({task}, timeout=10.0)
 
     def _transport(self) -> Any:
         if self.command:
@@ -267,6 +281,7 @@ class MCPToolServer:
         """Open the transport and the session, list the tools, then hold them open until :meth:`close`."""
         from mcp import ClientSession
 
+        self._task = asyncio.current_task()
         try:
             async with self._transport() as streams, ClientSession(streams[0], streams[1]) as session:
                 await session.initialize()
@@ -294,11 +309,7 @@ class MCPToolServer:
         schema = {"type": "function", "function": {"name": name, "description": listed.description or "",
                                                    "parameters": parameters}}  # fmt: skip
 
-        async def call_tool(**arguments: Any) -> str:
-            return await self.call(name, arguments)
-
-        call_tool.__name__ = name
-        call_tool.source = self.label  # type: ignore[attr-defined]
+        call_tool = _ServerTool(self, name)  # picklable: a spawned rank reconnects on first use
         return Tool(name=name, function=call_tool, schema=schema, is_async=True, signature=None)
 
     def _gone(self, tool: str, err: BaseException) -> Exception:
@@ -325,6 +336,16 @@ class MCPToolServer:
         if not text:
             return " The server wrote nothing to stderr."
         return f" Its stderr ends with:\n{text[-limit:]}"
+
+
+class _ServerTool:
+    """One tool of a server as an ``async`` callable (``await tool(**arguments)``); pickles with its server."""
+
+    def __init__(self, server: MCPToolServer, name: str) -> None:
+        self.server, self.__name__, self.source = server, name, server.label
+
+    async def __call__(self, **arguments: Any) -> str:
+        return await self.server.call(self.__name__, arguments)
 
 
 def split_tools(items: Sequence[Any]) -> tuple[list[Any], list[MCPToolServer]]:

@@ -48,6 +48,9 @@ def build():
 
 if __name__ == "__main__":
     mode = sys.argv[1]
+    if mode == "hang":  # starts, never answers
+        print(f"hanging, pid {os.getpid()}", file=sys.stderr, flush=True)
+        time.sleep(600)
     if mode == "crash":
         print("cannot start: missing configuration FOO_TOKEN", file=sys.stderr)
         sys.exit(2)

@@ -87,10 +87,11 @@ def test_stdio_tools_are_listed_and_called_with_the_python_tools_rules(stdio_ser
 
 def test_a_pickled_server_opens_its_own_session(stdio_server):
     stdio_server.start()
-    copy = pickle.loads(pickle.dumps(stdio_server))  # what a spawned DDP rank receives
-    assert copy._session is None and copy._pid is None
-    with ToolExecutor(copy.tools(), timeout=5.0) as executor, ToolExecutor(stdio_server.tools()) as original:
-        assert _pid(executor) != _pid(original)  # its own subprocess and session
+    tools = pickle.loads(pickle.dumps(stdio_server.tools()))  # what a spawned DDP rank receives
+    copy = tools[0].function.server
+    assert copy is not stdio_server and copy._session is None and copy._pid is None
+    with ToolExecutor(tools, timeout=5.0) as executor, ToolExecutor(stdio_server.tools()) as original:
+        assert _pid(executor) != _pid(original)  # its own subprocess and session, opened on first use
     copy.close()
 
 
@@ -114,6 +115,11 @@ def test_a_server_that_does_not_start_is_named_with_its_stderr():
     assert "cannot start: missing configuration FOO_TOKEN" in message  # its stderr
     with pytest.raises(MCPServerError, match="could not be started"):
         MCPToolServer(command=["/nonexistent/mcp-server"]).tools()
+    with pytest.raises(
+        MCPServerError, match=r"did not answer within 3.0 s\. Its stderr ends with:\nhanging, pid"
+    ) as hang:
+        MCPToolServer(command=[sys.executable, SERVER, "hang"], startup_timeout=3).tools()
+    assert _wait_gone(int(str(hang.value).rsplit("pid ", 1)[1])), "a server that never answered was left running"
     port = _free_port()
     with pytest.raises(MCPServerError, match=rf"MCP HTTP server http://127.0.0.1:{port}/mcp could not be started"):
         MCPToolServer(url=f"http://127.0.0.1:{port}/mcp", startup_timeout=10).tools()
