@@ -163,6 +163,15 @@ class TRLEnvironments:
         ]
         return ToolSet([*self.tools, *bound])
 
+    def check_tools(self) -> None:
+        """Build each environment's tools once (on its probe instance), so a bad method or a name clash is found now.
+
+        Raises:
+            ValueError: A method cannot be a tool (no type hints or docstring), or shares a ``tools=`` name.
+        """
+        for pool in self._pool.values():
+            self.toolset(pool[0])
+
     def reset(self, instance: Any, row: Mapping[str, Any], prompt: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Call ``instance.reset(**columns)``; the prompt with a returned string appended to its last message.
 

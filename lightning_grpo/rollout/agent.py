@@ -87,6 +87,7 @@ class AgentSettings:
             raise
         if isinstance(trl, TRLEnvironments):
             trl.tools, environment_factory = all_tools, None
+            trl.check_tools()
         else:
             trl = None
         executor = None

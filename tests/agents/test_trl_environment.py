@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig
-from lightning_grpo.agents import EnvStep, ToolSet
+from lightning_grpo.agents import EnvStep
 from lightning_grpo.agents.trl_environment import TRLEnvironments, is_trl_factory, tool_method_names
 from lightning_grpo.rollout import SamplingSettings
 from lightning_grpo.rollout import multi_turn as multi_turn_module
@@ -324,9 +324,8 @@ def test_a_tool_named_twice_is_refused(tokenizer):
         """
         return ""
 
-    environments = TRLEnvironments(Ledger, list(ToolSet([deposit])))
-    with pytest.raises(ValueError, match="Two tools are named 'deposit'"):
-        environments.toolset(environments.draw(None))
+    with pytest.raises(ValueError, match="Two tools are named 'deposit'"):  # found when the module is built
+        AgentSettings.build(tokenizer, tools=[deposit], environment_factory=Ledger)
 
 
 def test_a_class_without_step_that_needs_an_argument_is_told_which_protocol_it_fell_under():
