@@ -22,7 +22,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from lightning_grpo import distributed
 from lightning_grpo.agents import EnvironmentFactory, ToolCallParser
-from lightning_grpo.agents.trl_environment import trl_environments_of, with_environment_rewards
+from lightning_grpo.agents.trl_environment import with_environment_rewards
 from lightning_grpo.algorithms import compute_advantages
 from lightning_grpo.algorithms.objective import grpo_loss
 from lightning_grpo.callbacks._outputs import missing_callbacks
@@ -65,8 +65,7 @@ class GRPOModule(LightningModule):
     Args:
         model: A Hugging Face id or local path, a ``PreTrainedModel`` or a ``PeftModel``.
         reward_funcs: Reward functions ``fn(prompts, completions, **columns) -> list[float | None]`` (a sequence, a
-            name-to-function mapping, or a :class:`~lightning_grpo.rewards.RewardFunctions`); may be omitted when a
-            TRL-style environment scores with ``get_reward()``, which joins them (weight 1).
+            mapping, or a ``RewardFunctions``); optional when a TRL-style environment has ``get_reward()``.
         reward_weights: One weight per reward function; ``None`` weighs each 1.0.
         tokenizer: Tokenizer or its id/path; defaults to the model's. One without a pad token gets EOS as pad.
         policy: Loading and LoRA settings (:class:`~lightning_grpo.policy.PolicyConfig`).
@@ -74,11 +73,8 @@ class GRPOModule(LightningModule):
         optimizer: Builds the optimizer from the adapter parameters; default ``AdamW(lr=1e-5)``.
         lr_scheduler: Builds a scheduler from the optimizer; stepped once per ``training_step`` (one GRPO iteration).
         seed: Seeds sampling and mini-batch shuffling per step, so runs and resumed runs are reproducible.
-        tools: Python functions the policy may call (type hints and a Google docstring each), and MCP tool servers
-            (``{"command": [...]}`` or ``{"url": ...}``); needs conversational prompts and a chat template that renders
-            tools (``docs/agents.md``).
-        environment_factory: Makes one environment per sample from its dataset row, for multi-turn tasks; or a
-            TRL-style environment class (no ``step``) or ``{name: factory}`` dict, run as TRL runs it.
+        tools: Typed, documented Python functions and MCP servers the policy may call; chat prompts (docs/agents.md).
+        environment_factory: ``factory(row)`` of environments with ``step``, or TRL-style ones (no ``step``) or a dict.
         tool_parser: Reads tool calls from the policy's turns; defaults to the ``<tool_call>{json}</tool_call>`` form.
         default_callbacks: Add the monitoring callbacks of :func:`~lightning_grpo.callbacks.default_callbacks` that
             the trainer lacks (:meth:`configure_callbacks`), so any ``Trainer`` logs ``train/reward_mean`` and the
@@ -122,15 +118,14 @@ class GRPOModule(LightningModule):
         self.strict_loading = False  # checkpoints hold the adapter only, not the base weights
         self.config = cfg = grpo or GRPOConfig()
         self.policy_config = policy or PolicyConfig()
-        environment_factory = trl_environments_of(environment_factory)  # TRL-style: probed; get_reward is a reward
-        reward_funcs, reward_weights = with_environment_rewards(reward_funcs, reward_weights, environment_factory)
-        self.rewards = RewardFunctions.of(reward_funcs, reward_weights, timeout=cfg.reward_timeout)
+        factory, funcs, weights = with_environment_rewards(environment_factory, reward_funcs, reward_weights)
+        self.rewards = RewardFunctions.of(funcs, weights, timeout=cfg.reward_timeout)
         name = model if isinstance(model, str | Path) else None
         self.tokenizer = load_tokenizer(tokenizer, name, trust_remote_code=self.policy_config.trust_remote_code)
         self.policy = load_policy(model, self.policy_config, seed=seed).train()
         self._trained_on = describe_policy(self.policy, self.tokenizer, model)  # checked on resume
         self.agent = AgentSettings.build(
-            self.tokenizer, tools=tools, tool_parser=tool_parser, environment_factory=environment_factory,
+            self.tokenizer, tools=tools, tool_parser=tool_parser, environment_factory=factory,
             max_turns=cfg.max_turns, tool_timeout=cfg.tool_timeout, env_reward=cfg.env_reward,
         )  # fmt: skip
         self.optimizer_factory, self.scheduler_factory, self.seed = optimizer, lr_scheduler, seed
@@ -359,8 +354,7 @@ class GRPOModule(LightningModule):
         """Time phases, score with reward models on the module's device, check the inputs, start a rollout engine."""
         self.timer.device = self.device
         self.rewards.to(self.device, getattr(self.policy, "dtype", None))  # reward models are not in the policy
-        environment = bool(self.agent.environment_factory or self.agent.trl_environments)  # keywords from it too
-        check_fit_inputs(self.config, self.rewards, self.trainer.datamodule, environment=environment)
+        check_fit_inputs(self.config, self.rewards, self.trainer.datamodule, environment=self.agent.has_environment)
         if self.rollout_engine is not None:
             self.rollout_engine.start(self.policy, self.seed, sharded=distributed.is_sharded(self.policy))
 

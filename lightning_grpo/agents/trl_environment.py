@@ -260,21 +260,27 @@ def _get_reward_function(cls: type) -> Callable[..., Any]:
     return get_reward
 
 
-def with_environment_rewards(reward_funcs: Any, reward_weights: Any, environments: Any) -> tuple[Any, Any]:
-    """The reward functions and weights with the environments' ``get_reward`` functions added (weight 1 each).
+def with_environment_rewards(factory: Any, reward_funcs: Any, reward_weights: Any) -> tuple[Any, Any, Any]:
+    """The environment factory (a :class:`TRLEnvironments` when TRL-style), and the reward functions and weights with
+    the environments' ``get_reward`` functions added (weight 1 each).
 
     Args:
+        factory: The module's ``environment_factory`` (``None``, ours, or TRL-style).
         reward_funcs: The module's ``reward_funcs``: ``None``, a sequence, a mapping (or a ``RewardFunctions``, which
             is refused when ``get_reward`` functions must join it: it holds its functions fixed).
         reward_weights: The module's ``reward_weights`` (``None``, a sequence or a mapping).
-        environments: A :class:`TRLEnvironments`, or anything else (returned unchanged).
 
     Returns:
-        ``(reward_funcs, reward_weights)`` to build ``RewardFunctions`` from.
+        ``(environment_factory, reward_funcs, reward_weights)``.
 
     Raises:
         ValueError: ``reward_funcs`` is a ``RewardFunctions``, or a mapping with a key named like an environment class.
     """
+    environments = trl_environments_of(factory)
+    return (environments, *_add_rewards(reward_funcs, reward_weights, environments))
+
+
+def _add_rewards(reward_funcs: Any, reward_weights: Any, environments: Any) -> tuple[Any, Any]:
     extra = environments.reward_functions() if isinstance(environments, TRLEnvironments) else {}
     if not extra:
         return reward_funcs, reward_weights

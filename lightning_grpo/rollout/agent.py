@@ -109,6 +109,11 @@ class AgentSettings:
         """The tools' JSON schemas for the chat template, or ``None`` without tools."""
         return self.executor.tools.schemas if self.executor is not None and len(self.executor.tools) else None
 
+    @property
+    def has_environment(self) -> bool:
+        """Whether an environment (ours or TRL-style) serves the trajectories (it offers reward keywords too)."""
+        return self.environment_factory is not None or self.trl_environments is not None
+
     def schemas_of(self, trajectory: Trajectory) -> list[dict[str, Any]] | None:
         """The tool schemas rendered in a trajectory's prompt: its environment's tools, else the run's."""
         if trajectory.tools is not None:
