@@ -5,20 +5,15 @@ A server entry is a dict (in Python or YAML)::
     {"command": ["python", "server.py"], "env": {"TOKEN": "..."}}   # stdio: a subprocess of this process
     {"url": "http://127.0.0.1:8000/mcp"}                          # streamable HTTP
 
-Optional keys: ``cwd`` (stdio), ``name`` (how errors call the server), ``startup_timeout`` (seconds to start and list
-tools, default 30) and ``on_exit`` (``"stop"``, the default: a server that dies mid-run stops the run with an error
-naming it; ``"continue"``: its tool calls return an error message saying so and training goes on).
-
-At set-up the server is started and its tools listed; each becomes a :class:`~lightning_grpo.agents.tools.Tool` whose
-schema is the server's JSON schema, offered to the model like a Python tool. Calls run through the same
+Other keys: ``cwd``, ``name``, ``startup_timeout`` (default 30 s) and ``on_exit`` (a server dying mid-run: ``"stop"``
+the run, the default, or ``"continue"`` with tool messages saying so). At set-up the server starts and its tools are
+listed with their JSON schemas, offered like Python tools and run by the same
 :class:`~lightning_grpo.agents.execution.ToolExecutor` (concurrency, timeout, errors as the tool message).
 
-One session per server per process: the session lives on an event loop in a background thread of its own, opened
-once and reused across steps; a pickled server (DDP spawn) reconnects in the new process on first use, so each rank
-has its own session. :meth:`MCPToolServer.close` ends it (the subprocess is terminated); ``GRPOModule`` closes its
-servers at the end of fit and on an exception (:class:`~lightning_grpo.callbacks.CloseToolServers`), and an
-``atexit`` hook closes any left open. ``mcp`` is imported only when a server starts (``pip install
-'lightning-grpo[mcp]'``).
+One session per server per process, on an event loop in a background thread, reused across steps; a pickled server
+(a spawned DDP rank) reconnects in its process on first use. ``GRPOModule`` closes its servers at the end of fit and
+on an exception (:class:`~lightning_grpo.callbacks.tool_servers.CloseToolServers`), an ``atexit`` hook any left open.
+``mcp`` is imported only when a server starts (``pip install 'lightning-grpo[mcp]'``); docs/agents.md has the details.
 """
 
 from __future__ import annotations
@@ -139,8 +134,6 @@ class MCPToolServer:
         """``stdio server `command``` or ``HTTP server URL``, for messages."""
         return f"MCP stdio server `{self.name}`" if self.command else f"MCP HTTP server {self.name}"
 
-    # ------------------------------------------------------------------ life cycle
-
     def start(self) -> None:
         """Start the server (stdio) or connect (HTTP), open the session and list the tools; no-op when open.
 
@@ -211,8 +204,6 @@ class MCPToolServer:
     def __repr__(self) -> str:
         return f"MCPToolServer({self.label})"
 
-    # ------------------------------------------------------------------ calls
-
     async def call(self, tool: str, arguments: dict[str, Any]) -> str:
         """Call ``tool`` on the server from any event loop; its text content, or an error (see the module docs).
 
@@ -238,8 +229,6 @@ class MCPToolServer:
         if getattr(result, "is_error", False):
             raise MCPToolError(text or "the tool reported an error without a message")
         return text
-
-    # ------------------------------------------------------------------ internals
 
     def _reset_runtime(self) -> None:
         self._pid: int | None = None
