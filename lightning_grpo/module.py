@@ -22,6 +22,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from lightning_grpo import distributed
 from lightning_grpo.agents import EnvironmentFactory, ToolCallParser
+from lightning_grpo.agents.trl_environment import with_environment_rewards
 from lightning_grpo.algorithms import compute_advantages
 from lightning_grpo.algorithms.objective import grpo_loss
 from lightning_grpo.backends import BackendRun, RolloutBackend, VLLMConfig, build_backend
@@ -29,6 +30,7 @@ from lightning_grpo.callbacks.close_rollout_backend import CloseRolloutBackend
 from lightning_grpo.callbacks.defaults import default_callbacks as monitoring_callbacks
 from lightning_grpo.callbacks.defaults import missing_callbacks
 from lightning_grpo.callbacks.progress_bar import readable_progress_bar
+from lightning_grpo.callbacks.tool_servers import CloseToolServers
 from lightning_grpo.checkpoint import check_resume, describe_policy, install_checked_io, keep_adapter_only, settings_of
 from lightning_grpo.config import GRPOConfig
 from lightning_grpo.iteration import LossCounts, PhaseTimer, StepContext, StepOutput, UpdateBatch
@@ -61,7 +63,7 @@ class GRPOModule(LightningModule):
     Args:
         model: A Hugging Face id or local path, a ``PreTrainedModel`` or a ``PeftModel``.
         reward_funcs: Reward functions ``fn(prompts, completions, **columns) -> list[float | None]`` (a sequence, a
-            name-to-function mapping, or a :class:`~lightning_grpo.rewards.RewardFunctions`).
+            mapping, or a ``RewardFunctions``); optional when a TRL-style environment has ``get_reward()``.
         reward_weights: One weight per reward function; ``None`` weighs each 1.0.
         tokenizer: Tokenizer or its id/path; defaults to the model's. One without a pad token gets EOS as pad.
         policy: Loading and LoRA settings (:class:`~lightning_grpo.policy.PolicyConfig`).
@@ -69,9 +71,8 @@ class GRPOModule(LightningModule):
         optimizer: Builds the optimizer from the adapter parameters; default ``AdamW(lr=1e-5)``.
         lr_scheduler: Builds a scheduler from the optimizer; stepped once per ``training_step`` (one GRPO iteration).
         seed: Seeds sampling and mini-batch shuffling per step, so runs and resumed runs are reproducible.
-        tools: Python functions the policy may call (type hints and a Google docstring each); needs conversational
-            prompts and a chat template that renders tools (``docs/agents.md``).
-        environment_factory: Makes one environment per sample from its dataset row, for multi-turn tasks.
+        tools: Typed, documented Python functions and MCP servers the policy may call; chat prompts (docs/agents.md).
+        environment_factory: ``factory(row)`` of environments with ``step``, or TRL-style ones (no ``step``) or a dict.
         tool_parser: Reads tool calls from the policy's turns; defaults to the ``<tool_call>{json}</tool_call>`` form.
         default_callbacks: Add the monitoring callbacks of :func:`~lightning_grpo.callbacks.default_callbacks` that
             the trainer lacks (:meth:`configure_callbacks`), so any ``Trainer`` logs ``train/reward_mean`` and the
@@ -95,7 +96,7 @@ class GRPOModule(LightningModule):
     def __init__(
         self,
         model: str | PreTrainedModel | PeftModel,
-        reward_funcs: Sequence[Callable[..., Any]] | Mapping[str, Callable[..., Any]] | RewardFunctions,
+        reward_funcs: Sequence[Callable[..., Any]] | Mapping[str, Callable[..., Any]] | RewardFunctions | None = None,
         *,
         reward_weights: Sequence[float] | None = None,
         tokenizer: str | PreTrainedTokenizerBase | None = None,
@@ -104,8 +105,8 @@ class GRPOModule(LightningModule):
         optimizer: OptimizerCallable | None = None,
         lr_scheduler: LRSchedulerCallable | None = None,
         seed: int = 0,
-        tools: Sequence[Callable[..., Any]] | None = None,
-        environment_factory: EnvironmentFactory | None = None,
+        tools: Sequence[dict[str, Any] | Callable[..., Any]] | None = None,
+        environment_factory: EnvironmentFactory | Mapping[str, Callable[[], Any]] | None = None,
         tool_parser: ToolCallParser | None = None,
         default_callbacks: bool = True,
         vllm: VLLMConfig | None = None,
@@ -115,13 +116,14 @@ class GRPOModule(LightningModule):
         self.strict_loading = False  # checkpoints hold the adapter only, not the base weights
         self.config = cfg = grpo or GRPOConfig()
         self.policy_config = policy or PolicyConfig()
-        self.rewards = RewardFunctions.of(reward_funcs, reward_weights, timeout=cfg.reward_timeout)
+        factory, funcs, weights = with_environment_rewards(environment_factory, reward_funcs, reward_weights)
+        self.rewards = RewardFunctions.of(funcs, weights, timeout=cfg.reward_timeout)
         name = model if isinstance(model, str | Path) else None
         self.tokenizer = load_tokenizer(tokenizer, name, trust_remote_code=self.policy_config.trust_remote_code)
         self.policy = load_policy(model, self.policy_config, seed=seed).train()
         self._trained_on = describe_policy(self.policy, self.tokenizer, model)  # checked on resume
         self.agent = AgentSettings.build(
-            self.tokenizer, tools=tools, tool_parser=tool_parser, environment_factory=environment_factory,
+            self.tokenizer, tools=tools, tool_parser=tool_parser, environment_factory=factory,
             max_turns=cfg.max_turns, tool_timeout=cfg.tool_timeout, env_reward=cfg.env_reward,
         )  # fmt: skip
         self.optimizer_factory, self.scheduler_factory, self.seed = optimizer, lr_scheduler, seed
@@ -182,8 +184,7 @@ class GRPOModule(LightningModule):
         temperature: float | None = None,
     ) -> Rollout:
         """Step 1: G completions (trajectories) per prompt of ``batch["prompt"]``; other keys become row columns."""
-        if "prompt" not in batch:
-            raise KeyError(f"a batch must have a 'prompt' key (strings or chat messages); got keys {sorted(batch)}")
+        prompts = self.agent.prompts_of(batch)  # KeyError without "prompt" (unless TRL-style environments fill it)
         settings = self.sampling_settings(num_generations=num_generations, temperature=temperature)
         columns = {key: list(values) for key, values in batch.items() if key != "prompt"}
         sync = partial(any_rank, sum_across_ranks=self._sum_across_ranks, device=self.device)
@@ -192,7 +193,7 @@ class GRPOModule(LightningModule):
         backend.sync(self.policy, self.global_step if self._trainer is not None else 0)  # no-op once synced
         with nonfinite_sampling(self.global_step), closing(backend.session(self.policy, settings)) as session:
             return sample_rollout(
-                self.policy, self.tokenizer, list(batch["prompt"]), settings, self.agent,
+                self.policy, self.tokenizer, prompts, settings, self.agent,
                 max_prompt_length=self.config.max_prompt_length, columns=columns, any_rank_active=sync, sample=session,
             )  # fmt: skip
 
@@ -337,6 +338,7 @@ class GRPOModule(LightningModule):
         A trainer's callback of the same or a related type wins; Lightning's default bar becomes ``GRPOProgressBar``.
         """
         close = [CloseRolloutBackend()]  # the one place the backend is closed: end of fit, or an exception
+        close += [CloseToolServers()] if self.agent.servers else []  # MCP sessions end with the fit
         if not self.use_default_callbacks:
             return close
         missing = missing_callbacks(monitoring_callbacks(), present=self.trainer.callbacks)
@@ -346,8 +348,7 @@ class GRPOModule(LightningModule):
         """Time phases, score with reward models on the module's device, check the inputs, start the backend."""
         self.timer.device = self.device
         self.rewards.to(self.device, getattr(self.policy, "dtype", None))  # reward models are not in the policy
-        environment = bool(self.agent.environment_factory)
-        check_fit_inputs(self.config, self.rewards, self.trainer.datamodule, environment=environment)
+        check_fit_inputs(self.config, self.rewards, self.trainer.datamodule, environment=self.agent.has_environment)
         self.rollout_backend.start(self.policy, self.seed, sharded=distributed.is_sharded(self.policy))
 
     def on_train_start(self) -> None:

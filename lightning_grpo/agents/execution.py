@@ -38,9 +38,16 @@ from typing import Any, Literal
 from lightning_grpo.agents.parsing import ToolCall
 from lightning_grpo.agents.tools import Tool, ToolSet
 
-__all__ = ["ToolExecutor", "ToolResult", "ToolStatus", "execute_tool_calls", "format_tool_output"]
+__all__ = ["FatalToolError", "ToolExecutor", "ToolResult", "ToolStatus", "execute_tool_calls", "format_tool_output"]
 
 ToolStatus = Literal["ok", "error", "timeout", "unknown_tool", "parse_error"]
+
+
+class FatalToolError(RuntimeError):
+    """A tool failure that must stop the run rather than become a message (an MCP server gone, with ``on_exit="stop"``).
+
+    :class:`ToolExecutor` re-raises it; every other exception of a tool becomes the tool message.
+    """
 
 
 @dataclass(frozen=True)
@@ -124,26 +131,34 @@ class ToolExecutor:
         self._abandoned = [thread for thread in self._abandoned if thread.is_alive()]
         return len(self._abandoned)
 
-    def run(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
+    def run(self, calls: Sequence[ToolCall], toolsets: Sequence[ToolSet | None] | None = None) -> list[ToolResult]:
         """Run the calls concurrently and wait for all of them (at most about the timeout per wave of workers).
 
         Args:
             calls: The calls of a turn, of all trajectories, as one flat list.
+            toolsets: The tools each call may use (one per call: a trajectory's own environment's tools); ``None``,
+                or a ``None`` entry: this executor's :attr:`tools`.
 
         Returns:
-            One result per call, in the order of ``calls``. Never raises for a failing call.
+            One result per call, in the order of ``calls``. Never raises for a failing call, except a
+            :class:`FatalToolError`.
         """
         if not calls:
             return []
         loop = self._ensure_loop()
-        future: Future[list[ToolResult]] = asyncio.run_coroutine_threadsafe(self.arun(calls), loop)
+        future: Future[list[ToolResult]] = asyncio.run_coroutine_threadsafe(self.arun(calls, toolsets), loop)
         return future.result()
 
-    async def arun(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
+    async def arun(
+        self, calls: Sequence[ToolCall], toolsets: Sequence[ToolSet | None] | None = None
+    ) -> list[ToolResult]:
         """Coroutine form of :meth:`run`; must run on this executor's loop (use :meth:`run` from other code)."""
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.max_workers)
-        results = await asyncio.gather(*(self._run_one(call) for call in calls))
+        if toolsets is not None and len(toolsets) != len(calls):
+            raise ValueError(f"Got {len(calls)} calls but {len(toolsets)} toolsets; pass one per call.")
+        tools = [self.tools if toolsets is None or ts is None else ts for ts in (toolsets or [None] * len(calls))]
+        results = await asyncio.gather(*(self._run_one(call, ts) for call, ts in zip(calls, tools, strict=True)))
         return [self._truncate(result) for result in results]
 
     def close(self) -> None:
@@ -180,12 +195,12 @@ class ToolExecutor:
                 self._loop_thread.start()
             return self._loop
 
-    async def _run_one(self, call: ToolCall) -> ToolResult:
+    async def _run_one(self, call: ToolCall, tools: ToolSet) -> ToolResult:
         if call.error is not None:
             return ToolResult(call, f"Error: {call.error}.", "parse_error")
-        tool = self.tools.get(call.name)
+        tool = tools.get(call.name)
         if tool is None:
-            content = f"Error: unknown tool {call.name!r}; the tools are {', '.join(map(repr, self.tools.names))}."
+            content = f"Error: unknown tool {call.name!r}; the tools are {', '.join(map(repr, tools.names))}."
             return ToolResult(call, content, "unknown_tool")
         if (problem := _argument_problem(tool, call.arguments)) is not None:
             return ToolResult(call, f"Error: bad arguments for tool {tool.name!r}: {problem}.", "error")
@@ -198,6 +213,8 @@ class ToolExecutor:
         except asyncio.TimeoutError:
             content = f"Error: tool {tool.name!r} timed out after {self.timeout} s."
             return ToolResult(call, content, "timeout", time.perf_counter() - start)
+        except FatalToolError:
+            raise
         except Exception as err:  # the tool's own failure: shown to the model, never raised
             content = f"Error: tool {tool.name!r} raised {type(err).__name__}: {err}"
             return ToolResult(call, content, "error", time.perf_counter() - start)

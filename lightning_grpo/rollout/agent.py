@@ -15,13 +15,17 @@ from lightning_grpo.agents import (
     EnvironmentEpisode,
     EnvironmentFactory,
     HermesToolCallParser,
+    Tool,
     ToolCallParser,
     ToolExecutor,
     ToolSet,
     check_chat_template_supports_tools,
 )
+from lightning_grpo.agents.mcp_tools import MCPToolServer, server_tools, split_tools
+from lightning_grpo.agents.trl_environment import EMPTY_PROMPT, TRLEnvironments, trl_environments_of
+from lightning_grpo.rewards._text import DATASET_INDEX
 
-__all__ = ["AgentSettings", "Trajectory"]
+__all__ = ["AgentSettings", "Trajectory", "trl_trajectories"]
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,9 @@ class AgentSettings:
             not done) at the last turn is cut and flagged truncated.
         env_reward: How the per-turn environment rewards become the ``env_reward`` keyword of reward functions:
             their ``"sum"`` or the ``"last"`` one.
+        trl_environments: TRL-style environments (``environment_factory`` without ``step``, or a dict of them);
+            ``None`` without (``docs/agents.md``, "Coming from TRL environments").
+        servers: The MCP tool servers of ``tools=``, whose sessions :meth:`close` ends.
     """
 
     executor: ToolExecutor | None = None
@@ -43,42 +50,92 @@ class AgentSettings:
     environment_factory: EnvironmentFactory | None = None
     max_turns: int = 1
     env_reward: Literal["sum", "last"] = "sum"
+    trl_environments: TRLEnvironments | None = None
+    servers: tuple[MCPToolServer, ...] = ()
 
     @classmethod
     def build(
         cls,
         tokenizer: PreTrainedTokenizerBase,
         *,
-        tools: Sequence[Callable[..., Any]] | None = None,
+        tools: Sequence[Callable[..., Any] | dict[str, Any] | MCPToolServer] | None = None,
         tool_parser: ToolCallParser | None = None,
-        environment_factory: EnvironmentFactory | None = None,
+        environment_factory: EnvironmentFactory | TRLEnvironments | dict[str, Callable[[], Any]] | None = None,
         max_turns: int = 1,
         tool_timeout: float = 10.0,
         env_reward: Literal["sum", "last"] = "sum",
     ) -> AgentSettings:
         """Settings from the module's arguments; tools are checked (schemas) and so is the tokenizer's template.
 
+        ``tools`` may hold MCP server entries (:mod:`lightning_grpo.agents.mcp_tools`): they are started here and
+        their tools listed. ``environment_factory`` is ours or TRL-style, told apart by
+        :func:`~lightning_grpo.agents.trl_environment.is_trl_factory`.
+
         Raises:
-            ValueError: A tool lacks type hints or a docstring, or the chat template does not render tools.
+            ValueError: A tool lacks type hints or a docstring, a tool name is defined twice, the chat template does
+                not render tools, or a TRL-style environment lacks ``reset``.
+            MCPServerError: An MCP server did not start or answer.
         """
+        python, servers = split_tools(list(tools or []))
+        all_tools: list[Tool] = [Tool.from_function(tool) for tool in python]
+        try:
+            all_tools = server_tools(all_tools, servers) if servers else all_tools
+            trl = trl_environments_of(environment_factory)
+        except BaseException:
+            for server in servers:
+                server.close()
+            raise
+        if isinstance(trl, TRLEnvironments):
+            trl.tools, environment_factory = all_tools, None
+            trl.check_tools()
+        else:
+            trl = None
         executor = None
-        if tools:
-            executor = ToolExecutor(ToolSet(tools), timeout=tool_timeout)
+        if all_tools or trl is not None:
+            executor = ToolExecutor(ToolSet(all_tools), timeout=tool_timeout)
             check_chat_template_supports_tools(tokenizer)
         if environment_factory is not None and not callable(environment_factory):
             raise TypeError(f"environment_factory must be callable (row -> Environment), got {environment_factory!r}")
         parser = tool_parser if tool_parser is not None else HermesToolCallParser()
-        return cls(executor, parser, environment_factory, max_turns, env_reward)
+        return cls(executor, parser, environment_factory, max_turns, env_reward, trl, tuple(servers))  # type: ignore[arg-type]
 
     @property
     def multi_turn(self) -> bool:
         """Whether trajectories can have several turns (tools or an environment are set)."""
-        return self.executor is not None or self.environment_factory is not None
+        return self.executor is not None or self.environment_factory is not None or self.trl_environments is not None
 
     @property
     def tool_schemas(self) -> list[dict[str, Any]] | None:
         """The tools' JSON schemas for the chat template, or ``None`` without tools."""
-        return self.executor.tools.schemas if self.executor is not None else None
+        return self.executor.tools.schemas if self.executor is not None and len(self.executor.tools) else None
+
+    @property
+    def has_environment(self) -> bool:
+        """Whether an environment (ours or TRL-style) serves the trajectories (it offers reward keywords too)."""
+        return self.environment_factory is not None or self.trl_environments is not None
+
+    def schemas_of(self, trajectory: Trajectory) -> list[dict[str, Any]] | None:
+        """The tool schemas rendered in a trajectory's prompt: its environment's tools, else the run's."""
+        if trajectory.tools is not None:
+            return trajectory.tools.schemas or None
+        return self.tool_schemas
+
+    def prompts_of(self, batch: Any) -> list[Any]:
+        """The batch's prompts; with TRL-style environments, rows without one start empty (``reset`` fills it).
+
+        Raises:
+            KeyError: The batch has no ``"prompt"`` key and no TRL-style environment is set.
+        """
+        if "prompt" in batch:
+            return list(batch["prompt"])
+        if self.trl_environments is None or not batch:
+            raise KeyError(f"a batch must have a 'prompt' key (strings or chat messages); got keys {sorted(batch)}")
+        return [[] for _ in next(iter(batch.values()))]
+
+    def close(self) -> None:
+        """End the MCP servers' sessions (they reopen on next use)."""
+        for server in self.servers:
+            server.close()
 
 
 @dataclass
@@ -87,6 +144,8 @@ class Trajectory:
 
     prompt: list[dict[str, Any]]
     episode: EnvironmentEpisode | None = None
+    environment: Any = None  # a TRL-style environment instance
+    tools: ToolSet | None = None  # the tools of this trajectory (a TRL-style environment's); None: the run's
     messages: list[dict[str, Any]] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
     sampled: list[int] = field(default_factory=list)
@@ -109,3 +168,26 @@ class Trajectory:
     def stop(self, *, truncated: bool = False, max_turns: bool = False) -> None:
         """End the trajectory, flagged truncated (and cut by ``max_turns``) when asked."""
         self.done, self.truncated, self.max_turns_reached = True, truncated, max_turns
+
+
+def trl_trajectories(
+    prompts: Sequence[list[dict[str, Any]]], columns: dict[str, list[Any]], g: int, agent: AgentSettings
+) -> list[Trajectory]:
+    """``B * G`` trajectories of TRL-style environments: an instance from the pool each, ``reset`` with the row first.
+
+    A row without a prompt starts from one empty user message, which ``reset`` fills (TRL's behaviour).
+    """
+    environments, trajectories = agent.trl_environments, []
+    assert environments is not None
+    environments.start_batch()
+    dataset_index = columns.get(DATASET_INDEX)  # PromptDataModule's: errors name the dataset row
+    for b, prompt in enumerate(prompts):
+        row = {name: values[b] for name, values in columns.items()}
+        if prompt:
+            row = {"prompt": prompt, **row}
+        name = environments.environment_of(row, dataset_index[b] if dataset_index is not None else b)
+        for _ in range(g):
+            instance = environments.draw(name)
+            start = environments.reset(instance, row, list(prompt) or list(EMPTY_PROMPT))
+            trajectories.append(Trajectory(prompt=start, environment=instance, tools=environments.toolset(instance)))
+    return trajectories

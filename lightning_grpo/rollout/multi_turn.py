@@ -26,7 +26,7 @@ from lightning_grpo.agents import (
     step_episodes,
 )
 from lightning_grpo.rewards._text import DATASET_INDEX
-from lightning_grpo.rollout.agent import AgentSettings, Trajectory
+from lightning_grpo.rollout.agent import AgentSettings, Trajectory, trl_trajectories
 from lightning_grpo.rollout.batch import Rollout, TurnStats
 from lightning_grpo.rollout.chat import continuation_ids, render_messages
 from lightning_grpo.rollout.generation import (
@@ -81,7 +81,7 @@ def generate_conversations(
     """
     columns = {k: list(v) for k, v in (columns or {}).items()}
     trajectories = _start(prompts, columns, settings.num_generations, agent)
-    texts = [render_messages(tokenizer, t.prompt, tools=agent.tool_schemas) for t in trajectories]
+    texts = [render_messages(tokenizer, t.prompt, tools=agent.schemas_of(t)) for t in trajectories]
     device = next(model.parameters()).device
     prompt_ids, prompt_mask = tokenize_prompts(tokenizer, texts, max_prompt_length, device)
     sample = sample or sample_tokens
@@ -104,6 +104,8 @@ def _start(
     prompts: Sequence[list[dict[str, Any]]], columns: dict[str, list[Any]], g: int, agent: AgentSettings
 ) -> list[Trajectory]:
     """``B * G`` trajectories; with an environment, each gets its own instance and its first observation."""
+    if agent.trl_environments is not None:
+        return trl_trajectories(prompts, columns, g, agent)
     trajectories = []
     dataset_index = columns.get(DATASET_INDEX)  # PromptDataModule's: errors name the dataset row
     label = "dataset row" if dataset_index is not None else "batch row"
@@ -219,7 +221,8 @@ def _run_tools(
     if not turns:
         return {}
     flat = [(index, call) for index, turn in turns.items() for call in turn.tool_calls]
-    results = agent.executor.run([call for _, call in flat])  # type: ignore[union-attr]
+    toolsets = [running[index].tools for index, _ in flat]  # a TRL-style environment's own tools, or None
+    results = agent.executor.run([call for _, call in flat], toolsets)  # type: ignore[union-attr]
     messages: dict[int, list[dict[str, Any]]] = {index: [] for index in turns}
     for (index, _), result in zip(flat, results, strict=True):
         messages[index].append(result.to_message())
@@ -261,7 +264,8 @@ def _insert(
     A cut trajectory keeps neither the messages nor their tokens: its messages and tokens always agree, so a reward
     function never sees a tool result the policy did not read.
     """
-    ids = continuation_ids(tokenizer, [*trajectory.prompt, *trajectory.messages], messages, tools=agent.tool_schemas)
+    history = [*trajectory.prompt, *trajectory.messages]
+    ids = continuation_ids(tokenizer, history, messages, tools=agent.schemas_of(trajectory))
     if len(trajectory.tokens) + len(ids) >= budget:
         trajectory.stop(truncated=True)
         return
@@ -322,7 +326,11 @@ def _repeat_columns(columns: dict[str, list[Any]], g: int) -> dict[str, list[Any
 def _environment_columns(
     trajectories: list[Trajectory], columns: dict[str, list[Any]], agent: AgentSettings
 ) -> dict[str, list[Any]]:
-    """``turn_rewards`` and ``env_reward`` for reward functions, when an environment ran."""
+    """``turn_rewards`` and ``env_reward`` for reward functions when an environment ran; ``environments`` for TRL's."""
+    if agent.trl_environments is not None:
+        if "environments" in columns:
+            raise ValueError("dataset column 'environments' clashes with the environments keyword; rename it")
+        return {"environments": [t.environment for t in trajectories]}  # completion order, as TRL passes them
     if agent.environment_factory is None:
         return {}
     clash = sorted({"turn_rewards", "env_reward"} & set(columns))

@@ -75,6 +75,16 @@ def test_tool_calling_runs_and_prints_its_line(tmp_path, capsys):
     assert re.fullmatch(r"tool_calling: mean reward \d\.\d\d -> \d\.\d\d over 2 steps \(\d+ s\)", line), line
 
 
+def test_mcp_tools_starts_its_server_runs_and_closes_it(tmp_path, capsys):
+    pytest.importorskip("mcp")
+    example = load_example("mcp_tools")
+    args = ["--max-steps", "2", "--warmup-steps", "20", "--num-generations", "4", "--output-dir", str(tmp_path)]
+    first, last, steps = example.main([*args, "--no-progress-bar"])
+    assert steps == 2 and 0.0 <= first <= 1.0 and 0.0 <= last <= 1.0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert re.fullmatch(r"mcp_tools: mean reward \d\.\d\d -> \d\.\d\d over 2 steps \(\d+ s\)", line), line
+
+
 def test_multi_turn_env_game_and_a_short_run(tmp_path, capsys):
     example = load_example("multi_turn_env")
     env = example.GuessEnv({"secret": 5})
