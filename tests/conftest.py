@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -16,6 +18,15 @@ from lightning_grpo.testing import build_tiny_model, build_tiny_tokenizer, load_
 
 warnings.filterwarnings("ignore", message=".*does not have many workers.*")
 warnings.filterwarnings("ignore", message=".*isinstance\\(treespec, LeafSpec\\).*")
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def repo_pythonpath() -> str:
+    """``PYTHONPATH`` for a subprocess that imports the repository's package and tests: the repository first, then
+    whatever the caller's ``PYTHONPATH`` holds (a machine whose packages live on it keeps them)."""
+    return os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
 
 
 def count_a(prompts: list[str], completions: list[str], **_: Any) -> list[float]:

@@ -27,6 +27,10 @@ MOVED_NAMES = {
     "lightning_grpo.step.TokenLogProbs": "lightning_grpo.rollout.TokenLogProbs",
     "lightning_grpo.rollout.multi_turn.sample_rollout": "lightning_grpo.rollout.sampling.sample_rollout",
     "lightning_grpo.iteration.update.MetricSums": "lightning_grpo.metrics.MetricSums",
+    "lightning_grpo.step.rollout_engine.VLLMRollout": "lightning_grpo.backends.vllm.VLLMBackend",
+    "lightning_grpo.callbacks.rollout_engine.CloseRolloutEngine": (
+        "lightning_grpo.callbacks.close_rollout_backend.CloseRolloutBackend"
+    ),
 }
 
 #: Public names that did not move: they import without a warning.
@@ -129,3 +133,13 @@ def test_every_new_module_exists_and_no_old_module_file_is_left():
         importlib.import_module(new)
         assert not (REPO / (old.replace(".", "/") + ".py")).exists(), f"{old} is both moved and present"
         assert not (package.parent / old.replace(".", "/") / "__init__.py").exists()
+
+
+def test_the_package_itself_imports_no_moved_path():
+    code = (
+        "import warnings\nwarnings.simplefilter('always')\nwith warnings.catch_warnings(record=True) as caught:\n"
+        "    import lightning_grpo, lightning_grpo.cli, lightning_grpo.backends\n"
+        "print([str(w.message) for w in caught if 'moved to' in str(w.message)])"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert done.stdout.strip() == "[]"

@@ -1,25 +1,9 @@
-"""Moved to :mod:`lightning_grpo.backends.vllm` (the rollout backends' subpackage); this path still imports, with one
-``DeprecationWarning`` naming the new path."""
+"""Moved: ``VLLMRollout`` is now :class:`lightning_grpo.backends.vllm.VLLMBackend` (the rollout backends' subpackage).
 
-from __future__ import annotations
+``VLLMRollout(config, grpo, policy, ...)`` became ``VLLMBackend(settings, BackendRun(grpo, policy, ...))``; the old
+name still imports from here, with one ``DeprecationWarning`` naming the new path (:mod:`lightning_grpo._moved`).
+"""
 
-import importlib
-import warnings
-from typing import Any
+from lightning_grpo._moved import moved_names
 
-_NEW = "lightning_grpo.backends.vllm"  # imported by name when first used
-#: VLLMRollout(config, grpo, policy, ...) is now VLLMBackend(settings, BackendRun(grpo, policy, ...)).
-_RENAMED = {"VLLMRollout": "VLLMBackend"}
-_WARNED: list[bool] = []
-
-
-def __getattr__(name: str) -> Any:
-    """A name of the new module, with a ``DeprecationWarning`` on the first one taken from here."""
-    if name.startswith("__"):
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_NEW), _RENAMED.get(name, name))
-    if not _WARNED:
-        _WARNED.append(True)
-        new_name = _RENAMED.get(name, name)
-        warnings.warn(f"{__name__} moved to {_NEW}; import {new_name} from there", DeprecationWarning, 2)
-    return value
+__getattr__ = moved_names(__name__, {"VLLMRollout": "lightning_grpo.backends.vllm.VLLMBackend"})

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.cli.conftest import REPO, TINY
+from tests.cli.conftest import TINY
+from tests.conftest import repo_pythonpath
 
 pytestmark = pytest.mark.slow
 
@@ -80,7 +81,7 @@ def _fit(tmp_path: Path, scale: int, *args: str) -> subprocess.CompletedProcess:
     }  # fmt: skip
     config["trainer"]["callbacks"] = []
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": repo_pythonpath(), "PYTHONWARNINGS": "ignore"}
     command = [sys.executable, "-m", "lightning_grpo", "fit", "--config", "config.yaml", "--trainer.max_steps=2"]
     command += [f"--trainer.default_root_dir={tmp_path}", f"--trainer.logger.init_args.save_dir={tmp_path}"]
     command += ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false", *args]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import lightning as L
 import psutil
@@ -20,6 +19,7 @@ from lightning_grpo.rollout.generation import SamplingSettings
 from lightning_grpo.testing import build_tiny_tokenizer
 from lightning_grpo.testing.agents import CountdownEnv
 from tests.backends.vllm_helpers import PROMPTS, fit, needs_vllm, tiny_policy, vllm_module
+from tests.conftest import REPO, repo_pythonpath
 
 pytestmark = [needs_vllm, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -218,9 +218,9 @@ print("started")
 def _start_output(*settings: str) -> str:
     """Everything a short engine start prints (a fresh process: vLLM reads its logging level when imported)."""
     env = {k: v for k, v in os.environ.items() if k != "VLLM_LOGGING_LEVEL"}
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = repo_pythonpath()
     done = subprocess.run([sys.executable, "-c", _START, *settings], capture_output=True, text=True, env=env,
-                          cwd=env["PYTHONPATH"], timeout=240, check=False)  # fmt: skip
+                          cwd=REPO, timeout=240, check=False)  # fmt: skip
     output = done.stdout + done.stderr
     assert done.returncode == 0 and "started" in done.stdout, output[-3000:]
     return output

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from tests.cli.run_process import REPO
+from tests.conftest import repo_pythonpath
 from tests.distributed.launch import _env, _stop_session, free_port
 
 TINY = str(REPO / "configs" / "debug" / "tiny.yaml")
@@ -31,7 +32,7 @@ def _wait_for(condition, timeout: float, procs) -> None:
 
 @pytest.mark.usefixtures("warm_tiny_cache")
 def test_sigterm_saves_a_resumable_checkpoint_and_exits_non_zero(tmp_path):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": repo_pythonpath()}
     root = [f"--trainer.default_root_dir={tmp_path}", f"--trainer.logger.init_args.save_dir={tmp_path}"]
     args = [sys.executable, "-m", "lightning_grpo", "fit", "--config", TINY, *root, "--trainer.max_steps=100000"]
     args += ["--trainer.enable_progress_bar=false"]

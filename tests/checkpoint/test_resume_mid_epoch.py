@@ -17,6 +17,7 @@ import torch
 from tests.callbacks.test_sigterm import _wait_for
 from tests.cli.prompt_recorder import read_batches
 from tests.cli.run_process import REPO, run_cli
+from tests.conftest import repo_pythonpath
 
 TINY = str(REPO / "configs" / "debug" / "tiny.yaml")
 BATCHES_PER_EPOCH = 256 // 8  # the tiny config: 256 addition prompts, 8 per batch
@@ -33,7 +34,7 @@ def _args(root: Path, record: Path, max_steps: int) -> list[str]:
 
 def _stopped_run(root: Path) -> tuple[Path, int]:
     """A run stopped by SIGTERM after a few iterations: its checkpoint and the step it holds."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": repo_pythonpath()}
     command = [sys.executable, "-m", "lightning_grpo", *_args(root, root / "prompts.jsonl", 100000)]
     proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

@@ -15,7 +15,8 @@ import pytest
 
 from lightning_grpo import GRPOConfig
 from lightning_grpo.cli_errors import explain_import, summarize_parse_error
-from tests.cli.conftest import REPO, TINY
+from tests.cli.conftest import TINY
+from tests.conftest import repo_pythonpath
 
 #: Lines Lightning prints before any of ours (seeding, accelerators).
 LIGHTNING_INFO = ("Seed set to", "GPU available", "TPU available", "HPU available", "💡 Tip")
@@ -34,7 +35,7 @@ def run(tmp_path: Path, yaml: str, *args: str, debug: bool = False) -> tuple[int
     """``python -m lightning_grpo fit`` over the tiny config and ``yaml``, in ``tmp_path``: exit status, lines."""
     (tmp_path / "my_rewards.py").write_text(REWARDS)
     (tmp_path / "bad.yaml").write_text(yaml)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": repo_pythonpath(), "PYTHONWARNINGS": "ignore"}
     env.pop("LIGHTNING_GRPO_DEBUG", None)
     command = [sys.executable, "-m", "lightning_grpo", "fit", "--config", str(TINY), "--config", "bad.yaml"]
     command += [*args, "--trainer.max_steps=1", f"--trainer.default_root_dir={tmp_path}"]

@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+from tests.conftest import repo_pythonpath
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -31,7 +33,7 @@ def _env(rank: int, world_size: int, port: int) -> dict[str, str]:
         "HF_HUB_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
         "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        "PYTHONPATH": repo_pythonpath(),
     }
 
 

@@ -12,6 +12,7 @@ import pytest
 from lightning_grpo import GRPOConfig
 from lightning_grpo.rewards import RewardFunctions
 from tests.cli.run_process import REPO
+from tests.conftest import repo_pythonpath
 
 SCRIPT = """
 import time
@@ -38,7 +39,7 @@ def test_a_hung_reward_stops_the_run_and_the_process_exits():
     start = time.perf_counter()
     result = subprocess.run(
         [sys.executable, "-c", SCRIPT], cwd=REPO, capture_output=True, text=True, timeout=120,
-        env={"PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "PATH": ""},
+        env={"PYTHONPATH": repo_pythonpath(), "HF_HUB_OFFLINE": "1", "PATH": ""},
     )  # fmt: skip
     assert result.returncode != 0
     assert "reward function 'hangs' did not finish within its timeout of 0.5 s" in result.stderr
