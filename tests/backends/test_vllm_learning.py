@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lightning_grpo.testing import demo
+from lightning_grpo import demo
 from tests.backends.vllm_helpers import needs_vllm
 
 
