@@ -55,6 +55,7 @@ from lightning.pytorch.loggers import CSVLogger  # noqa: E402
 
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig, PromptDataModule  # noqa: E402
 from lightning_grpo.callbacks import AgentStats, GroupRewardStats  # noqa: E402
+from lightning_grpo.demo import fit_and_report  # noqa: E402
 from lightning_grpo.testing import build_tiny_model  # noqa: E402
 from lightning_grpo.testing.agents import (  # noqa: E402
     add_records,
@@ -62,7 +63,6 @@ from lightning_grpo.testing.agents import (  # noqa: E402
     tool_name_tokenizer,
     warm_up_tool_use,
 )
-from lightning_grpo.testing.demo import fit_and_report  # noqa: E402
 
 
 def build(options: argparse.Namespace) -> tuple[GRPOModule, PromptDataModule, Trainer]:
