@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch import LightningModule
 from typing_extensions import override
+
+from lightning_grpo.callbacks._close_at_fit_end import CloseAtFitEnd
 
 __all__ = ["CloseRolloutBackend"]
 
 
-class CloseRolloutBackend(Callback):
+class CloseRolloutBackend(CloseAtFitEnd):
     """Close ``pl_module.rollout_backend`` (:class:`~lightning_grpo.backends.RolloutBackend`: a colocated vLLM
     engine, a user's server connection) at the end of fit and on an exception, so nothing outlives the run.
 
@@ -22,17 +24,8 @@ class CloseRolloutBackend(Callback):
         Trainer(callbacks=[CloseRolloutBackend()])  # not needed with GRPOModule: it adds one
     """
 
-    @staticmethod
-    def _close(pl_module: LightningModule) -> None:
+    @override
+    def close(self, pl_module: LightningModule) -> None:
         backend = getattr(pl_module, "rollout_backend", None)
         if backend is not None:
             backend.close()
-
-    @override
-    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        self._close(pl_module)
-
-    @override
-    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        if stage == "fit":
-            self._close(pl_module)

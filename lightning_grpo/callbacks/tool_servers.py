@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch import LightningModule
 from typing_extensions import override
+
+from lightning_grpo.callbacks._close_at_fit_end import CloseAtFitEnd
 
 __all__ = ["CloseToolServers"]
 
 
-class CloseToolServers(Callback):
+class CloseToolServers(CloseAtFitEnd):
     """Close the MCP tool servers of ``pl_module.agent`` (``docs/agents.md``, "MCP tool servers") at the end of fit
     and on an exception, so no server subprocess outlives the run. A later fit reopens them on first use.
 
@@ -20,17 +22,8 @@ class CloseToolServers(Callback):
         Trainer(callbacks=[CloseToolServers()])  # not needed with GRPOModule: it adds one
     """
 
-    @staticmethod
-    def _close(pl_module: LightningModule) -> None:
+    @override
+    def close(self, pl_module: LightningModule) -> None:
         agent = getattr(pl_module, "agent", None)
         if agent is not None and hasattr(agent, "close"):
             agent.close()
-
-    @override
-    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        self._close(pl_module)
-
-    @override
-    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        if stage == "fit":
-            self._close(pl_module)
