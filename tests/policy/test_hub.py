@@ -28,6 +28,7 @@ def test_a_listening_endpoint_is_reachable_and_a_closed_port_is_not(monkeypatch)
 
 def test_a_connect_that_hangs_is_abandoned_at_the_timeout(monkeypatch):
     """A name lookup or connect that never returns (no network, a silent firewall) costs the timeout, not more."""
+
     def hang(*args: object, **kwargs: object) -> None:
         time.sleep(30)
         raise OSError("timed out")
