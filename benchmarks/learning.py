@@ -161,7 +161,8 @@ CASES: dict[str, Case] = {
         {"rise": 0.1},
         "examples/tool_calling.py, docs/agents.md, tests/module (seed 0)",
     ),
-    "multi_turn_env": Case(_example("multi_turn_env"), {"rise": 0.2}, "examples/multi_turn_env.py, docs/agents.md"),
+    # multi_turn_env: 0.26-0.32 over the first 9 runs, 0.20-0.23 in issue 40's runs from outside: 0.2 was the edge.
+    "multi_turn_env": Case(_example("multi_turn_env"), {"rise": 0.15}, "examples/multi_turn_env.py, docs/agents.md"),
     "mcp_tools": Case(_example("mcp_tools"), {"rise": 0.1}, "examples/mcp_tools.py, docs/agents.md (needs mcp)"),
     "dynamic_sampling": Case(
         _dynamic_sampling,
