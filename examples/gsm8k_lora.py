@@ -136,10 +136,10 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def hub_sources(options: argparse.Namespace) -> list[str]:
     """What this run would fetch from the hub: the model unless it is a local folder, and each ``hf:`` dataset."""
     sources = [] if Path(options.model).expanduser().exists() else [f"model {options.model}"]
-    for data in dict.fromkeys([options.train_data, options.val_data]):
+    for data in (options.train_data, options.val_data):
         if isinstance(data, str) and data.startswith("hf:"):
             sources.append(f"dataset {data[3:].split('@')[0]}")
-    return sources
+    return list(dict.fromkeys(sources))  # train and validation splits of one dataset: named once
 
 
 def check_hub(options: argparse.Namespace, timeout: float = 2.0) -> None:

@@ -137,7 +137,8 @@ def test_gsm8k_lora_without_a_network_stops_at_once_naming_hf_download(monkeypat
         example.main(["--output-dir", "unused"])
     assert time.perf_counter() - start < 15  # behaviour: stopped before any loader retried (52 s in issue 40)
     message = str(stopped.value.code)
-    assert f"http://127.0.0.1:{port}" in message and "model Qwen/Qwen2.5-0.5B-Instruct, dataset openai/gsm8k" in message
+    assert f"http://127.0.0.1:{port}" in message
+    assert "needs model Qwen/Qwen2.5-0.5B-Instruct, dataset openai/gsm8k. " in message  # both splits, named once
     assert "hf download Qwen/Qwen2.5-0.5B-Instruct --local-dir models/Qwen2.5-0.5B-Instruct" in message
     assert "huggingface-cli" not in message and "HF_HUB_OFFLINE=1" in message
 
