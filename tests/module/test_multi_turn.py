@@ -163,8 +163,9 @@ def test_string_prompts_with_tools_are_refused_with_the_fix(tokenizer):
 def test_a_tiny_model_learns_to_call_the_add_tool(tmp_path):
     """Learning test: the tool-calling example (seed 0, defaults), warm-started to call ``add`` about 20% of the time.
 
-    ``python -m benchmarks.learning --cases tool_calling`` runs it for 3 seeds under 3 CPU capabilities
-    (docs/benchmarks.md, "Learning"): the rise of the first to the last tenth is at least 0.44 there.
+    ``python -m benchmarks.learning --cases tool_calling`` measured seeds 0-2 under 3 CPU capabilities rising by
+    0.44-0.70 (seed 0 natively: 0.70; docs/benchmarks.md, "Learning"); over 10 seeds one (seed 7) rises by only
+    0.12, so this asserts the rise of seed 0, not of every seed.
     """
     from examples.tool_calling import build, parse
 
