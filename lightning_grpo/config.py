@@ -10,26 +10,32 @@ from typing import Any, Literal
 
 from jsonargparse.typing import restricted_string_type
 
-from lightning_grpo.algorithms import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES
-from lightning_grpo.algorithms.advantages import AdvantageEstimator, AdvantageScale, estimator_needs
+from lightning_grpo.algorithms.advantages import (
+    ADVANTAGE_ESTIMATOR,
+    AdvantageEstimator,
+    AdvantageScale,
+    estimator_needs,
+)
 from lightning_grpo.algorithms.aggregation import LossAggMode
-from lightning_grpo.algorithms.catalogue import IMPORT_PATH_PATTERN, choose, is_import_path
-from lightning_grpo.algorithms.kl import KLEstimator
-from lightning_grpo.algorithms.policy_losses import PolicyLossKind, check_clip_args
+from lightning_grpo.algorithms.catalogue import IMPORT_PATH_PATTERN, is_import_path
+from lightning_grpo.algorithms.components import ComponentRole, ComponentSettingError, build_component
+from lightning_grpo.algorithms.kl import KL_ESTIMATOR, KLEstimator
+from lightning_grpo.algorithms.policy_losses import POLICY_LOSS, PolicyLossKind, PolicyLossSettings, loss_settings
 from lightning_grpo.rewards._validation import check_timeouts
-from lightning_grpo.rollout.generation import SAMPLERS, Sampler
-from lightning_grpo.settings_checks import SettingError, check_number, named_errors
+from lightning_grpo.rollout.generation import Sampler
+from lightning_grpo.settings_checks import SettingError, check_choice, check_number, literal_choices, named_errors
 
 __all__ = ["GRPOConfig", "ImportPath"]
 
 #: The import path of a user's function (``my_project.losses.my_loss``): for the command line's type checks, a name
 #: that is neither a built-in nor dotted fails when the config is parsed. Stored as a plain ``str``.
 ImportPath = restricted_string_type("ImportPath", IMPORT_PATH_PATTERN)
-#: Settings chosen from an open catalogue (a built-in name or an import path), with the catalogue and its noun.
-_OPEN = {
-    "loss_kind": (POLICY_LOSSES, "policy loss kind"),
-    "kl_estimator": (KL_ESTIMATORS, "KL estimator"),
-    "advantage_estimator": (ADVANTAGE_ESTIMATORS, "advantage estimator"),
+#: Components chosen from an open catalogue (a built-in name or an import path), each with its settings' field
+#: (``<name>_args``) and its role (``lightning_grpo.algorithms.components``).
+_COMPONENTS: dict[str, ComponentRole] = {
+    "loss_kind": POLICY_LOSS,
+    "kl_estimator": KL_ESTIMATOR,
+    "advantage_estimator": ADVANTAGE_ESTIMATOR,
 }
 
 _INT: dict[str, Any] = {"integer": True, "minimum": 1}  # a count or size: an int >= 1
@@ -59,6 +65,8 @@ _NUMBER_RULES: dict[str, dict[str, Any]] = {
     "max_sampling_rounds": _INT,
     "max_skipped_steps": {"integer": True, "minimum": 0},
     "tis_cap": {"minimum": 1.0, "allow_none": True},
+    "max_turns": _INT,
+    "tool_timeout": {"minimum": 0.0, "exclusive_minimum": True},
 }
 
 
@@ -209,46 +217,78 @@ class GRPOConfig:
     adapter is never updated with, or saved with, a non-finite value."""
     max_skipped_steps: int = 3
     """Most steps ``on_nonfinite="skip"`` may skip in a run before it stops."""
+    # components' own settings (docs/configuration.md, "Components and their settings")
+    loss_kind_args: dict[str, Any] | None = None
+    """The policy loss's own settings: keyword arguments of ``loss_kind``'s function (its keyword-only parameters) or
+    class (its ``__init__``), e.g. ``{beta: 0.1}`` for ``my_project.losses.my_loss``. The built-ins take the clip
+    settings they use (``clip``: ``clip_low``, ``clip_high``, ``dual_clip``, ``delta``; ``gspo``: ``clip_low``,
+    ``clip_high``, ``delta``; ``cispo``: ``clip_low``, ``clip_high``); a loss's setting left out here takes the
+    field of the same name above. An unknown key is an error naming the loss's settings."""
+    kl_estimator_args: dict[str, Any] | None = None
+    """The KL estimator's own settings: keyword arguments of ``kl_estimator``'s function or class (the built-ins take
+    none)."""
+    advantage_estimator_args: dict[str, Any] | None = None
+    """The advantage estimator's own settings: keyword arguments of ``advantage_estimator``'s function or class (the
+    built-ins take none)."""
 
     def __post_init__(self) -> None:
         with named_errors(self):  # "GRPOConfig.num_generations=1: ...": the field, the value, why and the fix
             self._check_names()
             self._check_ranges()
             self._check_batches()
-            self._check_agent()
             self._check_faults()
 
     def _check_faults(self) -> None:
         timeout = self.reward_timeout
         check_timeouts(timeout, tuple(timeout) if isinstance(timeout, dict) else ("every reward",))
-        if self.on_nonfinite not in ("stop", "skip"):
-            raise ValueError(f"on_nonfinite={self.on_nonfinite!r} is not valid; choose one of 'stop', 'skip'")
 
     def _check_names(self) -> None:
-        for setting, (catalogue, what) in _OPEN.items():  # a built-in name, or an import path that imports
-            value = getattr(self, setting)
-            try:
-                choose(catalogue, value, what, import_paths=True)
-            except ValueError as error:
-                if is_import_path(value):  # the module or the function cannot be imported: say why
-                    raise ValueError(f"{setting}={value!r} is not valid: {error}") from None
-                options = ", ".join(repr(v) for v in catalogue)
-                raise ValueError(
-                    f"{setting}={value!r} is not valid; choose one of {options}, or the import path of a function of "
-                    "the same signature such as 'my_project.module.function'"
-                ) from None
-            setattr(self, setting, str(value))  # a plain string in hyperparameters and checkpoints
+        for setting, choices in _CHOICES.items():
+            check_choice(setting, getattr(self, setting), choices)
+        for setting in _COMPONENTS:  # a built-in name, or an import path that imports, with settings it takes
+            self.component(setting)
+            setattr(self, setting, str(getattr(self, setting)))  # a plain string in hyperparameters and checkpoints
         self._check_backend()
-        for setting, valid in (
-            ("loss_agg_mode", LOSS_AGG_MODES),
-            ("advantage_scale", ("group", "batch", "none")),
-            ("sampler", SAMPLERS),
-            ("old_logprobs", ("recompute", "rollout")),
-            ("sampling_adapter", ("as_trained", "base_dtype", "merged")),
-        ):
-            if getattr(self, setting) not in valid:
-                options = ", ".join(repr(v) for v in valid)
-                raise ValueError(f"{setting}={getattr(self, setting)!r} is not valid; choose one of {options}")
+
+    def component(self, setting: str) -> Any:
+        """The component chosen by ``setting`` (``"loss_kind"``, ...) with its settings (``<setting>_args``) bound.
+
+        Raises:
+            SettingError: The name is neither a built-in nor an importable import path (the built-ins listed), the
+                settings hold a key the component does not take (its settings listed), or the object is not a
+                component of its kind (the call it misses named).
+        """
+        name, args_name = getattr(self, setting), f"{setting}_args"
+        args = getattr(self, args_name)
+        if args is not None and not (isinstance(args, dict) and all(isinstance(key, str) for key in args)):
+            raise SettingError(
+                f"{args_name} must be a mapping of setting names to values, got {args!r}", args_name, args
+            )
+        role = _COMPONENTS[setting]
+        if not isinstance(name, str) or (name not in role.catalogue and not is_import_path(name)):
+            options = ", ".join(repr(v) for v in role.catalogue)
+            raise SettingError(
+                f"{setting}={name!r} is not valid; choose one of {options}, or the import path of a function of the "
+                "same signature such as 'my_project.module.function'",
+                setting, name,
+            )  # fmt: skip
+        defaults = vars(self.policy_loss_settings()) if setting == "loss_kind" else None
+        try:
+            return build_component(role, name, args, defaults)
+        except ValueError as error:
+            culprit = args_name if isinstance(error, ComponentSettingError) else setting
+            value = getattr(self, culprit)
+            raise SettingError(f"{culprit}={value!r} is not valid: {error}", culprit, value) from None
+
+    def policy_loss_settings(self) -> PolicyLossSettings:
+        """The clip settings in effect: ``clip_low``, ... with those ``loss_kind_args`` gives instead."""
+        flat = {name: getattr(self, name) for name in ("clip_low", "clip_high", "dual_clip", "delta")}
+        try:
+            return loss_settings(self.loss_kind_args, **flat)
+        except SettingError as error:  # a value from loss_kind_args: name it there
+            if error.setting in (self.loss_kind_args or {}):
+                raise error.renamed(f"loss_kind_args.{error.setting}") from None
+            raise
 
     def _check_backend(self) -> None:
         """The backend's name reads as one (it is imported when the module is built: ``lightning_grpo.backends``)."""
@@ -283,15 +323,7 @@ class GRPOConfig:
                 f"it cannot be combined with advantage_estimator={self.advantage_estimator!r}, which reads step "
                 "rewards; turn one of them off"
             )
-        check_clip_args(self.clip_low, self.clip_high, self.dual_clip, self.delta)  # the loss checks the same
-
-    def _check_agent(self) -> None:
-        if isinstance(self.max_turns, bool) or not isinstance(self.max_turns, int) or self.max_turns < 1:
-            raise ValueError(f"max_turns must be an integer >= 1, got {self.max_turns!r}")
-        if not isinstance(self.tool_timeout, int | float) or not 0 < self.tool_timeout < float("inf"):
-            raise ValueError(f"tool_timeout must be a finite number of seconds > 0, got {self.tool_timeout!r}")
-        if self.env_reward not in ("sum", "last"):
-            raise ValueError(f"env_reward={self.env_reward!r} is not valid; choose one of 'sum', 'last'")
+        self.policy_loss_settings()  # the clip settings in effect are in range (the loss checks the same)
 
     def _check_batches(self) -> None:
         mini, micro = self.mini_batch_size, self.micro_batch_size
@@ -313,3 +345,7 @@ class GRPOConfig:
         """Settings shared by training and validation sampling."""
         names = ("max_new_tokens", "top_p", "top_k", "share_prompt", "sampler", "drop_finished", "static_cache")
         return {name: getattr(self, name) for name in names}
+
+
+#: The allowed values of each ``Literal`` field (``typing.get_args``): the type is the one place they are written.
+_CHOICES = literal_choices(GRPOConfig)
