@@ -99,8 +99,8 @@ def test_estimators_take_their_own_settings():
     ("settings", "message"),
     [
         ({"loss_kind_args": {"beta": 1.0}},
-         "loss_kind_args={'beta': 1.0} is not valid: the policy loss kind 'clip' takes no setting 'beta'; its settings: "
-         "clip_low, clip_high, dual_clip, delta"),
+         "loss_kind_args={'beta': 1.0} is not valid: the policy loss kind 'clip' takes no setting 'beta'; "
+         "its settings: clip_low, clip_high, dual_clip, delta"),
         ({"loss_kind": "cispo", "loss_kind_args": {"dual_clip": 2.0}},
          "takes no setting 'dual_clip'; its settings: clip_low, clip_high"),
         ({"kl_estimator_args": {"scale": 2.0}}, "the KL estimator 'k3' takes no settings; got 'scale'"),
