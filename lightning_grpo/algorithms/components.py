@@ -108,7 +108,17 @@ def build_component(
             component does not take (its settings listed), a required setting left out, or an object that cannot be
             called as the role's call (the signature it misses named).
     """
-    return _build(role, name, _key(settings), _key(defaults))
+    key = (role, name, _key(settings), _key(defaults))
+    if key not in _BUILT:
+        if len(_BUILT) >= _MAX_BUILT:
+            _BUILT.pop(next(iter(_BUILT)))  # the oldest
+        _BUILT[key] = _build(role, name, dict(settings or {}), dict(defaults or {}))
+    return _BUILT[key]
+
+
+#: Components built so far, by role, name, settings and defaults (their JSON text): a class's instance is built once.
+_BUILT: dict[tuple[ComponentRole, str, str, str], Callable[..., Any]] = {}
+_MAX_BUILT = 128
 
 
 def _key(mapping: Mapping[str, Any] | None) -> str:
@@ -117,9 +127,7 @@ def _key(mapping: Mapping[str, Any] | None) -> str:
     return json.dumps(dict(mapping or {}), sort_keys=True, default=repr)
 
 
-@functools.lru_cache(maxsize=128)
-def _build(role: ComponentRole, name: str, settings_key: str, defaults_key: str) -> Callable[..., Any]:
-    settings, defaults = json.loads(settings_key), json.loads(defaults_key)
+def _build(role: ComponentRole, name: str, settings: dict[str, Any], defaults: dict[str, Any]) -> Callable[..., Any]:
     target = choose(role.catalogue, name, role.what, import_paths=True)
     takes = component_settings(target, role, name)
     open_ended = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in _signature(target, role).parameters.values())
