@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -116,7 +115,7 @@ def build_component(
     return _BUILT[key]
 
 
-#: Components built so far, by role, name, settings and defaults (their JSON text): a class's instance is built once.
+#: Components built so far, by role, name, settings and defaults (their text): a class's instance is built once.
 _BUILT: dict[tuple[ComponentRole, str, str, str], Callable[..., Any]] = {}
 _MAX_BUILT = 128
 
@@ -124,7 +123,7 @@ _MAX_BUILT = 128
 def _key(mapping: Mapping[str, Any] | None) -> str:
     if mapping is not None and not (isinstance(mapping, Mapping) and all(isinstance(k, str) for k in mapping)):
         raise TypeError(f"a component's settings must be a mapping of setting names to values, got {mapping!r}")
-    return json.dumps(dict(mapping or {}), sort_keys=True, default=repr)
+    return repr(sorted(mapping.items())) if mapping else ""
 
 
 def _build(role: ComponentRole, name: str, settings: dict[str, Any], defaults: dict[str, Any]) -> Callable[..., Any]:
