@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from jsonargparse import Namespace
+from jsonargparse import Namespace, set_parsing_settings
 from lightning.pytorch import Callback, LightningDataModule, Trainer
 from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
@@ -184,6 +184,9 @@ class GRPOCLI(LightningCLI):
             "save_config_kwargs": {"overwrite": True},
         }
         parser_kwargs = {"description": _DESCRIPTION, "allow_abbrev": False, **kwargs.pop("parser_kwargs", {})}
+        # each setting's help is the docstring under its field (GRPOConfig, PolicyConfig, VLLMConfig): on before the
+        # parser is built, as jsonargparse reads the docstrings when it adds a class's arguments
+        set_parsing_settings(docstring_parse_attribute_docstrings=True)
         super().__init__(**{**options, **kwargs}, parser_kwargs=parser_kwargs, args=args, run=run)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:

@@ -10,26 +10,32 @@ from typing import Any, Literal
 
 from jsonargparse.typing import restricted_string_type
 
-from lightning_grpo.algorithms import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES
-from lightning_grpo.algorithms.advantages import AdvantageEstimator, AdvantageScale, estimator_needs
+from lightning_grpo.algorithms.advantages import (
+    ADVANTAGE_ESTIMATOR,
+    AdvantageEstimator,
+    AdvantageScale,
+    estimator_needs,
+)
 from lightning_grpo.algorithms.aggregation import LossAggMode
-from lightning_grpo.algorithms.catalogue import IMPORT_PATH_PATTERN, choose, is_import_path
-from lightning_grpo.algorithms.kl import KLEstimator
-from lightning_grpo.algorithms.policy_losses import PolicyLossKind, check_clip_args
+from lightning_grpo.algorithms.catalogue import IMPORT_PATH_PATTERN, is_import_path
+from lightning_grpo.algorithms.components import ComponentRole, ComponentSettingError, build_component
+from lightning_grpo.algorithms.kl import KL_ESTIMATOR, KLEstimator
+from lightning_grpo.algorithms.policy_losses import POLICY_LOSS, PolicyLossKind, PolicyLossSettings, loss_settings
 from lightning_grpo.rewards._validation import check_timeouts
-from lightning_grpo.rollout.generation import SAMPLERS, Sampler
-from lightning_grpo.settings_checks import SettingError, check_number, named_errors
+from lightning_grpo.rollout.generation import Sampler
+from lightning_grpo.settings_checks import SettingError, check_choice, check_number, literal_choices, named_errors
 
 __all__ = ["GRPOConfig", "ImportPath"]
 
 #: The import path of a user's function (``my_project.losses.my_loss``): for the command line's type checks, a name
 #: that is neither a built-in nor dotted fails when the config is parsed. Stored as a plain ``str``.
 ImportPath = restricted_string_type("ImportPath", IMPORT_PATH_PATTERN)
-#: Settings chosen from an open catalogue (a built-in name or an import path), with the catalogue and its noun.
-_OPEN = {
-    "loss_kind": (POLICY_LOSSES, "policy loss kind"),
-    "kl_estimator": (KL_ESTIMATORS, "KL estimator"),
-    "advantage_estimator": (ADVANTAGE_ESTIMATORS, "advantage estimator"),
+#: Components chosen from an open catalogue (a built-in name or an import path), each with its settings' field
+#: (``<name>_args``) and its role (``lightning_grpo.algorithms.components``).
+_COMPONENTS: dict[str, ComponentRole] = {
+    "loss_kind": POLICY_LOSS,
+    "kl_estimator": KL_ESTIMATOR,
+    "advantage_estimator": ADVANTAGE_ESTIMATOR,
 }
 
 _INT: dict[str, Any] = {"integer": True, "minimum": 1}  # a count or size: an int >= 1
@@ -59,6 +65,8 @@ _NUMBER_RULES: dict[str, dict[str, Any]] = {
     "max_sampling_rounds": _INT,
     "max_skipped_steps": {"integer": True, "minimum": 0},
     "tis_cap": {"minimum": 1.0, "allow_none": True},
+    "max_turns": _INT,
+    "tool_timeout": {"minimum": 0.0, "exclusive_minimum": True},
 }
 
 
@@ -68,195 +76,223 @@ class GRPOConfig:
 
     Batch sizes count completions (sequences) per device: a step's rollout holds ``prompts_per_step * G`` of them,
     split into mini-batches (one optimizer step each) and micro-batches (one backward each).
-
-    Attributes:
-        num_generations: Completions sampled per prompt (G); group estimators need G >= 2. 8 is a good default.
-        max_prompt_length: Longest prompt in tokens; the data module drops longer ones.
-        max_new_tokens: Longest completion in tokens; longer ones are cut and flagged as truncated.
-        temperature: Sampling temperature; log-probs are computed at the same temperature.
-        top_p: Nucleus sampling threshold in (0, 1]; 1.0 disables it.
-        top_k: Sample among the k most likely tokens; 0 disables it.
-        ppo_epochs: Passes over each rollout (verl ``ppo_epochs``, TRL ``num_iterations``).
-        mini_batch_size: Completions per optimizer step; ``None`` uses the whole rollout (one step per pass).
-        micro_batch_size: Completions per forward/backward; ``None`` uses the whole mini-batch.
-        loss_kind: Policy loss: ``"clip"`` (PPO/GRPO clipped surrogate), ``"gspo"``, ``"cispo"``, or the import path
-            of your own (``my_project.losses.my_loss``, docs/index.md).
-        clip_low: Ratio clipped below at ``1 - clip_low`` (verl ``clip_ratio_low``, TRL ``epsilon``).
-        clip_high: Ratio clipped above at ``1 + clip_high``; larger than ``clip_low`` is DAPO's clip-higher.
-        dual_clip: Dual-clip bound ``c`` for negative advantages (verl ``clip_ratio_c``); ``None`` disables it.
-        delta: INTELLECT-2 upper bound on the ratio; ``None`` disables it.
-        kl_coef: Weight β of the KL loss to the reference policy; 0 skips the reference forward entirely.
-        kl_estimator: ``"k1"``, ``"k2"``, ``"k3"`` (= ``"low_var_kl"``), ``"abs"``, any with ``"+"``, or the
-            import path of your own.
-        loss_agg_mode: ``"token-mean"``, ``"token-sum"``, ``"seq-mean-token-mean"``, ``"seq-mean-token-sum"`` or
-            ``"seq-mean-token-sum-norm"``.
-        loss_agg_norm: Divisor of ``seq-mean-token-sum-norm``; ``None`` uses ``max_new_tokens``.
-        advantage_estimator: ``"grpo"``, ``"rloo"``, ``"reinforce_pp_baseline"``, ``"grpo_process"`` (process
-            supervision: step rewards, ``docs/math.md``), or the import path of your own.
-        advantage_scale: For ``grpo`` and ``grpo_process``: ``"group"`` std, ``"batch"`` std, or ``"none"``
-            (Dr. GRPO).
-        advantage_eps: Added to the std before dividing.
-        process_outcome_weight: For ``grpo_process``: the outcome reward (the weighted sum of the reward functions)
-            times this weight is the reward of one more step, ending at the completion's last token; 0 (the
-            default): the step rewards alone, as DeepSeekMath §4.1.3.
-        entropy_coef: Weight of an entropy bonus (0 = none; the entropy is still logged, without gradient).
-        mask_truncated_completions: Leave completions that hit ``max_new_tokens`` out of the loss (DAPO).
-        max_grad_norm: Clip the adapter's gradient norm to this before each optimizer step; ``None`` disables it.
-        old_logprobs: Where the old log-probs of a rollout that serves several updates (``ppo_epochs > 1`` or
-            several mini-batches) come from: ``"recompute"`` runs the policy over the rollout again before the first
-            update (verl's default, ``actor.recompute_log_prob``; exact: the first update's ratio is 1 to the last
-            bit); ``"rollout"`` takes the behaviour log-probs the sampler recorded (verl's rollout-correction
-            *bypass* mode; TRL has no such switch), which saves that forward and is exact up to the
-            sampling/training kernel agreement logged as ``train/rollout_logprob_diff_max`` (``docs/benchmarks.md``).
-        logprob_chunk_size: Positions per chunk of the log-softmax (memory versus kernel launches).
-        share_prompt: Run each prompt once for its G samples, in sampling (prefill) and in the log-prob passes
-            (same results as running it G times; off under FSDP2 in the log-prob passes).
-        fused_head: Compute log-probs inside the output head, tile by tile, so no ``(N, T, V)`` logits tensor exists.
-        fused_head_tile_mib: Float32 MiB of one tile of the fused head. ``None``: 512 on a GPU (a few large tiles:
-            each costs about 30 kernel launches), and on the CPU about an eighth of the final hidden states
-            (docs/benchmarks.md, "GPU readiness").
-        sampler: ``"multinomial"`` (Hugging Face ``generate``'s draws) or ``"inverse_cdf"`` (same distribution, other
-            draws, much cheaper on CPU; uses our own decoding loop).
-        drop_finished: Drop finished samples from the batch and KV cache while sampling (our own decoding loop).
-        static_cache: Sample with a static KV cache and a compiled decode step (CUDA only).
-        sampling_adapter: How the adapter samples (Hugging Face sampling only; vLLM has its own). ``"as_trained"``:
-            the LoRA weights as trained (float32 by default; exact, the documented semantics). ``"base_dtype"``: a
-            copy of them in the base model's dtype (e.g. bfloat16), so peft casts nothing (a decode step of a bf16
-            2-layer Qwen2: 319 ATen calls instead of 347). ``"merged"``: the adapter merged into the base weights
-            while sampling (179 calls, the base model's own), which holds a copy of the adapted base weights
-            meanwhile and refuses a quantized base. With either, the rollout comes from a policy rounded to the base
-            dtype: ``train/rollout_logprob_diff_*`` measures it and ``tis_cap`` corrects for it; training still
-            scores the policy as trained. docs/benchmarks.md, "GPU readiness".
-        rollout_backend: What samples the rollouts: ``"hf"`` (Hugging Face ``generate``, or our own loop),
-            ``"vllm"`` (a colocated vLLM engine; the module's ``vllm`` settings, ``docs/vllm.md``; TRL ``use_vllm``
-            with ``vllm_mode="colocate"``), or the import path of a user's ``RolloutBackend`` class
-            (``"my_project.backends.MyBackend"``, ``docs/backends.md``).
-        rollout_backend_args: The backend's own settings: keyword arguments of its ``settings_class`` (for
-            ``"vllm"``: ``VLLMConfig``'s fields); an unknown key is an error naming the allowed ones. Saved in the
-            checkpoint's hyper-parameters with the rest of this config; a resume with other values logs them and
-            uses them (``docs/backends.md``).
-        tis_cap: Truncated importance sampling (TIS) for a sampler whose log-probs differ from the trainer's: each
-            token's policy loss is weighted by ``min(exp(old_logprobs - rollout logprobs), tis_cap)``, no gradient
-            through the weight (verl's rollout correction, TRL ``vllm_importance_sampling_cap``); ``None``: off.
-            Needs the behaviour log-probs the sampler records (``docs/vllm.md``).
-        val_num_generations: Samples per validation prompt (k of ``val/pass@k``).
-        val_temperature: Validation sampling temperature; ``None`` uses ``temperature``.
-        val_success_threshold: A validation sample counts as solved (``val/accuracy``, ``val/pass@k``) when its
-            reward is at least this; 1.0 suits 0/1 rewards.
-        fsdp_gather_for_generation: Under FSDP2, all-gather the weights once per sampling call and keep them
-            gathered while sampling (fast; needs memory for one full copy) instead of once per decoding step.
-        max_turns: Most policy turns of a conversational trajectory with tools or an environment (``docs/agents.md``);
-            ``max_new_tokens`` is the token budget of the whole trajectory. A trajectory cut by either is truncated.
-        tool_timeout: Seconds a tool call may run; a call past it becomes an error message the model sees.
-        env_reward: How per-turn environment rewards become the ``env_reward`` keyword of reward functions:
-            ``"sum"`` or ``"last"``.
-        dynamic_sampling: DAPO's dynamic sampling: drop groups whose rewards are all equal (or all skipped) and
-            sample more prompts of the training data until the step holds ``batch_size`` informative groups per rank
-            (``docs/dynamic-sampling.md``; verl ``algorithm.filter_groups.enable``). Needs a
-            :class:`~lightning_grpo.data.PromptDataModule` (or a data module with ``extra_batches``).
-        max_sampling_rounds: Most sampling rounds per step with ``dynamic_sampling`` (the first included; verl
-            ``max_num_gen_batches``); when they run out the step trains on what it has, topped up with filtered
-            groups to keep its size.
-        reward_timeout: Seconds each reward function may take per step: one number for all, a mapping from reward
-            name to seconds (``{"judge": 30}``; names as in ``train/reward/<name>``), or ``None`` for no limit. A
-            function past it stops the run with an error naming it; its thread is abandoned and never keeps the
-            process alive.
-        on_nonfinite: What a non-finite loss, KL, ratio or gradient norm does: ``"stop"`` the run with an error
-            naming the step and the quantity, or ``"skip"`` the step (no optimizer step, a warning), at most
-            ``max_skipped_steps`` times. The adapter is never updated with, or saved with, a non-finite value.
-        max_skipped_steps: Most steps ``on_nonfinite="skip"`` may skip in a run before it stops.
     """
 
     num_generations: int = 8
+    """Completions sampled per prompt (G); group estimators need G >= 2. 8 is a good default."""
     max_prompt_length: int = 512
+    """Longest prompt in tokens; the data module drops longer ones."""
     max_new_tokens: int = 256
+    """Longest completion in tokens; longer ones are cut and flagged as truncated."""
     temperature: float = 1.0
+    """Sampling temperature; log-probs are computed at the same temperature."""
     top_p: float = 1.0
+    """Nucleus sampling threshold in (0, 1]; 1.0 disables it."""
     top_k: int = 0
+    """Sample among the k most likely tokens; 0 disables it."""
     ppo_epochs: int = 1
+    """Passes over each rollout (verl ``ppo_epochs``, TRL ``num_iterations``)."""
     mini_batch_size: int | None = None
+    """Completions per optimizer step; ``None`` uses the whole rollout (one step per pass)."""
     micro_batch_size: int | None = None
+    """Completions per forward/backward; ``None`` uses the whole mini-batch."""
     loss_kind: PolicyLossKind | ImportPath = "clip"
+    """Policy loss: ``"clip"`` (PPO/GRPO clipped surrogate), ``"gspo"``, ``"cispo"``, or the import path of your own
+    (``my_project.losses.my_loss``, docs/index.md)."""
     clip_low: float = 0.2
+    """Ratio clipped below at ``1 - clip_low`` (verl ``clip_ratio_low``, TRL ``epsilon``)."""
     clip_high: float = 0.2
+    """Ratio clipped above at ``1 + clip_high``; larger than ``clip_low`` is DAPO's clip-higher."""
     dual_clip: float | None = 3.0
+    """Dual-clip bound ``c`` for negative advantages (verl ``clip_ratio_c``); ``None`` disables it."""
     delta: float | None = None
+    """INTELLECT-2 upper bound on the ratio; ``None`` disables it."""
     kl_coef: float = 0.001
+    """Weight β of the KL loss to the reference policy; 0 skips the reference forward entirely."""
     kl_estimator: KLEstimator | ImportPath = "k3"
+    """``"k1"``, ``"k2"``, ``"k3"`` (= ``"low_var_kl"``), ``"abs"``, any with ``"+"``, or the import path of your
+    own."""
     loss_agg_mode: LossAggMode = "token-mean"
+    """``"token-mean"``, ``"token-sum"``, ``"seq-mean-token-mean"``, ``"seq-mean-token-sum"`` or
+    ``"seq-mean-token-sum-norm"``."""
     loss_agg_norm: int | None = None
+    """Divisor of ``seq-mean-token-sum-norm``; ``None`` uses ``max_new_tokens``."""
     advantage_estimator: AdvantageEstimator | ImportPath = "grpo"
+    """``"grpo"``, ``"rloo"``, ``"reinforce_pp_baseline"``, ``"grpo_process"`` (process supervision: step rewards,
+    ``docs/math.md``), or the import path of your own."""
     advantage_scale: AdvantageScale = "group"
+    """For ``grpo`` and ``grpo_process``: ``"group"`` std, ``"batch"`` std, or ``"none"`` (Dr. GRPO)."""
     advantage_eps: float = 1e-6
+    """Added to the std before dividing."""
     process_outcome_weight: float = 0.0
+    """For ``grpo_process``: the outcome reward (the weighted sum of the reward functions) times this weight is the
+    reward of one more step, ending at the completion's last token; 0 (the default): the step rewards alone, as
+    DeepSeekMath §4.1.3."""
     entropy_coef: float = 0.0
+    """Weight of an entropy bonus (0 = none; the entropy is still logged, without gradient)."""
     mask_truncated_completions: bool = False
+    """Leave completions that hit ``max_new_tokens`` out of the loss (DAPO)."""
     max_grad_norm: float | None = 1.0
+    """Clip the adapter's gradient norm to this before each optimizer step; ``None`` disables it."""
     old_logprobs: Literal["recompute", "rollout"] = "recompute"
+    """Where the old log-probs of a rollout that serves several updates (``ppo_epochs > 1`` or several mini-batches)
+    come from: ``"recompute"`` runs the policy over the rollout again before the first update (verl's default,
+    ``actor.recompute_log_prob``; exact: the first update's ratio is 1 to the last bit); ``"rollout"`` takes the
+    behaviour log-probs the sampler recorded (verl's rollout-correction *bypass* mode; TRL has no such switch), which
+    saves that forward and is exact up to the sampling/training kernel agreement logged as
+    ``train/rollout_logprob_diff_max`` (``docs/benchmarks.md``)."""
     logprob_chunk_size: int = 1024
+    """Positions per chunk of the log-softmax (memory versus kernel launches)."""
     share_prompt: bool = True
+    """Run each prompt once for its G samples, in sampling (prefill) and in the log-prob passes (same results as
+    running it G times; off under FSDP2 in the log-prob passes)."""
     fused_head: bool = True
+    """Compute log-probs inside the output head, tile by tile, so no ``(N, T, V)`` logits tensor exists."""
     fused_head_tile_mib: int | None = None
+    """Float32 MiB of one tile of the fused head. ``None``: 512 on a GPU (a few large tiles: each costs about 30
+    kernel launches), and on the CPU about an eighth of the final hidden states (docs/benchmarks.md, "GPU
+    readiness")."""
     sampler: Sampler = "multinomial"
+    """``"multinomial"`` (Hugging Face ``generate``'s draws) or ``"inverse_cdf"`` (same distribution, other draws,
+    much cheaper on CPU; uses our own decoding loop)."""
     drop_finished: bool = False
+    """Drop finished samples from the batch and KV cache while sampling (our own decoding loop)."""
     static_cache: bool = False
+    """Sample with a static KV cache and a compiled decode step (CUDA only)."""
     sampling_adapter: Literal["as_trained", "base_dtype", "merged"] = "as_trained"
+    """How the adapter samples (Hugging Face sampling only; vLLM has its own). ``"as_trained"``: the LoRA weights as
+    trained (float32 by default; exact, the documented semantics). ``"base_dtype"``: a copy of them in the base
+    model's dtype (e.g. bfloat16), so peft casts nothing (a decode step of a bf16 2-layer Qwen2: 319 ATen calls
+    instead of 347). ``"merged"``: the adapter merged into the base weights while sampling (179 calls, the base
+    model's own), which holds a copy of the adapted base weights meanwhile and refuses a quantized base. With either,
+    the rollout comes from a policy rounded to the base dtype: ``train/rollout_logprob_diff_*`` measures it and
+    ``tis_cap`` corrects for it; training still scores the policy as trained. docs/benchmarks.md, "GPU readiness"."""
     rollout_backend: str = "hf"
+    """What samples the rollouts: ``"hf"`` (Hugging Face ``generate``, or our own loop), ``"vllm"`` (a colocated vLLM
+    engine; the module's ``vllm`` settings, ``docs/vllm.md``; TRL ``use_vllm`` with ``vllm_mode="colocate"``), or the
+    import path of a user's ``RolloutBackend`` class (``"my_project.backends.MyBackend"``, ``docs/backends.md``)."""
     rollout_backend_args: dict[str, Any] | None = None
+    """The backend's own settings: keyword arguments of its ``settings_class`` (for ``"vllm"``: ``VLLMConfig``'s
+    fields); an unknown key is an error naming the allowed ones. Saved in the checkpoint's hyper-parameters with the
+    rest of this config; a resume with other values logs them and uses them (``docs/backends.md``)."""
     tis_cap: float | None = None
+    """Truncated importance sampling (TIS) for a sampler whose log-probs differ from the trainer's: each token's
+    policy loss is weighted by ``min(exp(old_logprobs - rollout logprobs), tis_cap)``, no gradient through the weight
+    (verl's rollout correction, TRL ``vllm_importance_sampling_cap``); ``None``: off. Needs the behaviour log-probs
+    the sampler records (``docs/vllm.md``)."""
     val_num_generations: int = 1
+    """Samples per validation prompt (k of ``val/pass@k``)."""
     val_temperature: float | None = None
+    """Validation sampling temperature; ``None`` uses ``temperature``."""
     val_success_threshold: float = 1.0
+    """A validation sample counts as solved (``val/accuracy``, ``val/pass@k``) when its reward is at least this; 1.0
+    suits 0/1 rewards."""
     fsdp_gather_for_generation: bool = True
+    """Under FSDP2, all-gather the weights once per sampling call and keep them gathered while sampling (fast; needs
+    memory for one full copy) instead of once per decoding step."""
     max_turns: int = 4
+    """Most policy turns of a conversational trajectory with tools or an environment (``docs/agents.md``);
+    ``max_new_tokens`` is the token budget of the whole trajectory. A trajectory cut by either is truncated."""
     tool_timeout: float = 10.0
+    """Seconds a tool call may run; a call past it becomes an error message the model sees."""
     env_reward: Literal["sum", "last"] = "sum"
+    """How per-turn environment rewards become the ``env_reward`` keyword of reward functions: ``"sum"`` or
+    ``"last"``."""
     dynamic_sampling: bool = False
+    """DAPO's dynamic sampling: drop groups whose rewards are all equal (or all skipped) and sample more prompts of
+    the training data until the step holds ``batch_size`` informative groups per rank (``docs/dynamic-sampling.md``;
+    verl ``algorithm.filter_groups.enable``). Needs a :class:`~lightning_grpo.data.PromptDataModule` (or a data
+    module with ``extra_batches``)."""
     max_sampling_rounds: int = 10
+    """Most sampling rounds per step with ``dynamic_sampling`` (the first included; verl ``max_num_gen_batches``);
+    when they run out the step trains on what it has, topped up with filtered groups to keep its size."""
     # faults (docs/troubleshooting.md): reward timeouts, non-finite steps
     reward_timeout: float | dict[str, float | None] | None = None
+    """Seconds each reward function may take per step: one number for all, a mapping from reward name to seconds
+    (``{"judge": 30}``; names as in ``train/reward/<name>``), or ``None`` for no limit. A function past it stops the
+    run with an error naming it; its thread is abandoned and never keeps the process alive."""
     on_nonfinite: Literal["stop", "skip"] = "stop"
+    """What a non-finite loss, KL, ratio or gradient norm does: ``"stop"`` the run with an error naming the step and
+    the quantity, or ``"skip"`` the step (no optimizer step, a warning), at most ``max_skipped_steps`` times. The
+    adapter is never updated with, or saved with, a non-finite value."""
     max_skipped_steps: int = 3
+    """Most steps ``on_nonfinite="skip"`` may skip in a run before it stops."""
+    # components' own settings (docs/configuration.md, "Components and their settings")
+    loss_kind_args: dict[str, Any] | None = None
+    """The policy loss's own settings: keyword arguments of ``loss_kind``'s function (its keyword-only parameters) or
+    class (its ``__init__``), e.g. ``{beta: 0.1}`` for ``my_project.losses.my_loss``. The built-ins take the clip
+    settings they use (``clip``: ``clip_low``, ``clip_high``, ``dual_clip``, ``delta``; ``gspo``: ``clip_low``,
+    ``clip_high``, ``delta``; ``cispo``: ``clip_low``, ``clip_high``); a loss's setting left out here takes the
+    field of the same name above. An unknown key is an error naming the loss's settings."""
+    kl_estimator_args: dict[str, Any] | None = None
+    """The KL estimator's own settings: keyword arguments of ``kl_estimator``'s function or class (the built-ins take
+    none)."""
+    advantage_estimator_args: dict[str, Any] | None = None
+    """The advantage estimator's own settings: keyword arguments of ``advantage_estimator``'s function or class (the
+    built-ins take none)."""
 
     def __post_init__(self) -> None:
         with named_errors(self):  # "GRPOConfig.num_generations=1: ...": the field, the value, why and the fix
             self._check_names()
             self._check_ranges()
             self._check_batches()
-            self._check_agent()
             self._check_faults()
 
     def _check_faults(self) -> None:
         timeout = self.reward_timeout
-        check_timeouts(timeout, tuple(timeout) if isinstance(timeout, dict) else ("every reward",))
-        if self.on_nonfinite not in ("stop", "skip"):
-            raise ValueError(f"on_nonfinite={self.on_nonfinite!r} is not valid; choose one of 'stop', 'skip'")
+        try:
+            check_timeouts(timeout, tuple(timeout) if isinstance(timeout, dict) else ("every reward",))
+        except SettingError as error:  # timeout['judge'] -> reward_timeout['judge']; one number: reward_timeout
+            key = error.setting.removeprefix("timeout")
+            raise error.renamed("reward_timeout" + ("" if key == "['every reward']" else key)) from None
 
     def _check_names(self) -> None:
-        for setting, (catalogue, what) in _OPEN.items():  # a built-in name, or an import path that imports
-            value = getattr(self, setting)
-            try:
-                choose(catalogue, value, what, import_paths=True)
-            except ValueError as error:
-                if is_import_path(value):  # the module or the function cannot be imported: say why
-                    raise ValueError(f"{setting}={value!r} is not valid: {error}") from None
-                options = ", ".join(repr(v) for v in catalogue)
-                raise ValueError(
-                    f"{setting}={value!r} is not valid; choose one of {options}, or the import path of a function of "
-                    "the same signature such as 'my_project.module.function'"
-                ) from None
-            setattr(self, setting, str(value))  # a plain string in hyperparameters and checkpoints
+        for setting, choices in _CHOICES.items():
+            check_choice(setting, getattr(self, setting), choices)
+        for setting in _COMPONENTS:  # a built-in name, or an import path that imports, with settings it takes
+            self.component(setting)
+            setattr(self, setting, str(getattr(self, setting)))  # a plain string in hyperparameters and checkpoints
         self._check_backend()
-        for setting, valid in (
-            ("loss_agg_mode", LOSS_AGG_MODES),
-            ("advantage_scale", ("group", "batch", "none")),
-            ("sampler", SAMPLERS),
-            ("old_logprobs", ("recompute", "rollout")),
-            ("sampling_adapter", ("as_trained", "base_dtype", "merged")),
-        ):
-            if getattr(self, setting) not in valid:
-                options = ", ".join(repr(v) for v in valid)
-                raise ValueError(f"{setting}={getattr(self, setting)!r} is not valid; choose one of {options}")
+
+    def component(self, setting: str) -> Any:
+        """The component chosen by ``setting`` (``"loss_kind"``, ...) with its settings (``<setting>_args``) bound.
+
+        Raises:
+            SettingError: The name is neither a built-in nor an importable import path (the built-ins listed), the
+                settings hold a key the component does not take (its settings listed), or the object is not a
+                component of its kind (the call it misses named).
+        """
+        name, args_name = getattr(self, setting), f"{setting}_args"
+        args = getattr(self, args_name)
+        if args is not None and not (isinstance(args, dict) and all(isinstance(key, str) for key in args)):
+            raise SettingError(
+                f"{args_name} must be a mapping of setting names to values, got {args!r}", args_name, args
+            )
+        role = _COMPONENTS[setting]
+        if not isinstance(name, str) or (name not in role.catalogue and not is_import_path(name)):
+            options = ", ".join(repr(v) for v in role.catalogue)
+            raise SettingError(
+                f"{setting}={name!r} is not valid; choose one of {options}, or the import path of a function of the "
+                "same signature such as 'my_project.module.function'",
+                setting, name,
+            )  # fmt: skip
+        defaults = vars(self.policy_loss_settings()) if setting == "loss_kind" else None
+        try:
+            return build_component(role, name, args, defaults)
+        except ValueError as error:
+            culprit = args_name if isinstance(error, ComponentSettingError) else setting
+            value = getattr(self, culprit)
+            raise SettingError(f"{culprit}={value!r} is not valid: {error}", culprit, value) from None
+
+    def policy_loss_settings(self) -> PolicyLossSettings:
+        """The clip settings in effect: ``clip_low``, ... with those ``loss_kind_args`` gives instead."""
+        flat = {name: getattr(self, name) for name in ("clip_low", "clip_high", "dual_clip", "delta")}
+        try:
+            return loss_settings(self.loss_kind_args, **flat)
+        except SettingError as error:  # a value from loss_kind_args: name it there
+            if error.setting in (self.loss_kind_args or {}):
+                raise error.renamed(f"loss_kind_args.{error.setting}") from None
+            raise
 
     def _check_backend(self) -> None:
         """The backend's name reads as one (it is imported when the module is built: ``lightning_grpo.backends``)."""
@@ -291,15 +327,7 @@ class GRPOConfig:
                 f"it cannot be combined with advantage_estimator={self.advantage_estimator!r}, which reads step "
                 "rewards; turn one of them off"
             )
-        check_clip_args(self.clip_low, self.clip_high, self.dual_clip, self.delta)  # the loss checks the same
-
-    def _check_agent(self) -> None:
-        if isinstance(self.max_turns, bool) or not isinstance(self.max_turns, int) or self.max_turns < 1:
-            raise ValueError(f"max_turns must be an integer >= 1, got {self.max_turns!r}")
-        if not isinstance(self.tool_timeout, int | float) or not 0 < self.tool_timeout < float("inf"):
-            raise ValueError(f"tool_timeout must be a finite number of seconds > 0, got {self.tool_timeout!r}")
-        if self.env_reward not in ("sum", "last"):
-            raise ValueError(f"env_reward={self.env_reward!r} is not valid; choose one of 'sum', 'last'")
+        self.policy_loss_settings()  # the clip settings in effect are in range (the loss checks the same)
 
     def _check_batches(self) -> None:
         mini, micro = self.mini_batch_size, self.micro_batch_size
@@ -321,3 +349,7 @@ class GRPOConfig:
         """Settings shared by training and validation sampling."""
         names = ("max_new_tokens", "top_p", "top_k", "share_prompt", "sampler", "drop_finished", "static_cache")
         return {name: getattr(self, name) for name in names}
+
+
+#: The allowed values of each ``Literal`` field (``typing.get_args``): the type is the one place they are written.
+_CHOICES = literal_choices(GRPOConfig)

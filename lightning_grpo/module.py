@@ -222,7 +222,8 @@ class GRPOModule(LightningModule):
         """Step 3: group-relative advantages ``(N,)`` (``(N, T)`` for token-level estimators and ``grpo_process``)."""
         cfg = self.config  # token-level estimators whiten over the policy's tokens (rollout.sampled_mask)
         return compute_advantages(
-            rewards, rollout.group_ids, estimator=cfg.advantage_estimator, scale=cfg.advantage_scale,
+            rewards, rollout.group_ids, estimator=cfg.advantage_estimator, estimator_args=cfg.advantage_estimator_args,
+            scale=cfg.advantage_scale,
             eps=cfg.advantage_eps, completion_mask=rollout.sampled_mask, sum_across_ranks=self._sum_across_ranks,
             step_rewards=step_rewards,
         )  # fmt: skip

@@ -18,9 +18,10 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import fields, is_dataclass
-from typing import Any
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
-__all__ = ["SettingError", "SettingTypeError", "check_number", "named_errors"]
+__all__ = ["SettingError", "SettingTypeError", "check_choice", "check_number", "literal_choices", "named_errors"]
 
 
 class SettingError(ValueError):
@@ -167,3 +168,43 @@ def _describe_bounds(
     if maximum is not None:
         return f" {'<' if exclusive_maximum else '<='} {maximum}"
     return ""
+
+
+def literal_choices(settings_class: type) -> dict[str, tuple[Any, ...]]:
+    """The allowed values of each field of ``settings_class`` typed by ``Literal`` (``None`` too if optional).
+
+    Fields whose type also admits other values (an import path, a free string) are left out: they are open.
+
+    Example::
+
+        >>> from dataclasses import dataclass
+        >>> @dataclass
+        ... class Settings:
+        ...     mode: Literal["sum", "last"] | None = "sum"
+        ...     name: str = "x"
+        >>> literal_choices(Settings)
+        {'mode': ('sum', 'last', None)}
+    """
+    choices = {}
+    for name, hint in get_type_hints(settings_class).items():
+        members = get_args(hint) if get_origin(hint) in (Union, UnionType) else (hint,)
+        literals = [member for member in members if get_origin(member) is Literal]
+        if literals and all(get_origin(m) is Literal or m is type(None) for m in members):
+            none = (None,) if type(None) in members else ()
+            choices[name] = tuple(value for literal in literals for value in get_args(literal)) + none
+    return choices
+
+
+def check_choice(name: str, value: Any, choices: tuple[Any, ...]) -> None:
+    """Raise :class:`SettingError` ``name='x' is not valid; choose one of 'a', 'b'`` unless ``value`` is a choice.
+
+    Example::
+
+        >>> check_choice("env_reward", "mean", ("sum", "last"))
+        Traceback (most recent call last):
+        ...
+        lightning_grpo.settings_checks.SettingError: env_reward='mean' is not valid; choose one of 'sum', 'last'
+    """
+    if not any(value == choice and type(value) is type(choice) for choice in choices):
+        options = ", ".join(repr(choice) for choice in choices)
+        raise SettingError(f"{name}={value!r} is not valid; choose one of {options}", name, value)

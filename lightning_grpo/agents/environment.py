@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from lightning_grpo.agents.messages import validate_messages
+from lightning_grpo.settings_checks import check_number
 
 __all__ = [
     "EnvStep",
@@ -235,8 +236,7 @@ def step_episodes(
     """
     if len(episodes) != len(messages):
         raise ValueError(f"Got {len(episodes)} episodes but {len(messages)} messages; pass one message per episode.")
-    if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
-        raise ValueError(f"max_workers must be an integer >= 1, got {max_workers!r}.")
+    check_number("max_workers", max_workers, integer=True, minimum=1)
     if max_workers == 1 or len(episodes) <= 1:
         return [episode.step(message) for episode, message in zip(episodes, messages, strict=True)]
     with ThreadPoolExecutor(max_workers=min(max_workers, len(episodes))) as pool:

@@ -37,6 +37,7 @@ from typing import Any, Literal
 
 from lightning_grpo.agents.parsing import ToolCall
 from lightning_grpo.agents.tools import Tool, ToolSet
+from lightning_grpo.settings_checks import check_number
 
 __all__ = ["FatalToolError", "ToolExecutor", "ToolResult", "ToolStatus", "execute_tool_calls", "format_tool_output"]
 
@@ -107,14 +108,9 @@ class ToolExecutor:
         max_workers: int = 32,
         max_output_chars: int | None = None,
     ) -> None:
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}.")
-        if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
-            raise ValueError(f"max_workers must be an integer >= 1, got {max_workers!r}.")
-        if max_output_chars is not None and (
-            isinstance(max_output_chars, bool) or not isinstance(max_output_chars, int) or max_output_chars < 1
-        ):
-            raise ValueError(f"max_output_chars must be None or an integer >= 1, got {max_output_chars!r}.")
+        check_number("timeout", timeout, minimum=0.0, exclusive_minimum=True)  # seconds
+        check_number("max_workers", max_workers, integer=True, minimum=1)
+        check_number("max_output_chars", max_output_chars, integer=True, minimum=1, allow_none=True)
         self.tools = tools if isinstance(tools, ToolSet) else ToolSet(tools)
         self.timeout = float(timeout)
         self.max_workers = max_workers

@@ -33,6 +33,7 @@ from typing import Any, Literal
 
 from lightning_grpo.agents.execution import FatalToolError
 from lightning_grpo.agents.tools import Tool
+from lightning_grpo.settings_checks import check_number
 
 __all__ = [
     "MCPServerError",
@@ -106,8 +107,7 @@ class MCPToolServer:
             raise ValueError("An MCP server's 'command' is empty; give the program and its arguments.")
         if on_exit not in ("stop", "continue"):
             raise ValueError(f"on_exit must be 'stop' or 'continue', got {on_exit!r}.")
-        if isinstance(startup_timeout, bool) or not isinstance(startup_timeout, (int, float)) or startup_timeout <= 0:
-            raise ValueError(f"startup_timeout must be a positive number of seconds, got {startup_timeout!r}.")
+        check_number("startup_timeout", startup_timeout, minimum=0.0, exclusive_minimum=True)  # seconds
         self.url, self.env, self.cwd = url, dict(env or {}), cwd
         self.startup_timeout, self.on_exit = float(startup_timeout), on_exit
         self.name = name or (" ".join(self.command) if self.command else str(url))

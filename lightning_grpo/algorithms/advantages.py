@@ -29,13 +29,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 import torch
 from torch import Tensor
 
 from lightning_grpo.algorithms._checks import check_floating
 from lightning_grpo.algorithms.catalogue import choose
+from lightning_grpo.algorithms.components import ComponentRole, build_component
 from lightning_grpo.algorithms.process_supervision import process_advantages
 from lightning_grpo.algorithms.statistics import SumAcrossRanks, mean_std, moments
 
@@ -43,6 +44,7 @@ AdvantageEstimator = Literal["grpo", "rloo", "reinforce_pp_baseline", "grpo_proc
 AdvantageScale = Literal["group", "batch", "none"]
 
 __all__ = [
+    "ADVANTAGE_ESTIMATOR",
     "ADVANTAGE_ESTIMATORS",
     "AdvantageEstimator",
     "AdvantageFunction",
@@ -230,6 +232,11 @@ def _grpo_process(stats: GroupStats, completion_mask: Tensor | None, settings: A
 ADVANTAGE_ESTIMATORS: Mapping[str, AdvantageFunction] = MappingProxyType(
     {"grpo": _grpo, "rloo": _rloo, "reinforce_pp_baseline": _reinforce_pp_baseline, "grpo_process": _grpo_process}
 )
+#: The role of an advantage estimator: how a component named by ``advantage_estimator`` (with
+#: ``advantage_estimator_args``) is built and called.
+ADVANTAGE_ESTIMATOR = ComponentRole(
+    "advantage estimator", ADVANTAGE_ESTIMATORS, ("stats", "completion_mask", "settings"), "Tensor"
+)
 _SCALES = MappingProxyType({"group": "group", "batch": "batch", "none": "none"})
 
 
@@ -237,7 +244,8 @@ def compute_advantages(
     rewards: Tensor,
     group_ids: Tensor,
     *,
-    estimator: AdvantageEstimator = "grpo",
+    estimator: AdvantageEstimator | str = "grpo",
+    estimator_args: Mapping[str, Any] | None = None,
     scale: AdvantageScale = "group",
     eps: float = 1e-6,
     completion_mask: Tensor | None = None,
@@ -250,7 +258,9 @@ def compute_advantages(
         rewards: ``(N,)`` float scalar reward per sample; NaN marks a row no reward function applied to.
         group_ids: ``(N,)`` integer group of each sample (samples of one prompt share an id; any order).
         estimator: ``"grpo"``, ``"rloo"``, ``"reinforce_pp_baseline"``, ``"grpo_process"``, or the import path of
-            an :data:`AdvantageFunction`.
+            an :data:`AdvantageFunction` (or of a class whose instances are one).
+        estimator_args: The estimator's own settings (its keyword-only parameters or its class's ``__init__``
+            arguments); the built-ins take none.
         scale: For ``grpo``: ``"group"`` (divide by the group std), ``"batch"`` (by the batch std) or ``"none"``.
         eps: Added to the std before dividing.
         completion_mask: ``(N, T)`` valid-token mask; required by ``reinforce_pp_baseline`` and ``grpo_process``.
@@ -274,7 +284,7 @@ def compute_advantages(
         >>> compute_advantages(r, torch.tensor([0, 0, 1, 1]))
         tensor([ 0.7071, -0.7071,  0.0000,  0.0000])
     """
-    estimate = choose(ADVANTAGE_ESTIMATORS, estimator, "advantage estimator", import_paths=True)
+    estimate = build_component(ADVANTAGE_ESTIMATOR, estimator, estimator_args)
     choose(_SCALES, scale, "advantage scale")
     check_floating("rewards", rewards)
     if rewards.ndim != 1 or group_ids.shape != rewards.shape:

@@ -12,25 +12,27 @@ http://joschu.net/blog/kl-approx.html):
 Appending ``+`` (e.g. ``"k3+"``) keeps the value of the estimator but takes the gradient of k2, whose gradient is an
 unbiased estimate of the true KL gradient (straight-through; Liu et al., 2025, arXiv:2510.01555 / verl).
 
-An estimator of your own is a function of ``d`` named by its import path (``kl_estimator: my_project.kl.my_kl``).
+An estimator of your own is a function of ``d`` named by its import path (``kl_estimator: my_project.kl.my_kl``);
+its own settings are its keyword-only parameters, given by ``kl_estimator_args``
+(:mod:`~lightning_grpo.algorithms.components`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import Literal
+from typing import Any, Literal
 
 from torch import Tensor
 
 from lightning_grpo.algorithms._checks import check_same_shape
-from lightning_grpo.algorithms.catalogue import choose
+from lightning_grpo.algorithms.components import ComponentRole, build_component
 
 KLEstimator = Literal[
     "k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl", "k1+", "kl+", "abs+", "k2+", "mse+", "k3+", "low_var_kl+"
 ]
 
-__all__ = ["KL_ESTIMATORS", "KLEstimator", "kl_penalty"]
+__all__ = ["KL_ESTIMATOR", "KL_ESTIMATORS", "KLEstimator", "kl_penalty"]
 
 
 # Every estimator shares one signature: (d) -> per-token value, with d = ref_logprobs - logprobs.
@@ -76,26 +78,34 @@ KL_ESTIMATORS: Mapping[str, Callable[[Tensor], Tensor]] = MappingProxyType(
     {**_BASE, **{f"{name}+": _straight_through(fn) for name, fn in _BASE.items()}}
 )
 
+#: The role of a KL estimator: how a component named by ``kl_estimator`` (with ``kl_estimator_args``) is built.
+KL_ESTIMATOR = ComponentRole("KL estimator", KL_ESTIMATORS, ("d",), "Tensor")
 
-def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, kind: KLEstimator = "k3") -> Tensor:
+
+def kl_penalty(
+    logprobs: Tensor, ref_logprobs: Tensor, kind: KLEstimator | str = "k3", kind_args: Mapping[str, Any] | None = None
+) -> Tensor:
     """Per-token KL estimate between the policy and the reference policy.
 
     Args:
         logprobs: ``(N, T)`` log-probs of the sampled tokens under the current policy (carries the gradient).
         ref_logprobs: ``(N, T)`` log-probs of the same tokens under the reference policy.
-        kind: Estimator name, see :data:`KL_ESTIMATORS`, or the import path of a function of ``d``.
+        kind: Estimator name, see :data:`KL_ESTIMATORS`, or the import path of a function of ``d`` (or of a class
+            whose instances are one).
+        kind_args: The estimator's own settings (its keyword-only parameters or its class's ``__init__``
+            arguments); the built-ins take none.
 
     Returns:
         ``(N, T)`` per-token penalty (aggregate it with :func:`~lightning_grpo.algorithms.aggregate_loss`).
 
     Raises:
-        ValueError: Unknown ``kind`` or mismatched shapes.
+        ValueError: Unknown ``kind``, settings it does not take, or mismatched shapes.
 
     Example::
 
         >>> kl_penalty(torch.tensor([[-1.0]]), torch.tensor([[-1.5]]), "k3")  # exp(-0.5) + 0.5 - 1
         tensor([[0.1065]])
     """
-    estimator = choose(KL_ESTIMATORS, kind, "KL estimator", import_paths=True)
+    estimator = build_component(KL_ESTIMATOR, kind, kind_args)
     check_same_shape(logprobs=logprobs, ref_logprobs=ref_logprobs)
     return estimator(ref_logprobs - logprobs)

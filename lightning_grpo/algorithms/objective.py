@@ -10,7 +10,7 @@ weighted by truncated importance sampling
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from torch import Tensor
 
@@ -26,6 +26,7 @@ class LossSettings(Protocol):
     """The settings :func:`grpo_loss` reads; :class:`~lightning_grpo.config.GRPOConfig` has them all."""
 
     loss_kind: str
+    loss_kind_args: dict[str, Any] | None
     clip_low: float
     clip_high: float
     dual_clip: float | None
@@ -33,6 +34,7 @@ class LossSettings(Protocol):
     tis_cap: float | None
     kl_coef: float
     kl_estimator: str
+    kl_estimator_args: dict[str, Any] | None
     entropy_coef: float
 
 
@@ -67,7 +69,8 @@ def grpo_loss(
     """
     old = old_logprobs if old_logprobs is not None else logprobs.detach()
     per_token, stats = policy_loss(
-        logprobs, old, advantages, loss_mask, kind=settings.loss_kind, clip_low=settings.clip_low,
+        logprobs, old, advantages, loss_mask, kind=settings.loss_kind, kind_args=settings.loss_kind_args,
+        clip_low=settings.clip_low,
         clip_high=settings.clip_high, dual_clip=settings.dual_clip, delta=settings.delta,
     )  # fmt: skip
     per_token, tis = importance_weighted(per_token, old, behaviour_logprobs, loss_mask, settings.tis_cap)
@@ -77,7 +80,7 @@ def grpo_loss(
         metrics.update(rollout_agreement(logprobs, behaviour_logprobs, loss_mask))
     loss = pg_loss
     if ref_logprobs is not None:
-        kl = kl_penalty(logprobs, ref_logprobs, settings.kl_estimator)  # (n, T)
+        kl = kl_penalty(logprobs, ref_logprobs, settings.kl_estimator, settings.kl_estimator_args)  # (n, T)
         loss = loss + settings.kl_coef * aggregate(kl)
         metrics["kl"] = masked_mean(kl.detach(), loss_mask)
     if settings.entropy_coef > 0:

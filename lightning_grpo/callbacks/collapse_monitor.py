@@ -14,6 +14,7 @@ from lightning_grpo.callbacks._arguments import check_positive_int, check_prefix
 from lightning_grpo.callbacks._step_output import step_output
 from lightning_grpo.iteration.dynamic_sampling import informative_groups
 from lightning_grpo.metrics import reduce_across_ranks
+from lightning_grpo.settings_checks import check_number
 
 __all__ = ["COLLAPSE_MESSAGE", "CollapseMonitor"]
 
@@ -78,8 +79,7 @@ class CollapseMonitor(Callback):
     ) -> None:
         self.patience = check_positive_int("patience", patience)
         for name, value in (("min_drop", min_drop), ("min_entropy", min_entropy)):
-            if not isinstance(value, int | float) or isinstance(value, bool) or not 0 <= value < math.inf:
-                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+            check_number(name, value, minimum=0.0)
         self.min_drop, self.min_entropy = float(min_drop), float(min_entropy)
         self.prefix = check_prefix(prefix)
         self.peak, self.peak_step, self.streak, self.warned = -math.inf, 0, 0, False

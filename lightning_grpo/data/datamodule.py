@@ -21,6 +21,7 @@ from lightning_grpo.data.prompts import (
 )
 from lightning_grpo.data.sampler import StreamLoader, StreamSampler
 from lightning_grpo.data.sources import _HF_PREFIX, PromptSource, check_source_path, load_records
+from lightning_grpo.settings_checks import check_number
 
 __all__ = ["PromptDataModule"]
 
@@ -270,8 +271,7 @@ class PromptDataModule(LightningDataModule):
 def _check_arguments(dm: PromptDataModule) -> None:
     """Check the constructor's arguments; each error names the argument and its allowed values."""
     val_split = dm.val_split
-    if isinstance(val_split, bool) or not isinstance(val_split, (int, float)) or not 0.0 <= val_split < 1.0:
-        raise ValueError(f"`val_split` must be a float in [0, 1), got {val_split!r}")
+    check_number("val_split", val_split, minimum=0.0, maximum=1.0, exclusive_maximum=True)
     if val_split > 0 and dm.val_data is not None:
         raise ValueError(f"Pass either `val_data` or `val_split` (got val_split={val_split}), not both")
     if not isinstance(dm.prompt_field, str) or not dm.prompt_field:
@@ -283,13 +283,7 @@ def _check_arguments(dm: PromptDataModule) -> None:
     check_source_path(dm.train_data, "train_data")  # now, not after the model is built
     if dm.val_data is not None:
         check_source_path(dm.val_data, "val_data")
-    _check_int("batch_size", dm.batch_size, minimum=1)
-    _check_int("num_workers", dm.num_workers, minimum=0)
+    check_number("batch_size", dm.batch_size, integer=True, minimum=1)
+    check_number("num_workers", dm.num_workers, integer=True, minimum=0)
     for name in ("val_batch_size", "max_prompt_length"):
-        if getattr(dm, name) is not None:
-            _check_int(name, getattr(dm, name), minimum=1, optional=True)
-
-
-def _check_int(name: str, value: Any, *, minimum: int, optional: bool = False) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"`{name}` must be an integer >= {minimum}{' or None' if optional else ''}, got {value!r}")
+        check_number(name, getattr(dm, name), integer=True, minimum=1, allow_none=True)

@@ -27,7 +27,7 @@ from lightning_grpo.policy.quantization import (
     load_quantized,
     same_kernels_in_both_modes,
 )
-from lightning_grpo.settings_checks import check_number, named_errors
+from lightning_grpo.settings_checks import check_number, literal_choices, named_errors
 
 __all__ = ["PolicyConfig", "export_adapter", "load_policy", "load_tokenizer", "reference_mode", "trainable_names"]
 
@@ -37,41 +37,38 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 @dataclass
 class PolicyConfig:
-    """How the policy is loaded and adapted.
-
-    Attributes:
-        lora_r: LoRA rank.
-        lora_alpha: LoRA scaling numerator (the update is scaled by ``lora_alpha / lora_r``).
-        lora_dropout: Dropout on the LoRA input; 0 keeps the sampling and training policies identical.
-        target_modules: Modules that get an adapter: ``"all-linear"`` (every linear layer but the output head) or a
-            list of module names such as ``["q_proj", "v_proj"]``.
-        dtype: Weight dtype of the base model: ``"auto"`` (bfloat16 on a GPU that supports it, else float32),
-            ``"float32"``, ``"bfloat16"`` or ``"float16"``. The adapter is kept in float32.
-        attn_implementation: Attention kernel passed to ``from_pretrained`` (e.g. ``"sdpa"``,
-            ``"flash_attention_2"``); ``None`` lets transformers choose.
-        gradient_checkpointing: Recompute activations in the update pass (non-reentrant); never active while sampling.
-        trust_remote_code: Allow model code from the hub.
-        quantization: Quantize the base model's linear layers with bitsandbytes (QLoRA; needs the ``quant`` extra):
-            ``"nf4"`` or ``"fp4"`` (4-bit), ``"int8"`` (LLM.int8), or ``None``. Embeddings, norms and the output head
-            keep ``dtype``; the adapter is trained on top. See ``docs/quantization.md``.
-        double_quantization: 4-bit only: quantize the per-block scales too (about 0.4 bits less per weight).
-        compute_dtype: 4-bit only: dtype the quantized layers multiply in; ``"auto"`` uses ``dtype``'s.
-        adapter_dtype: Dtype of the LoRA weights (and so of their optimizer state): ``"float32"`` (recommended),
-            ``"bfloat16"`` or ``"float16"``.
-    """
+    """How the policy is loaded and adapted."""
 
     lora_r: int = 16
+    """LoRA rank."""
     lora_alpha: int = 32
+    """LoRA scaling numerator (the update is scaled by ``lora_alpha / lora_r``)."""
     lora_dropout: float = 0.0
+    """Dropout on the LoRA input; 0 keeps the sampling and training policies identical."""
     target_modules: str | list[str] = "all-linear"
+    """Modules that get an adapter: ``"all-linear"`` (every linear layer but the output head) or a list of module
+    names such as ``["q_proj", "v_proj"]``."""
     dtype: DType = "auto"
+    """Weight dtype of the base model: ``"auto"`` (bfloat16 on a GPU that supports it, else float32), ``"float32"``,
+    ``"bfloat16"`` or ``"float16"``. The adapter is kept in float32."""
     attn_implementation: str | None = None
+    """Attention kernel passed to ``from_pretrained`` (e.g. ``"sdpa"``, ``"flash_attention_2"``); ``None`` lets
+    transformers choose."""
     gradient_checkpointing: bool = False
+    """Recompute activations in the update pass (non-reentrant); never active while sampling."""
     trust_remote_code: bool = False
+    """Allow model code from the hub."""
     quantization: Quantization | None = None
+    """Quantize the base model's linear layers with bitsandbytes (QLoRA; needs the ``quant`` extra): ``"nf4"`` or
+    ``"fp4"`` (4-bit), ``"int8"`` (LLM.int8), or ``None``. Embeddings, norms and the output head keep ``dtype``; the
+    adapter is trained on top. See ``docs/quantization.md``."""
     double_quantization: bool = True
+    """4-bit only: quantize the per-block scales too (about 0.4 bits less per weight)."""
     compute_dtype: DType = "auto"
+    """4-bit only: dtype the quantized layers multiply in; ``"auto"`` uses ``dtype``'s."""
     adapter_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Dtype of the LoRA weights (and so of their optimizer state): ``"float32"`` (recommended), ``"bfloat16"`` or
+    ``"float16"``."""
 
     def __post_init__(self) -> None:
         with named_errors(self):  # "PolicyConfig.lora_r must be ...": the field first
@@ -84,10 +81,8 @@ class PolicyConfig:
         for name in ("gradient_checkpointing", "trust_remote_code", "double_quantization"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be true or false, got {getattr(self, name)!r}")
-        if self.dtype not in (*_DTYPES, "auto"):
-            raise ValueError(f"dtype must be one of 'auto', {', '.join(map(repr, _DTYPES))}; got {self.dtype!r}")
-        for name, allowed in (("compute_dtype", (*_DTYPES, "auto")), ("adapter_dtype", tuple(_DTYPES))):
-            if getattr(self, name) not in allowed:
+        for name, allowed in _CHOICES.items():  # the Literal types' values (quantization: check_quantization)
+            if name != "quantization" and getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {', '.join(map(repr, allowed))}; got {getattr(self, name)!r}")
         check_quantization(self.quantization, self.dtype)
 
@@ -243,3 +238,7 @@ def export_adapter(policy: PeftModel, path: str | Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     policy.save_pretrained(str(path))
     return path
+
+
+#: The allowed values of each ``Literal`` field (``typing.get_args``): the type is the one place they are written.
+_CHOICES = literal_choices(PolicyConfig)

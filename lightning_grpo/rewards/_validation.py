@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import math
-import numbers
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 
 from lightning_grpo.rewards._signature import reward_name
+from lightning_grpo.settings_checks import check_number
 
 __all__ = ["check_inputs", "check_timeouts", "check_weights", "split_functions"]
 
@@ -88,8 +87,7 @@ def check_weights(weights: Sequence[float] | Mapping[str, float] | None, names: 
             f"weights must have one entry per reward function ({len(names)}: {list(names)}); got {len(weights)}"
         )
     for name, weight in zip(names, weights, strict=True):
-        if isinstance(weight, bool) or not isinstance(weight, numbers.Real) or not math.isfinite(weight):
-            raise ValueError(f"weights must be finite numbers; got {weight!r} for {name!r}")
+        check_number(f"weights[{name!r}]", weight)
     return tuple(float(weight) for weight in weights)
 
 
@@ -105,9 +103,7 @@ def check_timeouts(
     else:
         values = [timeout for _ in names]
     for name, value in zip(names, values, strict=True):
-        bad = isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < math.inf
-        if value is not None and bad:
-            raise ValueError(f"timeout must be a finite number of seconds > 0 or None; got {value!r} for {name!r}")
+        check_number(f"timeout[{name!r}]", value, minimum=0.0, exclusive_minimum=True, allow_none=True)  # seconds
     return tuple(None if value is None else float(value) for value in values)
 
 

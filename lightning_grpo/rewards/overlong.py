@@ -13,12 +13,11 @@ scaled here by ``penalty``.
 
 from __future__ import annotations
 
-import math
-import numbers
 from collections.abc import Sequence
 from typing import Any
 
 from lightning_grpo.rewards.reward_functions import RewardError
+from lightning_grpo.settings_checks import check_number
 
 __all__ = ["OverlongPenalty", "soft_overlong_penalty"]
 
@@ -68,14 +67,12 @@ class OverlongPenalty:
 
     def __init__(self, max_length: int, buffer_length: int, penalty: float = 1.0) -> None:
         for key, value in (("max_length", max_length), ("buffer_length", buffer_length)):
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-                raise ValueError(f"{key} must be an integer number of tokens; got {value!r}")
+            check_number(key, value, integer=True)  # tokens
         if not 0 < buffer_length <= max_length:
             raise ValueError(
                 f"buffer_length must satisfy 0 < buffer_length <= max_length (= {max_length}); got {buffer_length}"
             )
-        if isinstance(penalty, bool) or not isinstance(penalty, numbers.Real) or not 0 <= penalty < math.inf:
-            raise ValueError(f"penalty must be a finite number >= 0; got {penalty!r}")
+        check_number("penalty", penalty, minimum=0.0)
         self.max_length = int(max_length)
         self.buffer_length = int(buffer_length)
         self.penalty = float(penalty)

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from lightning_grpo.rewards._text import excerpt
+from lightning_grpo.settings_checks import check_number
 
 __all__ = ["RewardModel"]
 
@@ -63,12 +64,8 @@ class RewardModel:
         name: str | None = None,
         trust_remote_code: bool = False,
     ) -> None:
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be an integer >= 1; got {batch_size!r}")
-        if max_length is not None and (
-            isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1
-        ):
-            raise ValueError(f"max_length must be an integer >= 1 or None; got {max_length!r}")
+        check_number("batch_size", batch_size, integer=True, minimum=1)
+        check_number("max_length", max_length, integer=True, minimum=1, allow_none=True)
         self.dtype = getattr(torch, torch_dtype) if isinstance(torch_dtype, str) else torch_dtype
         source = model if isinstance(model, str | Path) else getattr(model, "name_or_path", None)
         self.model = _load_model(model, self.dtype, trust_remote_code) if isinstance(model, str | Path) else model

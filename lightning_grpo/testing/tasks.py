@@ -20,12 +20,13 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
+from lightning_grpo.settings_checks import check_number
+
 __all__ = ["BUILTIN_TASKS", "addition", "make_task", "successor"]
 
 
 def _check_positive(name: str, value: int, minimum: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"`{name}` must be an integer >= {minimum}, got {value!r}")
+    check_number(name, value, integer=True, minimum=minimum)
 
 
 def addition(*, num_samples: int = 256, max_operand: int = 9, seed: int = 0) -> list[dict[str, Any]]:

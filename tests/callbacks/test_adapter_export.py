@@ -86,7 +86,7 @@ def test_a_module_without_export_adapter_is_refused():
 
 @pytest.mark.parametrize("every", [0, -1, 1.5, "10"])
 def test_bad_every_n_steps_is_refused(every):
-    with pytest.raises(ValueError, match=r"every_n_steps must be an int >= 1 or None, got"):
+    with pytest.raises(ValueError, match=r"every_n_steps must be an integer >= 1 or None, got"):
         AdapterExport(every_n_steps=every)
 
 

@@ -116,9 +116,9 @@ def test_nan_rewards_show_as_nan():
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"every_n_steps": 0}, "every_n_steps must be an int >= 1, got 0"),
-        ({"num_samples": 2.5}, "num_samples must be an int >= 1, got 2.5"),
-        ({"max_chars": True}, "max_chars must be an int >= 1, got True"),
+        ({"every_n_steps": 0}, "every_n_steps must be an integer >= 1, got 0"),
+        ({"num_samples": 2.5}, "num_samples must be an integer >= 1, got 2.5"),
+        ({"max_chars": True}, "max_chars must be an integer >= 1, got True"),
     ],
 )
 def test_bad_arguments_are_refused(kwargs, message):

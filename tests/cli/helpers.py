@@ -69,6 +69,20 @@ def reinforce_loss(
     return PolicyLossTerms(loss=-advantages * ratio, ratio=ratio)
 
 
+#: The ``max_ratio`` each call of :func:`capped_reinforce_loss` received (the CLI test reads it).
+SEEN_MAX_RATIO: list[float] = []
+
+
+def capped_reinforce_loss(
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, settings: PolicyLossSettings,
+    *, max_ratio: float = 10.0,
+) -> PolicyLossTerms:  # fmt: skip
+    """A user's own policy loss with a setting of its own (``loss_kind_args: {max_ratio: ...}``, docs/index.md)."""
+    SEEN_MAX_RATIO.append(max_ratio)
+    ratio = torch.exp(logprobs - old_logprobs)  # (N, T)
+    return PolicyLossTerms(loss=-advantages * ratio.clamp(max=max_ratio), ratio=ratio, clipped=ratio > max_ratio)
+
+
 def squared_kl(d: Tensor) -> Tensor:
     """A user's own KL estimator of ``d = ref_logprobs - logprobs``: k2 under another name."""
     CALLS["kl"] += 1

@@ -119,7 +119,13 @@ def test_print_config_output_parses_back_to_the_same_config(tmp_path):
 
 
 def test_help_shows_the_docstrings_of_grpo_and_policy_fields(capsys):
-    for section, text in (("grpo", "Completions sampled per prompt (G)"), ("policy", "LoRA scaling numerator")):
+    shown = (
+        ("grpo", "Completions sampled per prompt (G)"),  # the attribute docstrings under the fields
+        ("grpo", "The policy loss's own settings"),
+        ("policy", "LoRA scaling numerator"),
+        ("vllm", "Share of the GPU's memory vLLM may take"),
+    )
+    for section, text in shown:
         with pytest.raises(SystemExit):
             main(["fit", "--model.help", "lightning_grpo.GRPOModule", f"--model.{section}.help"])
         assert " ".join(capsys.readouterr().out.split()).count(text) == 1

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 
 import pytest
+import torch
+import yaml
 
 from lightning_grpo.cli import GRPOCLI, parse_config
 from tests.cli import helpers
@@ -38,3 +40,24 @@ def test_a_function_that_cannot_be_imported_fails_when_the_config_is_built():
     missing = "tests.cli.helpers.no_such_loss"
     with pytest.raises(ValueError, match=re.escape(f"cannot import the policy loss kind {missing!r}")):
         GRPOCLI(args=["--config", str(TINY), f"--model.init_args.grpo.loss_kind={missing}"], run=False)
+
+
+def test_a_user_loss_with_a_setting_of_its_own_trains_from_a_yaml_config(tmp_path, warm_tiny_cache, monkeypatch):
+    monkeypatch.setattr(helpers, "SEEN_MAX_RATIO", [])
+    config = yaml.safe_load(TINY.read_text())
+    grpo = config["model"]["init_args"].setdefault("grpo", {})
+    grpo.update(loss_kind="tests.cli.helpers.capped_reinforce_loss", loss_kind_args={"max_ratio": 1.5})
+    path = tmp_path / "capped.yaml"
+    path.write_text(yaml.safe_dump(config))
+    cli = GRPOCLI(args=["fit", "--config", str(path), *quiet_run_args(tmp_path, max_steps=2)])
+    assert cli.trainer.global_step == 2
+    assert helpers.SEEN_MAX_RATIO == [1.5, 1.5]  # the setting reached the loss, one micro-batch per step
+    saved = torch.load(next(tmp_path.rglob("*.ckpt")), weights_only=True)["hyper_parameters"]["grpo"]
+    assert saved["loss_kind_args"] == {"max_ratio": 1.5}  # plain data in the checkpoint's hyper-parameters
+
+
+def test_a_component_setting_it_does_not_take_fails_when_the_config_is_built():
+    args = ["--config", str(TINY), "--model.init_args.grpo.loss_kind=cispo",
+            '--model.init_args.grpo.loss_kind_args={"dual_clip": 2.0}']  # fmt: skip
+    with pytest.raises(ValueError, match=r"takes no setting 'dual_clip'; its settings: clip_low, clip_high"):
+        GRPOCLI(args=args, run=False)

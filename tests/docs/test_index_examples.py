@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig
 from lightning_grpo.testing import build_tiny_model
@@ -83,7 +84,9 @@ def test_the_user_loss_of_the_page_trains_from_its_import_path(tmp_path, monkeyp
     (package / "losses.py").write_text(loss_source)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "my_project", raising=False)
-    path = re.search(r"loss_kind: (\S+)", yaml_block).group(1)
-    metrics = _fit_one_step(_module(GRPOModule, tokenizer, loss_kind=path))
-    assert path == "my_project.losses.reinforce_loss"
+    grpo = yaml.safe_load(yaml_block)["model"]["init_args"]["grpo"]
+    module = _module(GRPOModule, tokenizer, **grpo)
+    metrics = _fit_one_step(module)
+    assert grpo == {"loss_kind": "my_project.losses.capped_reinforce", "loss_kind_args": {"max_ratio": 2.0}}
+    assert module.config.component("loss_kind").keywords == {"max_ratio": 2.0}  # the loss's own setting, bound
     assert math.isfinite(metrics["train/loss"].item()) and "train/clip_frac" in metrics

@@ -141,7 +141,7 @@ def test_tools_need_a_template_that_renders_them(tokenizer):
     ("settings", "match"),
     [
         ({"max_turns": 0}, "max_turns must be an integer >= 1"),
-        ({"tool_timeout": 0}, "tool_timeout must be a finite number of seconds > 0"),
+        ({"tool_timeout": 0}, "tool_timeout must be a finite number > 0.0"),
         ({"env_reward": "mean"}, "env_reward='mean' is not valid; choose one of 'sum', 'last'"),
     ],
 )

@@ -76,11 +76,11 @@ def test_completion_lengths_of_wrong_length():
         ({"max_length": 100, "buffer_length": 0}, r"0 < buffer_length <= max_length \(= 100\); got 0"),
         ({"max_length": 100, "buffer_length": -5}, r"0 < buffer_length <= max_length \(= 100\); got -5"),
         ({"max_length": 100, "buffer_length": 101}, r"0 < buffer_length <= max_length \(= 100\); got 101"),
-        ({"max_length": 100.0, "buffer_length": 10}, "max_length must be an integer number of tokens; got 100.0"),
-        ({"max_length": 100, "buffer_length": True}, "buffer_length must be an integer number of tokens; got True"),
-        ({"max_length": 100, "buffer_length": 10, "penalty": -1.0}, "penalty must be a finite number >= 0; got -1.0"),
-        ({"max_length": 100, "buffer_length": 10, "penalty": float("inf")}, "finite number >= 0; got inf"),
-        ({"max_length": 100, "buffer_length": 10, "penalty": float("nan")}, "finite number >= 0; got nan"),
+        ({"max_length": 100.0, "buffer_length": 10}, "max_length must be an integer, got 100.0"),
+        ({"max_length": 100, "buffer_length": True}, "buffer_length must be an integer, got True"),
+        ({"max_length": 100, "buffer_length": 10, "penalty": -1.0}, "penalty must be a finite number >= 0.0, got -1.0"),
+        ({"max_length": 100, "buffer_length": 10, "penalty": float("inf")}, "finite number >= 0.0, got inf"),
+        ({"max_length": 100, "buffer_length": 10, "penalty": float("nan")}, "finite number >= 0.0, got nan"),
     ],
 )
 def test_invalid_arguments_name_the_allowed_values(kwargs, match):

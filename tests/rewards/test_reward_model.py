@@ -107,5 +107,5 @@ def test_missing_path_and_bad_arguments_are_clear(tmp_path, saved):
     _, model, tokenizer = saved
     with pytest.raises(ValueError, match="could not be loaded"):
         RewardModel(str(tmp_path / "nothing-here"))
-    with pytest.raises(ValueError, match="batch_size must be an integer >= 1; got 0"):
+    with pytest.raises(ValueError, match="batch_size must be an integer >= 1, got 0"):
         RewardModel(model, tokenizer, batch_size=0)
