@@ -42,8 +42,8 @@ def test_message_equality_reads_role_content_tool_calls_and_tool_call_id():
     assert message_key(one) == message_key(two) and message_key(one) != message_key(three)
     tool = normalize_messages([{"role": "tool", "tool_call_id": "a", "content": "3"}])
     assert not same_messages(tool, normalize_messages([{"role": "tool", "tool_call_id": "b", "content": "3"}]))
-    parts = normalize_messages([{"role": "user", "content": [{"type": "text", "text": "2+"}, {"type": "text",
-                                                                                               "text": "3?"}]}])  # fmt: skip
+    text_parts = [{"type": "text", "text": "2+"}, {"type": "text", "text": "3?"}]
+    parts = normalize_messages([{"role": "user", "content": text_parts}])
     assert same_messages(parts, normalize_messages([USER]))
     assert not same_messages(normalize_messages([USER]), normalize_messages([{"role": "system", "content": "2+3?"}]))
 
