@@ -121,6 +121,8 @@ class GRPOModule(LightningModule):
         self.config = cfg = grpo or GRPOConfig()
         self.policy_config = policy or PolicyConfig()
         self.agent_fn = agent_client.module_agent(agent, tools, environment_factory)
+        if self.agent_fn is not None and cfg.dynamic_sampling:
+            raise ValueError("agent= cannot be combined with dynamic_sampling=True yet (rounds of branch rows)")
         if self.agent_fn is not None and reward_funcs is None:
             reward_funcs = [agent_client.agent_reward]  # the reward each agent returned
         factory, funcs, weights = with_environment_rewards(environment_factory, reward_funcs, reward_weights)

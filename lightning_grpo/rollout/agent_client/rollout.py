@@ -269,6 +269,11 @@ def trajectory_rewards_nan(rewards: torch.Tensor, rollout: Rollout) -> torch.Ten
 
 def spread_to_branches(advantages: torch.Tensor, rollout: Rollout) -> torch.Tensor:
     """Each row's advantage taken from its trajectory's last branch (all branches of a trajectory share it)."""
+    if advantages.dim() != 1:
+        raise ValueError(
+            "agent= needs an advantage estimator with one advantage per sequence; token-level advantages "
+            f"{tuple(advantages.shape)} cannot be shared by branches of other lengths"
+        )
     trajectory, last = rollout.columns["agent_trajectory"], rollout.columns["agent_last"]
     source = {t: i for i, (t, is_last) in enumerate(zip(trajectory, last, strict=True)) if is_last}
     index = torch.tensor([source[t] for t in trajectory], device=advantages.device)
