@@ -15,6 +15,7 @@ ignored. ``max_tokens`` (or ``max_completion_tokens``) caps the call within what
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 import uuid
@@ -51,7 +52,8 @@ class PolicyClient(openai.AsyncOpenAI):
 
     def __init__(self, recorder: TrajectoryRecorder, gatherer: CallGatherer, owner: int, parser: ToolCallParser,
                  decode: Any, *, model: str = "policy", call_timeout: float = 60.0) -> None:  # fmt: skip
-        super().__init__(api_key="in-process", base_url="http://policy.invalid/v1", max_retries=0)
+        super().__init__(api_key="in-process", base_url="http://policy.invalid/v1", max_retries=0,
+                         http_client=_unused_http_client())  # fmt: skip
         self.recorder, self.gatherer, self.owner, self.parser = recorder, gatherer, owner, parser
         self.decode, self.model, self.call_timeout = decode, model, call_timeout
         self.calls = 0
@@ -164,6 +166,13 @@ def _completion(
     if (options.get("extra_body") or {}).get("return_token_ids"):
         choice["token_ids"], body["prompt_token_ids"] = list(tokens), list(prompt)
     return ChatCompletion.model_validate(body)
+
+
+@functools.cache
+def _unused_http_client() -> Any:
+    """One HTTP client for every policy client: never used (no request leaves the process), but the SDK builds one,
+    and building one per client (an SSL context each) would cost more than the sampling."""
+    return openai.DefaultAsyncHttpxClient()
 
 
 def _request() -> Any:
