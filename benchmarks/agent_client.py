@@ -5,7 +5,8 @@ large negative end-of-turn bias, so every sample is exactly ``--tokens`` long an
 of tokens. The agent path goes through ``openai.AsyncOpenAI.chat.completions.create``, the call gatherer (all 64
 calls in one batched sampling call when every agent waits), the recorder and the rollout assembly; the ordinary path
 is :func:`~lightning_grpo.rollout.multi_turn.generate_conversations` (which also shares each prompt's prefill across
-its G samples). Runs alternate (agent, ordinary, agent, ...) so that contention hits both alike; medians are printed.
+its G samples). A third path serialises the agents' calls (each sampled alone), which shows what gathering saves.
+Runs alternate (agent, ordinary, one at a time, agent, ...) so that contention hits both alike; medians are printed.
 
     python -m benchmarks.agent_client                     # CUDA if available, else CPU
     python -m benchmarks.agent_client --repeats 1 --tokens 8
@@ -14,6 +15,7 @@ its G samples). Runs alternate (agent, ordinary, agent, ...) so that contention 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import statistics
 import time
 
@@ -36,6 +38,16 @@ async def one_call(client, row):
     return 1.0
 
 
+_ONE_AT_A_TIME: list[asyncio.Lock] = []
+
+
+async def one_call_alone(client, row):
+    """A single-call agent whose call is sampled alone (a lock shared by all runs): what gathering saves."""
+    async with _ONE_AT_A_TIME[-1]:
+        await client.chat.completions.create(model="policy", messages=row["prompt"])
+    return 1.0
+
+
 def main(argv: list[str] | None = None) -> None:
     """Time both paths and print calls/s and sampled tokens/s."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -50,7 +62,11 @@ def main(argv: list[str] | None = None) -> None:
     rows = [{"prompt": [{"role": "user", "content": f"question {i}: {i}+{i}?"}]} for i in range(args.rows)]
     settings = SamplingSettings(num_generations=args.generations, max_new_tokens=args.tokens)
     calls = args.rows * args.generations
-    times: dict[str, list[float]] = {"agent client": [], "ordinary rollout": []}
+    times: dict[str, list[float]] = {
+        "agent client": [],
+        "ordinary rollout": [],
+        "agent client, calls one at a time": [],
+    }
     tokens: dict[str, int] = {}
     for _ in range(args.repeats):
         start = time.perf_counter()
@@ -64,6 +80,12 @@ def main(argv: list[str] | None = None) -> None:
         ordinary = generate_conversations(model, tokenizer, prompts, settings, AgentSettings(), max_prompt_length=64)
         times["ordinary rollout"].append(time.perf_counter() - start)
         tokens["ordinary rollout"] = int(ordinary.sampled_mask.sum())
+        _ONE_AT_A_TIME.append(asyncio.Lock())
+        start = time.perf_counter()
+        alone, _ = run_agents(model, tokenizer, one_call_alone, rows, settings, HermesToolCallParser(),
+                              max_prompt_length=64, limits=AgentLimits())  # fmt: skip
+        times["agent client, calls one at a time"].append(time.perf_counter() - start)
+        tokens["agent client, calls one at a time"] = int(alone.sampled_mask.sum())
     print(f"device {device}, {calls} single-call agents, {args.tokens} tokens each, sampling batches {batches}")
     print("| path | median s | calls/s | sampled tokens/s | tokens |")
     print("|---|---|---|---|---|")
