@@ -2,9 +2,9 @@
 
 **The rule**: a batch is sampled as soon as every live agent (one not finished) is waiting on at least one call, or,
 while calls wait, when ``window`` seconds pass with no new call and no agent finishing (the other agents are busy
-with their own work: a tool, a sleep). All calls waiting at that moment are sampled together, in one call of the rollout backend; calls that arrive
-meanwhile wait for the next batch. A call cancelled before its batch (a timeout) is left out; one cancelled during it
-has its result dropped.
+with their own work: a tool, a sleep). All calls waiting at that moment are sampled together, in one call of the
+rollout backend; calls that arrive meanwhile wait for the next batch. A call cancelled before its batch (a timeout)
+is left out; one cancelled during it has its result dropped.
 """
 
 from __future__ import annotations
