@@ -207,6 +207,24 @@ def test_a_call_timeout_raises_the_sdk_error_and_a_retry_neither_forks_nor_dupli
     assert len(rollout) == 1 and rollout.sampled_mask.sum() == 3  # "ok" + end of turn, recorded once
 
 
+def test_a_sampling_error_ends_every_agent_and_is_raised(tokenizer):
+    ended = []
+
+    async def agent(client, row):
+        try:
+            await client.chat.completions.create(model="policy", messages=row["prompt"])
+        finally:
+            ended.append(row["n"])
+        return 1.0
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the backend died")
+
+    with pytest.raises(RuntimeError, match="the backend died"):
+        _run(tokenizer, agent, sample=broken)
+    assert sorted(ended) == [1, 1, 2, 2]  # every agent task was ended (cancelled), none left running
+
+
 def test_bad_calls_are_refused_with_a_message(tokenizer):
     errors = {}
 

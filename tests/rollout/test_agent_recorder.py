@@ -156,3 +156,15 @@ def test_a_message_the_template_cannot_render_is_named(tokenizer):
     recorder = _recorder(tokenizer)
     with pytest.raises(ValueError, match=r"cannot render messages\[1\] \(role 'system'\)"):
         recorder.plan(normalize_messages([USER, {"role": "system", "content": "late"}]), None)
+
+
+def test_a_template_that_re_renders_the_history_differently_starts_a_new_branch(tokenizer):
+    """E.g. a template that drops earlier turns' reasoning: the exact ids cannot be continued, so a new branch."""
+    recorder = _recorder(tokenizer)
+    recorder.record(recorder.plan(normalize_messages([USER]), None), _sample(tokenizer, "hi"), [-1.0] * 3, True,
+                    _reply("hi"))  # fmt: skip
+    tokenizer.chat_template = tokenizer.chat_template.replace(
+        "{{ message.content or '' }}", "{{ message.content if loop.last else '' }}"
+    )  # earlier assistant contents vanish once later messages come
+    plan = recorder.plan(normalize_messages([USER, {"role": "assistant", "content": "hi"}, USER]), None)
+    assert plan.branch is None

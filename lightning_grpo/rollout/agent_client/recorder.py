@@ -3,10 +3,11 @@
 A call whose messages equal a branch's messages (its history plus the assistant reply it sampled) followed by new
 non-assistant messages (tool results, a user turn) **continues** that branch: its context is the branch's exact
 tokens (the sampled ids, never re-tokenised) followed by the template's rendering of the new messages
-(:func:`~lightning_grpo.rollout.chat.continuation_ids`). Any other call (an edited or shortened history, other tools,
-a branch whose last turn was cut without an end-of-turn token) **starts a new branch** from the full rendering of its
-messages. Every sampled token belongs to exactly one branch (mask 1, with its behaviour log-prob); rendered and
-inserted tokens are context (mask 0).
+(:func:`~lightning_grpo.rollout.chat.continuation_ids`). Any other call (an edited or shortened history, other
+tools, a branch whose last turn was cut without an end-of-turn token, a template that renders the earlier turns
+differently once messages are added) **starts a new branch** from the full rendering of its messages. Every sampled
+token belongs to exactly one branch (mask 1, with its behaviour log-prob); rendered and inserted tokens are context
+(mask 0).
 
 The recorder changes only when a call's answer is delivered (:meth:`TrajectoryRecorder.record`): a call that timed
 out or was cancelled leaves no trace, so a retried request neither forks nor duplicates the trajectory. It needs no
@@ -103,7 +104,10 @@ class TrajectoryRecorder:
         for branch in sorted(self.branches, key=lambda b: -len(b.messages)):
             if _continues(branch, messages, tools):
                 new = messages[len(branch.messages) :]
-                inserted = continuation_ids(self.tokenizer, branch.messages, new, tools=tools)
+                try:
+                    inserted = continuation_ids(self.tokenizer, branch.messages, new, tools=tools)
+                except ValueError:  # the template re-renders the history differently (it strips reasoning, ...)
+                    continue  # so the call cannot continue the exact tokens: it starts a new branch
                 budget = self.max_tokens - len(branch.tokens) - len(inserted)
                 context = [*branch.prompt_ids, *branch.tokens, *inserted]
                 return CallPlan(messages, tools, context, budget, branch.row, branch, inserted, len(branch.tokens))
