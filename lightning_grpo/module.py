@@ -333,8 +333,13 @@ class GRPOModule(LightningModule):
         cfg = self.config
         with seeded(self._step_seed(offset=batch_idx + 1), self.device):
             rollout = self.generate(batch, num_generations=cfg.val_num_generations, temperature=cfg.val_temperature)
-        scores = self.score(rollout)
-        self.log_dict(self.val_metrics.update(scores.rewards), batch_size=len(batch["prompt"]))  # exact, all ranks
+        scores, rewards = self.score(rollout), None
+        if agent_client.is_agent_rollout(rollout):  # one reward per agent run (its last branch), in batch order
+            rewards = agent_client.per_trajectory(
+                scores.rewards, rollout, len(batch["prompt"]) * cfg.val_num_generations
+            )
+        rewards = scores.rewards if rewards is None else rewards
+        self.log_dict(self.val_metrics.update(rewards), batch_size=len(batch["prompt"]))  # exact, all ranks
         return {"rollout": rollout, "rewards": scores}
 
     # ---------------------------------------------------------------- distributed set-up

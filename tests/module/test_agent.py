@@ -8,6 +8,7 @@ from lightning.pytorch import Callback
 
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig
 from lightning_grpo.algorithms import compute_advantages
+from lightning_grpo.rollout import agent_client
 from lightning_grpo.testing.agents import add, short_turn_model
 from tests.conftest import make_trainer
 
@@ -46,6 +47,8 @@ def test_branches_share_their_trajectory_advantage_and_rewards_default_to_the_ag
     expected = compute_advantages(scores.rewards[last], rollout.group_ids[last], estimator=cfg.advantage_estimator,
                                   scale=cfg.advantage_scale, eps=cfg.advantage_eps)  # fmt: skip
     torch.testing.assert_close(advantages[last], expected)
+    per_run = agent_client.per_trajectory(scores.rewards, rollout, 4)  # what validation metrics read
+    assert per_run.tolist() == scores.rewards[last].tolist()
 
 
 def test_a_fit_with_variable_rows_per_step_trains_the_adapter(tokenizer):
@@ -61,6 +64,13 @@ def test_a_fit_with_variable_rows_per_step_trains_the_adapter(tokenizer):
     assert sizes == [6] and module.trainer.global_step == 2  # 6 rows: mini-batches of 4 and 2, one step each
     changed = {n for n, p in module.policy.named_parameters() if not torch.equal(p, before[n])}
     assert changed and all("lora_" in n for n in changed)
+
+
+def test_validation_counts_one_reward_per_agent_run(tokenizer):
+    module = _module(tokenizer, val_num_generations=2)
+    loader = torch.utils.data.DataLoader([BATCH], batch_size=None)
+    (results,) = make_trainer(limit_val_batches=1).validate(module, loader)  # 6 rows, 4 runs
+    assert 0.0 <= results["val/reward_mean"] <= 2.0 and "val/pass@2" in results
 
 
 def test_a_raising_agent_does_not_crash_the_step(tokenizer):

@@ -29,7 +29,7 @@ from lightning_grpo.rollout.session import RolloutSession, draw
 
 __all__ = [
     "AGENT_COLUMNS", "AgentLimits", "AgentRun", "AgentStats", "agent_reward", "check_agent", "is_agent_rollout",
-    "module_agent", "run_agents", "spread_to_branches", "trajectory_rewards_nan",
+    "module_agent", "per_trajectory", "run_agents", "spread_to_branches", "trajectory_rewards_nan",
 ]  # fmt: skip
 
 log = logging.getLogger(__name__)
@@ -278,6 +278,15 @@ def spread_to_branches(advantages: torch.Tensor, rollout: Rollout) -> torch.Tens
     source = {t: i for i, (t, is_last) in enumerate(zip(trajectory, last, strict=True)) if is_last}
     index = torch.tensor([source[t] for t in trajectory], device=advantages.device)
     return advantages[index]
+
+
+def per_trajectory(rewards: torch.Tensor, rollout: Rollout, trajectories: int) -> torch.Tensor:
+    """``(trajectories,)`` rewards, one per agent run in batch order (its last branch's; NaN for a run with no row)."""
+    out = torch.full((trajectories,), math.nan, dtype=rewards.dtype, device=rewards.device)
+    last = torch.tensor(rollout.columns["agent_last"], device=rewards.device)
+    index = torch.tensor(rollout.columns["agent_trajectory"], device=rewards.device)
+    out[index[last]] = rewards[last]
+    return out
 
 
 def is_agent_rollout(rollout: Rollout) -> bool:
