@@ -67,6 +67,9 @@ _NUMBER_RULES: dict[str, dict[str, Any]] = {
     "tis_cap": {"minimum": 1.0, "allow_none": True},
     "max_turns": _INT,
     "tool_timeout": {"minimum": 0.0, "exclusive_minimum": True},
+    "agent_call_timeout": {"minimum": 0.0, "exclusive_minimum": True},
+    "agent_timeout": {"minimum": 0.0, "exclusive_minimum": True},
+    "agent_batch_window": {"minimum": 0.0},
 }
 
 
@@ -230,6 +233,15 @@ class GRPOConfig:
     advantage_estimator_args: dict[str, Any] | None = None
     """The advantage estimator's own settings: keyword arguments of ``advantage_estimator``'s function or class (the
     built-ins take none)."""
+    agent_call_timeout: float = 60.0
+    """Seconds one chat call of ``GRPOModule(agent=...)`` may wait for its answer; then the agent's client raises
+    ``openai.APITimeoutError`` (the call leaves no trace, so a retry neither forks nor duplicates the trajectory)."""
+    agent_timeout: float = 600.0
+    """Seconds one agent run (``agent(client, row)``) may take; a run past it is cancelled and skipped: no reward,
+    counted in ``rollout/agent_failed`` (docs/agents.md, "Your own agent code")."""
+    agent_batch_window: float = 0.01
+    """Seconds the agents' calls are gathered before a batch is sampled when some agent is busy with its own work;
+    a batch is sampled at once when every running agent waits on a call."""
 
     def __post_init__(self) -> None:
         with named_errors(self):  # "GRPOConfig.num_generations=1: ...": the field, the value, why and the fix

@@ -47,7 +47,7 @@ from lightning_grpo.metrics import ValidationMetrics
 from lightning_grpo.policy import PolicyConfig, export_adapter, load_policy, load_tokenizer, reference_mode
 from lightning_grpo.policy.quantization import check_shardable
 from lightning_grpo.rewards import RewardFunctions, RewardScores, TrainerState
-from lightning_grpo.rollout import Rollout, SamplingSettings, TokenLogProbs, completion_logprobs
+from lightning_grpo.rollout import Rollout, SamplingSettings, TokenLogProbs, agent_client, completion_logprobs
 from lightning_grpo.rollout.agent import AgentSettings
 from lightning_grpo.rollout.sampling import sample_rollout
 
@@ -79,6 +79,9 @@ class GRPOModule(LightningModule):
             rest; ``False``: only the trainer's callbacks.
         vllm: Settings of the colocated vLLM engine of ``grpo.rollout_backend="vllm"`` (``docs/vllm.md``); ``None``:
             ``grpo.rollout_backend_args`` or the defaults. Any backend's settings: ``grpo.rollout_backend_args``.
+        agent: Your own agent code as the rollout: ``async def agent(client, row) -> float | None`` (or its import
+            path), run G times per row with an in-process ``openai.AsyncOpenAI`` on the policy (docs/agents.md,
+            "Your own agent code"); without ``reward_funcs`` the reward is what it returns.
 
     Example::
 
@@ -110,12 +113,18 @@ class GRPOModule(LightningModule):
         tool_parser: ToolCallParser | None = None,
         default_callbacks: bool = True,
         vllm: VLLMConfig | None = None,
+        agent: Callable[..., Any] | str | None = None,
     ) -> None:
         super().__init__()
         self.automatic_optimization = False
         self.strict_loading = False  # checkpoints hold the adapter only, not the base weights
         self.config = cfg = grpo or GRPOConfig()
         self.policy_config = policy or PolicyConfig()
+        self.agent_fn = agent_client.module_agent(agent, tools, environment_factory)
+        if self.agent_fn is not None and cfg.dynamic_sampling:
+            raise ValueError("agent= cannot be combined with dynamic_sampling=True yet (rounds of branch rows)")
+        if self.agent_fn is not None and reward_funcs is None:
+            reward_funcs = [agent_client.agent_reward]  # the reward each agent returned
         factory, funcs, weights = with_environment_rewards(environment_factory, reward_funcs, reward_weights)
         self.rewards = RewardFunctions.of(funcs, weights, timeout=cfg.reward_timeout)
         name = model if isinstance(model, str | Path) else None
@@ -184,8 +193,10 @@ class GRPOModule(LightningModule):
         temperature: float | None = None,
     ) -> Rollout:
         """Step 1: G completions (trajectories) per prompt of ``batch["prompt"]``; other keys become row columns."""
-        prompts = self.agent.prompts_of(batch)  # KeyError without "prompt" (unless TRL-style environments fill it)
         settings = self.sampling_settings(num_generations=num_generations, temperature=temperature)
+        if self.agent_fn is not None:
+            return self._run_agents(batch, settings)
+        prompts = self.agent.prompts_of(batch)  # KeyError without "prompt" (unless TRL-style environments fill it)
         columns = {key: list(values) for key, values in batch.items() if key != "prompt"}
         sync = partial(any_rank, sum_across_ranks=self._sum_across_ranks, device=self.device)
         sync = sync if settings.synced_gpus else None
@@ -196,6 +207,23 @@ class GRPOModule(LightningModule):
                 self.policy, self.tokenizer, prompts, settings, self.agent,
                 max_prompt_length=self.config.max_prompt_length, columns=columns, any_rank_active=sync, sample=session,
             )  # fmt: skip
+
+    def _run_agents(self, batch: Mapping[str, Sequence[Any]], settings: SamplingSettings) -> Rollout:
+        """The rollout of ``agent=``: each row's agent G times, concurrently; logs failures and branch counts."""
+        rows = [{key: values[i] for key, values in batch.items()} for i in range(len(next(iter(batch.values()))))]
+        cfg, backend = self.config, self.rollout_backend
+        backend.sync(self.policy, self.global_step if self._trainer is not None else 0)  # no-op once synced
+        limits = agent_client.AgentLimits(cfg.agent_call_timeout, cfg.agent_timeout, cfg.agent_batch_window)
+        with nonfinite_sampling(self.global_step), closing(backend.session(self.policy, settings)) as session:
+            rollout, stats = agent_client.run_agents(
+                self.policy, self.tokenizer, self.agent_fn, rows, settings, self.agent.parser,  # type: ignore[arg-type]
+                max_prompt_length=cfg.max_prompt_length, limits=limits, sample=session,
+            )  # fmt: skip
+        if self._trainer is not None and self._context is not None:
+            runs = len(rows) * settings.num_generations
+            self.log_dict({"rollout/agent_failed": float(len(stats.failures)), "rollout/agent_sequences_per_run":
+                           len(rollout) / runs}, batch_size=runs)  # fmt: skip
+        return rollout
 
     def sampling_settings(
         self, *, num_generations: int | None = None, temperature: float | None = None
@@ -221,6 +249,14 @@ class GRPOModule(LightningModule):
     def compute_advantages(self, rewards: Tensor, rollout: Rollout, step_rewards: Tensor | None = None) -> Tensor:
         """Step 3: group-relative advantages ``(N,)`` (``(N, T)`` for token-level estimators and ``grpo_process``)."""
         cfg = self.config  # token-level estimators whiten over the policy's tokens (rollout.sampled_mask)
+        if agent_client.is_agent_rollout(rollout):  # one reward per trajectory (its last branch), shared by branches
+            rewards = agent_client.trajectory_rewards_nan(rewards, rollout)
+            advantages = compute_advantages(
+                rewards, rollout.group_ids, estimator=cfg.advantage_estimator, scale=cfg.advantage_scale,
+                eps=cfg.advantage_eps, completion_mask=rollout.sampled_mask, sum_across_ranks=self._sum_across_ranks,
+                step_rewards=step_rewards,
+            )  # fmt: skip
+            return agent_client.spread_to_branches(advantages, rollout)
         return compute_advantages(
             rewards, rollout.group_ids, estimator=cfg.advantage_estimator, estimator_args=cfg.advantage_estimator_args,
             scale=cfg.advantage_scale,
@@ -231,7 +267,8 @@ class GRPOModule(LightningModule):
     def prepare_update(self, rollout: Rollout, advantages: Tensor) -> UpdateBatch:
         """Step 4: the loss mask, old log-probs (only if the rollout serves several updates), reference log-probs."""
         cfg = self.config
-        self.config.check_rollout_size(len(rollout))
+        if not agent_client.is_agent_rollout(rollout):  # an agent rollout has a variable number of rows
+            self.config.check_rollout_size(len(rollout))
         self.rollout_backend.release()  # e.g. vllm.sleep_mode: the engine's memory goes to the update
         loss_mask = rollout.sampled_mask  # tool and environment tokens are context: no loss, KL, entropy or count
         if cfg.mask_truncated_completions:
@@ -297,8 +334,13 @@ class GRPOModule(LightningModule):
         cfg = self.config
         with seeded(self._step_seed(offset=batch_idx + 1), self.device):
             rollout = self.generate(batch, num_generations=cfg.val_num_generations, temperature=cfg.val_temperature)
-        scores = self.score(rollout)
-        self.log_dict(self.val_metrics.update(scores.rewards), batch_size=len(batch["prompt"]))  # exact, all ranks
+        scores, rewards = self.score(rollout), None
+        if agent_client.is_agent_rollout(rollout):  # one reward per agent run (its last branch), in batch order
+            rewards = agent_client.per_trajectory(
+                scores.rewards, rollout, len(batch["prompt"]) * cfg.val_num_generations
+            )
+        rewards = scores.rewards if rewards is None else rewards
+        self.log_dict(self.val_metrics.update(rewards), batch_size=len(batch["prompt"]))  # exact, all ranks
         return {"rollout": rollout, "rewards": scores}
 
     # ---------------------------------------------------------------- distributed set-up
@@ -306,6 +348,11 @@ class GRPOModule(LightningModule):
     def setup(self, stage: str) -> None:
         """Refuse strategies GRPO cannot run (FSDP1: :mod:`lightning_grpo.distributed`); on CPU, set a thread count."""
         distributed.check_strategy(self.trainer.strategy)
+        if self.agent_fn is not None and self.trainer.world_size > 1:
+            raise ValueError(
+                f"agent= with {self.trainer.world_size} processes: the ranks' agents give different numbers of rows "
+                "(one per branch), whose micro-batch counts the ranks do not agree on yet; train agents on one process"
+            )
         if distributed.is_fsdp2(self.trainer.strategy):
             check_shardable(self.policy)  # a bitsandbytes base cannot be sharded: use DDP (docs/quantization.md)
         install_checked_io(self.trainer.strategy)  # an unreadable checkpoint file gets an error naming it

@@ -1,0 +1,42 @@
+"""Train the agent code users already have: an in-process ``openai.AsyncOpenAI`` on the policy, token-exact.
+
+``GRPOModule(..., agent=my_agent)`` runs ``async def my_agent(client, row) -> float | None`` G times per row; see
+``docs/agents.md``, "Your own agent code". The ``openai`` package (the ``openai`` extra) is imported only by
+:mod:`~lightning_grpo.rollout.agent_client.client`, when agents run.
+"""
+
+from lightning_grpo.rollout.agent_client.messages import message_key, normalize_messages, same_messages
+from lightning_grpo.rollout.agent_client.recorder import Branch, CallPlan, TrajectoryRecorder
+from lightning_grpo.rollout.agent_client.rollout import (
+    AGENT_COLUMNS,
+    AgentLimits,
+    AgentStats,
+    agent_reward,
+    check_agent,
+    is_agent_rollout,
+    module_agent,
+    per_trajectory,
+    run_agents,
+    spread_to_branches,
+    trajectory_rewards_nan,
+)
+
+__all__ = [
+    "AGENT_COLUMNS",
+    "AgentLimits",
+    "AgentStats",
+    "Branch",
+    "CallPlan",
+    "TrajectoryRecorder",
+    "agent_reward",
+    "check_agent",
+    "is_agent_rollout",
+    "message_key",
+    "module_agent",
+    "normalize_messages",
+    "per_trajectory",
+    "run_agents",
+    "same_messages",
+    "spread_to_branches",
+    "trajectory_rewards_nan",
+]

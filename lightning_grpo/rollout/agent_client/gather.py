@@ -1,0 +1,86 @@
+"""Gathering the concurrent calls of running agents into batched sampling calls.
+
+**The rule**: a batch is sampled as soon as every live agent (one not finished) is waiting on at least one call, or,
+while calls wait, when ``window`` seconds pass with no new call and no agent finishing (the other agents are busy
+with their own work: a tool, a sleep). All calls waiting at that moment are sampled together, in one call of the
+rollout backend; calls that arrive meanwhile wait for the next batch. A call cancelled before its batch (a timeout)
+is left out; one cancelled during it has its result dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+__all__ = ["BatchSampler", "CallGatherer", "Request"]
+
+#: Samples a batch: ``(contexts, max new tokens of each, row of each) -> [(tokens, logprobs, ended)]``.
+BatchSampler = Callable[[list[list[int]], list[int], list[int]], list[tuple[list[int], list[float], bool]]]
+
+
+@dataclass
+class Request:
+    """One waiting call."""
+
+    context: list[int]
+    max_tokens: int
+    row: int
+    owner: int
+    future: asyncio.Future = field(repr=False)  # type: ignore[type-arg]
+
+
+class CallGatherer:
+    """Batches the calls of the agents of one rollout (see the module docstring).
+
+    Args:
+        sample: Samples one batch (run in a worker thread, so agents' own coroutines go on meanwhile).
+        live: Number of agents running at the start.
+        window: Longest wait, in seconds, for the other agents' calls before a batch is sampled.
+    """
+
+    def __init__(self, sample: BatchSampler, live: int, window: float) -> None:
+        self.sample, self.live, self.window = sample, live, window
+        self.waiting: list[Request] = []
+        self.batches: list[int] = []  # size of each sampled batch (the batching measurement)
+        self._wake = asyncio.Event()
+
+    async def submit(
+        self, context: list[int], max_tokens: int, row: int, owner: int
+    ) -> tuple[list[int], list[float], bool]:
+        """Wait for the call to be sampled in a batch: its tokens, their log-probs, whether it ended its turn."""
+        future = asyncio.get_running_loop().create_future()
+        self.waiting.append(Request(context, max_tokens, row, owner, future))
+        self._wake.set()
+        return await future
+
+    def finished(self) -> None:
+        """One agent is done (returned, raised or timed out)."""
+        self.live -= 1
+        self._wake.set()
+
+    def _ready(self) -> bool:
+        self.waiting = [r for r in self.waiting if not r.future.done()]  # cancelled calls leave
+        return bool(self.waiting) and len({r.owner for r in self.waiting}) >= self.live
+
+    async def run(self) -> None:
+        """Sample batches until every agent has finished (cancel the task to stop it early)."""
+        while self.live > 0:
+            self._wake.clear()
+            if not self._ready():
+                try:
+                    timeout = self.window if self.waiting else None
+                    await asyncio.wait_for(self._wake.wait(), timeout)
+                    continue
+                except TimeoutError:
+                    self.waiting = [r for r in self.waiting if not r.future.done()]
+                    if not self.waiting:
+                        continue
+            batch, self.waiting = self.waiting, []
+            self.batches.append(len(batch))
+            results = await asyncio.to_thread(
+                self.sample, [r.context for r in batch], [r.max_tokens for r in batch], [r.row for r in batch]
+            )
+            for request, result in zip(batch, results, strict=True):
+                if not request.future.done():
+                    request.future.set_result(result)

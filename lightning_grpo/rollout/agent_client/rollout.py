@@ -1,0 +1,294 @@
+"""A rollout driven by the user's own agent code: ``async def agent(client, row) -> reward``, G runs per row.
+
+Every run gets its own :class:`~lightning_grpo.rollout.agent_client.client.PolicyClient` and recorder; all runs of
+the batch go concurrently in one event loop, their calls gathered into batched sampling calls. The rollout's rows are
+the branches of every trajectory (one or more each); see ``docs/agents.md``, "Your own agent code".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import itertools
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import PreTrainedTokenizerBase
+
+from lightning_grpo.agents import ToolCallParser
+from lightning_grpo.rollout.agent_client.gather import CallGatherer
+from lightning_grpo.rollout.agent_client.recorder import TrajectoryRecorder
+from lightning_grpo.rollout.batch import Rollout
+from lightning_grpo.rollout.generation import SampleFn, SamplingSettings, eos_token_ids, eval_mode
+from lightning_grpo.rollout.session import RolloutSession, draw
+
+__all__ = [
+    "AGENT_COLUMNS", "AgentLimits", "AgentRun", "AgentStats", "agent_reward", "check_agent", "is_agent_rollout",
+    "module_agent", "per_trajectory", "run_agents", "spread_to_branches", "trajectory_rewards_nan",
+]  # fmt: skip
+
+log = logging.getLogger(__name__)
+
+#: Columns an agent rollout adds to each row: the trajectory's returned reward, its number in the batch, whether the
+#: row is the trajectory's last branch (the one rewards are read from), and the agent's error (``None`` if it ran).
+AGENT_COLUMNS = ("agent_reward", "agent_trajectory", "agent_last", "agent_error")
+
+
+@dataclass(frozen=True)
+class AgentLimits:
+    """Time limits and batching of agent runs (``GRPOConfig.agent_call_timeout``, ``agent_timeout``,
+    ``agent_batch_window``) and the model name the client serves."""
+
+    call_timeout: float = 60.0
+    timeout: float = 600.0
+    window: float = 0.01
+    model: str = "policy"
+
+
+@dataclass
+class AgentRun:
+    """One trajectory: its row, recorder, returned reward and error."""
+
+    row: int
+    recorder: TrajectoryRecorder
+    reward: float | None = None
+    error: BaseException | None = None
+    calls: int = 0
+
+
+@dataclass
+class AgentStats:
+    """What a rollout's agents did: failed runs, batch sizes of the sampling calls."""
+
+    failures: list[tuple[int, BaseException]] = field(default_factory=list)
+    batches: list[int] = field(default_factory=list)
+
+
+def check_agent(agent: Any) -> Callable[..., Any]:
+    """``agent`` itself if it is an ``async def agent(client, row)``; an import path is imported first.
+
+    Raises:
+        TypeError: It is not a coroutine function.
+    """
+    if isinstance(agent, str):
+        module, _, name = agent.rpartition(".")
+        import importlib
+
+        agent = getattr(importlib.import_module(module), name)
+    target = agent.__call__ if not inspect.isfunction(agent) and callable(agent) else agent
+    if not (inspect.iscoroutinefunction(agent) or inspect.iscoroutinefunction(target)):
+        raise TypeError(
+            f"agent must be a coroutine function `async def agent(client, row) -> float | None`, got {agent!r}"
+        )
+    return agent
+
+
+def module_agent(agent: Any, tools: Any, environment_factory: Any) -> Callable[..., Any] | None:
+    """``GRPOModule``'s ``agent=``, checked; ``None`` without one.
+
+    Raises:
+        TypeError: It is not a coroutine function.
+        ValueError: ``tools`` or ``environment_factory`` are given too (an agent runs its own tools).
+    """
+    if agent is None:
+        return None
+    if tools or environment_factory is not None:
+        raise ValueError(
+            "agent= runs your own agent code, which calls its own tools (pass their schemas as the chat call's "
+            "tools=); it cannot be combined with tools= or environment_factory="
+        )
+    return check_agent(agent)
+
+
+def agent_reward(prompts: list[Any], completions: list[Any], agent_reward: list[float | None], **_: Any) -> list[Any]:
+    """The reward each agent returned (the default reward function of ``GRPOModule(agent=...)``)."""
+    return list(agent_reward)
+
+
+@torch.no_grad()
+def run_agents(
+    model: nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    agent: Callable[..., Any],
+    rows: Sequence[dict[str, Any]],
+    settings: SamplingSettings,
+    parser: ToolCallParser,
+    *,
+    max_prompt_length: int,
+    limits: AgentLimits,
+    sample: SampleFn | RolloutSession | None = None,
+) -> tuple[Rollout, AgentStats]:
+    """Run ``agent`` G times per row, concurrently; the rollout of their branches and what happened.
+
+    Raises:
+        RuntimeError: No trajectory recorded a single call (every agent failed before calling, or none called).
+    """
+    counter = itertools.count()
+    g = settings.num_generations
+    recorder = lambda: TrajectoryRecorder(tokenizer, settings.max_new_tokens, max_prompt_length, counter.__next__)  # noqa: E731
+    runs = [AgentRun(b, recorder()) for b in range(len(rows)) for _ in range(g)]
+    sampler = _batch_sampler(model, tokenizer, settings, sample)
+    with eval_mode(model):
+        stats = asyncio.run(_run_all(agent, rows, runs, sampler, tokenizer, parser, limits))
+    for index, error in stats.failures:
+        log.warning("agent run %d (batch row %d) failed: %s: %s", index, runs[index].row, type(error).__name__, error)
+    return _rollout(tokenizer, rows, runs, g, stats), stats
+
+
+def _batch_sampler(model: nn.Module, tokenizer: PreTrainedTokenizerBase, settings: SamplingSettings,
+                   sample: SampleFn | RolloutSession | None) -> Any:  # fmt: skip
+    eos = set(eos_token_ids(tokenizer).tolist())
+    device = next(model.parameters()).device
+
+    @torch.no_grad()
+    def sample_batch(contexts: list[list[int]], caps: list[int], rows: list[int]) -> list[Any]:
+        ids, mask = _left_pad(contexts, tokenizer.pad_token_id, device)
+        one = replace(settings, num_generations=1, max_new_tokens=max(caps))
+        out = draw(sample, model, tokenizer, ids, mask, one, rows=rows)
+        results = []
+        for new, logprobs, cap in zip(out.sequences[:, ids.shape[1] :].tolist(), out.logprobs.tolist(), caps,
+                                      strict=True):  # fmt: skip
+            end = next((i + 1 for i, t in enumerate(new[:cap]) if t in eos), None)
+            results.append((new[: end or cap], logprobs[: end or cap], end is not None))
+        return results
+
+    return sample_batch
+
+
+def _left_pad(rows: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row) :], mask[i, width - len(row) :] = torch.tensor(row, dtype=torch.long), 1
+    return ids.to(device), mask.to(device)
+
+
+async def _run_all(
+    agent: Callable[..., Any],
+    rows: Sequence[dict[str, Any]],
+    runs: list[AgentRun],
+    sampler: Any,
+    tokenizer: PreTrainedTokenizerBase,
+    parser: ToolCallParser,
+    limits: AgentLimits,
+) -> AgentStats:
+    from lightning_grpo.rollout.agent_client.client import PolicyClient  # openai: an extra
+
+    gatherer, stats = CallGatherer(sampler, len(runs), limits.window), AgentStats()
+    decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+
+    async def one(index: int, run: AgentRun) -> None:
+        client = PolicyClient(run.recorder, gatherer, index, parser, decode, model=limits.model,
+                              call_timeout=limits.call_timeout)  # fmt: skip
+        try:
+            value = await asyncio.wait_for(agent(client, dict(rows[run.row])), limits.timeout)
+            run.reward = _reward(value)
+        except Exception as err:  # any failure of the user's agent: the run gets no reward
+            run.error = err if not isinstance(err, TimeoutError) else TimeoutError(
+                f"the agent ran past agent_timeout={limits.timeout} s")  # fmt: skip
+            stats.failures.append((index, run.error))
+        finally:
+            run.calls = client.calls
+            gatherer.finished()
+
+    tasks = [asyncio.ensure_future(one(i, run)) for i, run in enumerate(runs)]
+    sampling = asyncio.ensure_future(gatherer.run())
+    try:
+        done, _ = await asyncio.wait([sampling, asyncio.gather(*tasks)], return_when=asyncio.FIRST_COMPLETED)
+        if sampling in done:
+            sampling.result()  # a sampling error ends the rollout (it is raised here)
+        await asyncio.gather(*tasks)
+        await sampling
+    finally:
+        for task in [*tasks, sampling]:
+            task.cancel()
+        await asyncio.gather(*tasks, sampling, return_exceptions=True)
+    stats.batches = list(gatherer.batches)
+    return stats
+
+
+def _reward(value: Any) -> float | None:
+    """The agent's return value as a reward: a number or ``None``."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"an agent must return a float or None (its trajectory's reward), got {value!r:.100}")
+    return float(value)
+
+
+def _rollout(tokenizer: PreTrainedTokenizerBase, rows: Sequence[dict[str, Any]], runs: list[AgentRun], g: int,
+             stats: AgentStats) -> Rollout:  # fmt: skip
+    """One row per branch of every trajectory, in trajectory order; group ids are the batch rows."""
+    entries = [(t, run, branch, i == len(run.recorder.branches) - 1)
+               for t, run in enumerate(runs) for i, branch in enumerate(run.recorder.branches)]  # fmt: skip
+    if not entries:
+        first = f"; the first error: {stats.failures[0][1]!r}" if stats.failures else ""
+        raise RuntimeError(f"no agent run made a chat call, so there is nothing to train on{first}")
+    pad = tokenizer.pad_token_id
+    p = max(len(b.prompt_ids) for _, _, b, _ in entries)
+    t = max(1, *(len(b.tokens) for _, _, b, _ in entries))
+    n = len(entries)
+    prompt_ids, prompt_mask = torch.full((n, p), pad, dtype=torch.long), torch.zeros((n, p), dtype=torch.long)
+    ids, mask = torch.full((n, t), pad, dtype=torch.long), torch.zeros((n, t), dtype=torch.long)
+    sampled, logprobs = torch.zeros((n, t), dtype=torch.long), torch.zeros((n, t), dtype=torch.float32)
+    for i, (_, _, b, _) in enumerate(entries):
+        prompt_ids[i, p - len(b.prompt_ids) :], prompt_mask[i, p - len(b.prompt_ids) :] = torch.tensor(b.prompt_ids), 1
+        k = len(b.tokens)
+        ids[i, :k], mask[i, :k] = torch.tensor(b.tokens, dtype=torch.long), 1
+        sampled[i, :k], logprobs[i, :k] = torch.tensor(b.sampled, dtype=torch.long), torch.tensor(b.logprobs)
+    columns = {key: [rows[run.row][key] for _, run, _, _ in entries] for key in rows[0] if key != "prompt"}
+    clash = sorted(set(columns) & set(AGENT_COLUMNS))
+    if clash:
+        raise ValueError(f"dataset column(s) {clash} clash with the agent rollout's columns; rename them")
+    columns.update(
+        agent_reward=[run.reward for _, run, _, _ in entries], agent_trajectory=[t for t, _, _, _ in entries],
+        agent_last=[last for _, _, _, last in entries],
+        agent_error=[None if run.error is None else repr(run.error) for _, run, _, _ in entries],
+    )  # fmt: skip
+    return Rollout(
+        prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=ids, completion_mask=mask,
+        truncated=torch.tensor([not b.open for _, _, b, _ in entries]),
+        group_ids=torch.tensor([run.row for _, run, _, _ in entries]),
+        prompts=[b.prompt for _, _, b, _ in entries],
+        completions=[b.messages[len(b.prompt) :] for _, _, b, _ in entries],
+        columns=columns, sampled_mask=sampled, logprobs=logprobs,
+    )  # fmt: skip
+
+
+def trajectory_rewards_nan(rewards: torch.Tensor, rollout: Rollout) -> torch.Tensor:
+    """``rewards`` with every row but each trajectory's last branch set to NaN (left out of group statistics)."""
+    last = torch.tensor(rollout.columns["agent_last"], device=rewards.device)
+    return torch.where(last, rewards, torch.full_like(rewards, math.nan))
+
+
+def spread_to_branches(advantages: torch.Tensor, rollout: Rollout) -> torch.Tensor:
+    """Each row's advantage taken from its trajectory's last branch (all branches of a trajectory share it)."""
+    if advantages.dim() != 1:
+        raise ValueError(
+            "agent= needs an advantage estimator with one advantage per sequence; token-level advantages "
+            f"{tuple(advantages.shape)} cannot be shared by branches of other lengths"
+        )
+    trajectory, last = rollout.columns["agent_trajectory"], rollout.columns["agent_last"]
+    source = {t: i for i, (t, is_last) in enumerate(zip(trajectory, last, strict=True)) if is_last}
+    index = torch.tensor([source[t] for t in trajectory], device=advantages.device)
+    return advantages[index]
+
+
+def per_trajectory(rewards: torch.Tensor, rollout: Rollout, trajectories: int) -> torch.Tensor:
+    """``(trajectories,)`` rewards, one per agent run in batch order (its last branch's; NaN for a run with no row)."""
+    out = torch.full((trajectories,), math.nan, dtype=rewards.dtype, device=rewards.device)
+    last = torch.tensor(rollout.columns["agent_last"], device=rewards.device)
+    index = torch.tensor(rollout.columns["agent_trajectory"], device=rewards.device)
+    out[index[last]] = rewards[last]
+    return out
+
+
+def is_agent_rollout(rollout: Rollout) -> bool:
+    """Whether the rollout was built by :func:`run_agents` (its rows are branches)."""
+    return "agent_last" in rollout.columns
