@@ -128,7 +128,7 @@ def completion_logits(model: nn.Module, rollout: Rollout, *, share_prompt: bool 
 
 def _packing(model: nn.Module, share_prompt: bool, packing: bool | str) -> PackingRoute:
     """The packing route to take (``None``: padded rows), from the ``packing`` setting."""
-    if packing not in (True, False, "auto"):
+    if not (packing is True or packing is False or packing == "auto"):
         raise ValueError(f"packing={packing!r} is not valid; choose one of True, False, 'auto'")
     if packing is False:
         return None
