@@ -25,7 +25,14 @@ from torch import Tensor, nn
 from lightning_grpo.algorithms import FusedHeadLogProbs, entropy_from_logits, selective_logprobs
 from lightning_grpo.rollout.batch import Rollout
 from lightning_grpo.rollout.cache_keyword import cache_of, with_cache
-from lightning_grpo.rollout.packing import PackingRoute, pack_rollout, packing_route, shared_prompt_mask, unpack
+from lightning_grpo.rollout.packing import (
+    PackingRoute,
+    pack_rollout,
+    packed_row_chunks,
+    packing_route,
+    shared_prompt_mask,
+    unpack,
+)
 
 __all__ = [
     "TokenLogProbs",
@@ -146,7 +153,20 @@ def _packing(model: nn.Module, share_prompt: bool, packing: bool | str) -> Packi
 def _packed_logprobs(
     model: nn.Module, rollout: Rollout, route: PackingRoute, fused_head: bool, head_settings: tuple
 ) -> TokenLogProbs:
-    """Log-probs (and entropy) from one forward over the packed row (``route``: see :func:`packing_route`)."""
+    """Log-probs (and entropy) over packed rows (``route``: see :func:`packing_route`), one forward each."""
+    chunks = packed_row_chunks(rollout, share_prompt=route == "mask")
+    if len(chunks) == 1:
+        return _packed_row_logprobs(model, rollout, route, fused_head, head_settings)
+    parts = [_packed_row_logprobs(model, rollout.select(rows), route, fused_head, head_settings) for rows in chunks]
+    order = torch.argsort(torch.cat(chunks)).to(rollout.completion_ids.device)
+    entropy = None if parts[0].entropy is None else torch.cat([part.entropy for part in parts])[order]
+    return TokenLogProbs(torch.cat([part.logprobs for part in parts])[order], entropy)
+
+
+def _packed_row_logprobs(
+    model: nn.Module, rollout: Rollout, route: PackingRoute, fused_head: bool, head_settings: tuple
+) -> TokenLogProbs:
+    """Log-probs (and entropy) from one forward over one packed row."""
     packed = pack_rollout(rollout, share_prompt=route == "mask")
     inputs = {"input_ids": packed.input_ids, "position_ids": packed.position_ids, "use_cache": False}
     if route == "mask":  # SDPA takes booleans, eager adds the mask to the scores

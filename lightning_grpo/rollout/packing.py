@@ -25,7 +25,21 @@ from torch import Tensor, nn
 
 from lightning_grpo.rollout.batch import Rollout
 
-__all__ = ["PackedRows", "PackingRoute", "pack_rollout", "packing_route", "shared_prompt_mask", "unpack"]
+__all__ = [
+    "MAX_PACKED_TOKENS",
+    "PackedRows",
+    "PackingRoute",
+    "pack_rollout",
+    "packed_row_chunks",
+    "packing_route",
+    "shared_prompt_mask",
+    "unpack",
+]
+
+#: Longest packed row: a micro-batch with more tokens runs as several packed rows, one forward each (their graphs
+#: joined, so one backward), because attention over a packed row without a variable-length kernel (SDPA or eager with
+#: a mask, on the CPU) costs O(L²) in time and mask memory.
+MAX_PACKED_TOKENS = 4096
 
 #: How a model takes packed rows: ``"positions"`` (``position_ids`` only, transformers builds the mask),
 #: ``"mask"`` (an explicit 4-D mask, needed by the shared-prompt layout), ``None`` (it cannot).
@@ -107,6 +121,28 @@ def pack_rollout(rollout: Rollout, *, share_prompt: bool) -> PackedRows:
             rows += [row] * n
             cols += range(n)
     return _tensors(rollout, tokens, positions, groups, branches, predict, rows, cols)
+
+
+def packed_row_chunks(rollout: Rollout, *, share_prompt: bool, max_tokens: int = MAX_PACKED_TOKENS) -> list[Tensor]:
+    """Host row indices of the packed rows of ``rollout``: prompt groups kept together, each about ``max_tokens``.
+
+    A row's tokens are its prompt and completion (a shared prompt counted once per packed row); a row longer than
+    ``max_tokens`` gets a packed row of its own.
+    """
+    prompt_lengths = rollout.prompt_mask.sum(-1).tolist()
+    lengths = rollout.completion_mask.sum(-1).tolist()
+    chunks, current, used = [], [], 0
+    for members in _groups(rollout, share_prompt):
+        prompt_counted = False
+        for row in members:
+            cost = lengths[row] + (0 if prompt_counted else prompt_lengths[row])
+            if current and used + cost > max_tokens:
+                chunks.append(current)
+                current, used, cost = [], 0, lengths[row] + prompt_lengths[row]
+            current.append(row)
+            used += cost
+            prompt_counted = share_prompt
+    return [torch.tensor(chunk, dtype=torch.long) for chunk in [*chunks, current] if chunk]
 
 
 def _groups(rollout: Rollout, share_prompt: bool) -> list[list[int]]:

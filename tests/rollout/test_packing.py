@@ -7,12 +7,14 @@ checks on both routes.
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 
 from lightning_grpo.rollout import completion_logprobs
 from lightning_grpo.rollout import packing as packing_module
-from lightning_grpo.rollout.packing import pack_rollout, packing_route, unpack
+from lightning_grpo.rollout.packing import pack_rollout, packed_row_chunks, packing_route, unpack
 from tests.rollout.packing_cases import mixed_rollout, tiny_policy
 
 PROMPTS = [3, 7, 1, 5]
@@ -108,3 +110,19 @@ def test_auto_falls_back_to_padded_rows(tokenizer, rollout, monkeypatch):
         padded = completion_logprobs(policy, rollout, packing=False).logprobs
         auto = completion_logprobs(policy, rollout, packing="auto").logprobs
     assert torch.equal(auto, padded)  # the padded path itself, bit for bit
+
+
+@pytest.mark.parametrize("share_prompt", [False, True])
+def test_a_micro_batch_over_the_packed_row_limit_runs_as_several_rows(tokenizer, rollout, share_prompt, monkeypatch):
+    policy = tiny_policy(tokenizer, "sdpa")
+    chunks = packed_row_chunks(rollout, share_prompt=share_prompt, max_tokens=16)
+    assert len(chunks) > 2 and sorted(torch.cat(chunks).tolist()) == list(range(len(rollout)))
+    padded = _run(policy, rollout, share_prompt=share_prompt, packing=False)
+    split = partial(packed_row_chunks, max_tokens=16)
+    monkeypatch.setattr("lightning_grpo.rollout.logprobs.packed_row_chunks", split)
+    packed = _run(policy, rollout, share_prompt=share_prompt, packing=True)
+    mask = rollout.completion_mask.bool()
+    torch.testing.assert_close(packed[0][mask], padded[0][mask], atol=1e-5, rtol=0)
+    torch.testing.assert_close(packed[2], padded[2], atol=1e-6, rtol=0)
+    for got, want in zip(packed[3], padded[3], strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
