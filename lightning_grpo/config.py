@@ -64,6 +64,7 @@ _NUMBER_RULES: dict[str, dict[str, Any]] = {
     "val_success_threshold": {},
     "max_sampling_rounds": _INT,
     "max_skipped_steps": {"integer": True, "minimum": 0},
+    "micro_batch_tokens": _OPTIONAL_INT,
     "tis_cap": {"minimum": 1.0, "allow_none": True},
     "max_turns": _INT,
     "tool_timeout": {"minimum": 0.0, "exclusive_minimum": True},
@@ -242,6 +243,18 @@ class GRPOConfig:
     agent_batch_window: float = 0.01
     """Seconds the agents' calls are gathered before a batch is sampled when some agent is busy with its own work;
     a batch is sampled at once when every running agent waits on a call."""
+    packing: bool | Literal["auto"] = "auto"
+    """Run the log-prob passes and the update on packed rows: the sequences of a micro-batch concatenated without
+    padding, positions restarting at each, attention kept inside each (docs/configuration.md, "Packing").
+    ``"auto"`` packs where the model's attention implementation takes packed rows (``sdpa``, ``eager``,
+    ``flash_attention_2``/``3``) and pads elsewhere; ``True`` raises there instead; ``False`` always pads. With
+    ``share_prompt`` (SDPA, eager) each distinct prompt is packed once, its completions attending to it through an
+    explicit mask. Exact: per-token log-probs equal the padded ones within float rounding."""
+    micro_batch_tokens: int | None = None
+    """Token budget of a micro-batch (prompt and completion tokens, padding excluded; verl's
+    ``ppo_max_token_len_per_gpu``): the rows of a mini-batch are split into the fewest balanced micro-batches within
+    it, every rank running the same number. ``micro_batch_size``, if set too, caps the rows of each. ``None``:
+    micro-batches by ``micro_batch_size`` alone."""
 
     def __post_init__(self) -> None:
         with named_errors(self):  # "GRPOConfig.num_generations=1: ...": the field, the value, why and the fix
@@ -343,12 +356,20 @@ class GRPOConfig:
 
     def _check_batches(self) -> None:
         mini, micro = self.mini_batch_size, self.micro_batch_size
-        if mini is not None and micro is not None and mini % micro:
+        if self.micro_batch_tokens is None and mini is not None and micro is not None and mini % micro:
             raise ValueError(f"mini_batch_size={mini} must be a multiple of micro_batch_size={micro}")
 
     def check_rollout_size(self, rollout_size: int) -> None:
         """Check the batch sizes against a rollout of ``rollout_size`` completions (prompts per step × G)."""
         mini = self.mini_batch_size or rollout_size
+        if self.micro_batch_tokens is not None:  # micro-batches by tokens: any number of rows each
+            if rollout_size % mini:
+                raise ValueError(
+                    f"the rollout has {rollout_size} completions (prompts per step × G={self.num_generations}); it "
+                    f"must be a multiple of mini_batch_size={mini} (micro-batches are formed by "
+                    f"micro_batch_tokens={self.micro_batch_tokens})"
+                )
+            return
         micro = self.micro_batch_size or mini
         if rollout_size % mini or mini % micro:
             raise ValueError(

@@ -273,10 +273,15 @@ class GRPOModule(LightningModule):
         loss_mask = rollout.sampled_mask  # tool and environment tokens are context: no loss, KL, entropy or count
         if cfg.mask_truncated_completions:
             loss_mask = loss_mask * (~rollout.truncated)[:, None]
-        old, ref = sampling_logprobs(self.compute_logprobs, self.policy, rollout, cfg, self.timer, self.device), None
+        sums = self._sum_across_ranks
+        old = sampling_logprobs(self.compute_logprobs, self.policy, rollout, cfg, self.timer, self.device, sums)
+        ref = None
         if cfg.kl_coef > 0:
             with self.timer("reference"):
-                ref = fixed_logprobs(self.compute_logprobs, self.policy, rollout, cfg.micro_batch_size, reference=True)
+                ref = fixed_logprobs(
+                    self.compute_logprobs, self.policy, rollout, cfg.micro_batch_size, reference=True,
+                    micro_batch_tokens=cfg.micro_batch_tokens, sum_across_ranks=sums,
+                )  # fmt: skip
         return UpdateBatch(rollout, advantages, loss_mask, old, ref)
 
     def compute_logprobs(
@@ -296,7 +301,7 @@ class GRPOModule(LightningModule):
         cfg = self.config
         return {
             "temperature": cfg.temperature, "entropy_grad": cfg.entropy_coef > 0, "chunk_size": cfg.logprob_chunk_size,
-            "share_prompt": cfg.share_prompt, "fused_head": cfg.fused_head,
+            "share_prompt": cfg.share_prompt, "fused_head": cfg.fused_head, "packing": cfg.packing,
             "tile_bytes": None if cfg.fused_head_tile_mib is None else cfg.fused_head_tile_mib * 2**20,
         }  # fmt: skip
 

@@ -171,7 +171,7 @@ def _describe_bounds(
 
 
 def literal_choices(settings_class: type) -> dict[str, tuple[Any, ...]]:
-    """The allowed values of each field of ``settings_class`` typed by ``Literal`` (``None`` too if optional).
+    """The allowed values of each field of ``settings_class`` typed by ``Literal`` (with ``bool`` or ``None`` too).
 
     Fields whose type also admits other values (an import path, a free string) are left out: they are open.
 
@@ -189,9 +189,9 @@ def literal_choices(settings_class: type) -> dict[str, tuple[Any, ...]]:
     for name, hint in get_type_hints(settings_class).items():
         members = get_args(hint) if get_origin(hint) in (Union, UnionType) else (hint,)
         literals = [member for member in members if get_origin(member) is Literal]
-        if literals and all(get_origin(m) is Literal or m is type(None) for m in members):
-            none = (None,) if type(None) in members else ()
-            choices[name] = tuple(value for literal in literals for value in get_args(literal)) + none
+        if literals and all(get_origin(m) is Literal or m in (bool, type(None)) for m in members):
+            extra = ((True, False) if bool in members else ()) + ((None,) if type(None) in members else ())
+            choices[name] = tuple(value for literal in literals for value in get_args(literal)) + extra
     return choices
 
 

@@ -21,6 +21,7 @@ from lightning_grpo import distributed
 from lightning_grpo._moved import Moved, moved_names
 from lightning_grpo.config import GRPOConfig
 from lightning_grpo.iteration.context import StepContext
+from lightning_grpo.iteration.micro_batches import micro_batch_rows
 from lightning_grpo.iteration.nonfinite import gradient_flag, nonfinite_flags, step_is_finite
 from lightning_grpo.iteration.timing import PhaseTimer
 from lightning_grpo.iteration.types import LossCounts, UpdateBatch
@@ -44,6 +45,8 @@ def fixed_logprobs(
     micro_batch_size: int | None,
     *,
     reference: bool,
+    micro_batch_tokens: int | None = None,
+    sum_across_ranks: Callable[[Tensor], Tensor] | None = None,
 ) -> Tensor:
     """``(N, T)`` log-probs without gradient (old or, with ``reference``, reference ones): eval mode, by micro-batch.
 
@@ -53,14 +56,20 @@ def fixed_logprobs(
         rollout: The rollout.
         micro_batch_size: Rows per forward; ``None``: all at once.
         reference: Log-probs of the reference policy (the adapter disabled) rather than of the current one.
+        micro_batch_tokens: Token budget per forward (:mod:`~lightning_grpo.iteration.micro_batches`); ``None``: by
+            ``micro_batch_size`` alone.
+        sum_across_ranks: Sums over ranks, for the ranks to agree on the number of forwards (FSDP2 gathers in each);
+            ``None``: one process.
     """
-    micro = micro_batch_size or len(rollout)
+    sums = sum_across_ranks or (lambda tensor: tensor)
+    device = rollout.completion_ids.device
+    chunks = micro_batch_rows(rollout, micro_batch_size, micro_batch_tokens, sums, device)  # host indices: no sync
+    order, parts = torch.cat(chunks), []
     with torch.no_grad(), eval_mode(policy):
-        parts = [
-            compute_logprobs(rollout.select(rows), reference=reference).logprobs
-            for rows in torch.arange(len(rollout), device="cpu").split(micro)  # host indices: no sync to select
-        ]
-    return torch.cat(parts)
+        for rows in chunks:  # an empty micro-batch (a rank with fewer tokens) runs one row, for the collectives
+            logprobs = compute_logprobs(rollout.select(rows if len(rows) else order[:1]), reference=reference).logprobs
+            parts += [logprobs] if len(rows) else []
+    return torch.cat(parts)[torch.argsort(order).to(device)]
 
 
 def sampling_logprobs(
@@ -70,12 +79,13 @@ def sampling_logprobs(
     config: GRPOConfig,
     timer: PhaseTimer,
     device: torch.device,
+    sum_across_ranks: Callable[[Tensor], Tensor] | None = None,
 ) -> Tensor | None:
     """``(N, T)`` old log-probs of a rollout that serves several updates; ``None`` when it serves one.
 
     ``config.old_logprobs`` chooses: ``"recompute"`` runs :func:`fixed_logprobs` (timed as ``old_logprobs``),
     ``"rollout"`` takes the behaviour log-probs the sampler recorded (``rollout.logprobs``), moved to ``device``.
-    ``compute_logprobs`` and ``policy`` are as for :func:`fixed_logprobs`.
+    ``compute_logprobs``, ``policy`` and ``sum_across_ranks`` are as for :func:`fixed_logprobs`.
 
     Raises:
         ValueError: ``old_logprobs="rollout"`` and the rollout holds no log-probs (a ``generate`` override that does
@@ -91,7 +101,10 @@ def sampling_logprobs(
             )
         return rollout.logprobs.to(device)
     with timer("old_logprobs"):
-        return fixed_logprobs(compute_logprobs, policy, rollout, config.micro_batch_size, reference=False)
+        return fixed_logprobs(
+            compute_logprobs, policy, rollout, config.micro_batch_size, reference=False,
+            micro_batch_tokens=config.micro_batch_tokens, sum_across_ranks=sum_across_ranks,
+        )  # fmt: skip
 
 
 def minibatch_indices(num_samples: int, mini_batch_size: int, generator: torch.Generator) -> Iterator[Tensor]:
@@ -137,7 +150,8 @@ def run_updates(
     for index, rows in enumerate(epochs):  # the mini-batches of every pass, each pass a fresh permutation
         minibatch = replace(batch.select(rows), at_sampling_weights=index == 0)  # rows on the host: no sync
         counts = LossCounts.of(minibatch.loss_mask, norm, context.sum_across_ranks)
-        part, flags = _accumulate(minibatch, counts, micro, sums, context, policy, compute_loss, backward, optimizer)
+        sizes = (micro, config.micro_batch_tokens)
+        part, flags = _accumulate(minibatch, counts, sizes, sums, context, policy, compute_loss, backward, optimizer)
         shares.append(part)
         flags = torch.cat([flags, gradient_flag(policy.parameters(), context.device)])
         if not step_is_finite(context, flags, on_nonfinite=config.on_nonfinite, max_skipped=config.max_skipped_steps):
@@ -157,7 +171,7 @@ def run_updates(
 def _accumulate(
     minibatch: UpdateBatch,
     counts: LossCounts,
-    micro: int,
+    sizes: tuple[int, int | None],
     sums: _MetricSums,
     context: StepContext,
     policy: nn.Module,
@@ -167,21 +181,28 @@ def _accumulate(
 ) -> tuple[dict[str, Tensor], Tensor]:
     """Backward over the micro-batches of one mini-batch; gradients sync across ranks on the last one only.
 
+    ``sizes`` is ``(rows, tokens)``: at most ``rows`` rows per micro-batch and, if ``tokens`` is set, at most
+    ``tokens`` tokens (:func:`~lightning_grpo.iteration.micro_batches.micro_batch_rows`: the same number of
+    micro-batches on every rank, some possibly empty).
+
     Returns this rank's parts of the mini-batch ``loss`` and ``pg_loss`` (computed with global normalisers, so
     the parts of all ranks add up to the global values) and the non-finite flags of its terms
     (:func:`~lightning_grpo.iteration.nonfinite.nonfinite_flags`); the other metrics go to ``sums``, weighted by tokens.
     """
     device = context.device
     shares = {"loss": torch.zeros((), device=device), "pg_loss": torch.zeros((), device=device)}
-    chunks = torch.arange(len(minibatch), device="cpu").split(micro)  # host indices: selecting needs no sync
+    chunks = micro_batch_rows(minibatch.rollout, *sizes, context.sum_across_ranks, device)  # host indices
+    chunks = [rows for rows in chunks if not len(rows)] + [rows for rows in chunks if len(rows)]  # empty ones first
     scale = context.grad_scale  # each rank's loss is its share of the global loss; ranks average gradients
     flags = torch.zeros(4, device=device)
     for i, rows in enumerate(chunks):
-        part = minibatch.select(rows)
+        part = minibatch.select(rows if len(rows) else torch.arange(1))
         last = i == len(chunks) - 1
         with optimizer.toggle_model(sync_grad=last), distributed.gradient_sync(policy, last):
             loss, metrics = compute_loss(part, counts)
-            backward(loss * scale)
+            backward(loss * (scale if len(rows) else 0.0))  # an empty micro-batch: a zero gradient, for the sync
+        if not len(rows):
+            continue
         flags = torch.maximum(flags, nonfinite_flags(loss, metrics))
         shares["loss"] += loss.detach()
         shares["pg_loss"] += metrics.pop("pg_loss").detach()

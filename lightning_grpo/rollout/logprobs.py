@@ -25,6 +25,14 @@ from torch import Tensor, nn
 from lightning_grpo.algorithms import FusedHeadLogProbs, entropy_from_logits, selective_logprobs
 from lightning_grpo.rollout.batch import Rollout
 from lightning_grpo.rollout.cache_keyword import cache_of, with_cache
+from lightning_grpo.rollout.packing import (
+    PackingRoute,
+    pack_rollout,
+    packed_row_chunks,
+    packing_route,
+    shared_prompt_mask,
+    unpack,
+)
 
 __all__ = [
     "TokenLogProbs",
@@ -59,6 +67,7 @@ def completion_logprobs(
     share_prompt: bool = True,
     fused_head: bool = True,
     tile_bytes: int | None = None,
+    packing: bool | str = False,
 ) -> TokenLogProbs:
     """Log-probs of the sampled completion tokens under ``model``, at the sampling temperature.
 
@@ -77,10 +86,20 @@ def completion_logprobs(
         fused_head: Compute log-probs inside the output head, tile by tile (see the module docstring).
         tile_bytes: Float32 bytes of one tile of the fused head (``None``: by device, see
             :func:`~lightning_grpo.algorithms.fused_head.tile_shape`).
+        packing: Run the rows packed, without padding (:mod:`~lightning_grpo.rollout.packing`): ``True``, ``False``
+            or ``"auto"`` (packed where the model's attention implementation takes packed rows, padded elsewhere).
+            Values on padding are then 0.
 
     Returns:
         :class:`TokenLogProbs` with ``(N, T)`` float32 tensors.
+
+    Raises:
+        ValueError: ``packing=True`` and the model's attention implementation cannot take packed rows.
     """
+    route = _packing(model, share_prompt, packing)
+    if route is not None:
+        head_settings = (temperature, chunk_size, with_entropy, entropy_grad, tile_bytes)
+        return _packed_logprobs(model, rollout, route, fused_head, head_settings)
     if fused_head and fused_head_supported(model):
         head_settings = (temperature, chunk_size, with_entropy, entropy_grad, tile_bytes)
         with _fused_output_head(model, rollout.completion_ids, *head_settings) as result:
@@ -89,7 +108,14 @@ def completion_logprobs(
     if fused_head:
         _log_fused_head_fallback(model)
     logits = completion_logits(model, rollout, share_prompt=share_prompt)  # (N, T, V)
-    logprobs = selective_logprobs(logits, rollout.completion_ids, temperature=temperature, chunk_size=chunk_size)
+    return _from_logits(logits, rollout.completion_ids, temperature, chunk_size, with_entropy, entropy_grad)
+
+
+def _from_logits(
+    logits: Tensor, targets: Tensor, temperature: float, chunk_size: int, with_entropy: bool, entropy_grad: bool
+) -> TokenLogProbs:
+    """Log-probs of ``targets`` (and entropy) from materialised logits, chunked."""
+    logprobs = selective_logprobs(logits, targets, temperature=temperature, chunk_size=chunk_size)
     with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
         entropy = entropy_from_logits(logits, temperature=temperature, chunk_size=chunk_size) if with_entropy else None
     return TokenLogProbs(logprobs, entropy)
@@ -105,6 +131,60 @@ def completion_logits(model: nn.Module, rollout: Rollout, *, share_prompt: bool 
     """
     logits = _run_model(model, rollout, share_prompt)
     return logits[:, : rollout.completion_ids.shape[1]]
+
+
+def _packing(model: nn.Module, share_prompt: bool, packing: bool | str) -> PackingRoute:
+    """The packing route to take (``None``: padded rows), from the ``packing`` setting."""
+    if not (packing is True or packing is False or packing == "auto"):
+        raise ValueError(f"packing={packing!r} is not valid; choose one of True, False, 'auto'")
+    if packing is False:
+        return None
+    route = packing_route(model, share_prompt)
+    if route is None and packing is True:
+        impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
+        raise ValueError(
+            f"packing=True: the model's attention implementation {impl!r} cannot take packed rows (those that can: "
+            "'sdpa', 'eager', 'flash_attention_2', 'flash_attention_3'); load the model with one of them, or set "
+            "packing='auto' (padded rows where packing is not possible) or packing=False"
+        )
+    return route
+
+
+def _packed_logprobs(
+    model: nn.Module, rollout: Rollout, route: PackingRoute, fused_head: bool, head_settings: tuple
+) -> TokenLogProbs:
+    """Log-probs (and entropy) over packed rows (``route``: see :func:`packing_route`), one forward each."""
+    chunks = packed_row_chunks(rollout, share_prompt=route == "mask")
+    if len(chunks) == 1:
+        return _packed_row_logprobs(model, rollout, route, fused_head, head_settings)
+    parts = [_packed_row_logprobs(model, rollout.select(rows), route, fused_head, head_settings) for rows in chunks]
+    order = torch.argsort(torch.cat(chunks)).to(rollout.completion_ids.device)
+    entropy = None if parts[0].entropy is None else torch.cat([part.entropy for part in parts])[order]
+    return TokenLogProbs(torch.cat([part.logprobs for part in parts])[order], entropy)
+
+
+def _packed_row_logprobs(
+    model: nn.Module, rollout: Rollout, route: PackingRoute, fused_head: bool, head_settings: tuple
+) -> TokenLogProbs:
+    """Log-probs (and entropy) from one forward over one packed row."""
+    packed = pack_rollout(rollout, share_prompt=route == "mask")
+    inputs = {"input_ids": packed.input_ids, "position_ids": packed.position_ids, "use_cache": False}
+    if route == "mask":  # SDPA takes booleans, eager adds the mask to the scores
+        dtype = model.get_input_embeddings().weight.dtype
+        additive = getattr(model.config, "_attn_implementation", None) == "eager"
+        inputs["attention_mask"] = shared_prompt_mask(packed, dtype, additive=additive)
+    targets = packed.targets[None]  # (1, K)
+    if fused_head and fused_head_supported(model):
+        with _fused_output_head(model, targets, *head_settings) as result:
+            model(**inputs, logits_to_keep=packed.predict)
+        logprobs, entropy = result["logprobs"], result.get("entropy")
+    else:
+        if fused_head:
+            _log_fused_head_fallback(model)
+        logits = model(**inputs, logits_to_keep=packed.predict).logits  # (1, K, V)
+        out = _from_logits(logits, targets, *head_settings[:4])
+        logprobs, entropy = out.logprobs, out.entropy
+    return TokenLogProbs(unpack(logprobs[0], packed), None if entropy is None else unpack(entropy[0], packed))
 
 
 def _run_model(model: nn.Module, rollout: Rollout, share_prompt: bool) -> Tensor:

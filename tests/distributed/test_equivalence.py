@@ -82,3 +82,13 @@ def test_dist_process_metrics_are_global(request, single_process, strategy):
 def test_dist_sum_across_ranks_all_reduces(request, strategy):
     ranks = _rank_results(request.getfixturevalue(f"{strategy}_run"), "equivalence")
     assert [r["summed"] for r in ranks] == [3.0, 3.0]  # rank 0 gives 1, rank 1 gives 2
+
+
+@pytest.mark.parametrize("packed", ["token-mean-micro2", "token-mean-packed-tokens17"])
+def test_packed_rows_and_token_budgets_step_as_padded_micro_batches(single_process, packed):
+    """Packing (the default) and token budgets change no result beyond float rounding (issue 36, item 3)."""
+    padded, start = single_process["token-mean-micro2-padded"]["adapter"], single_process["start"]["adapter"]
+    assert _max_abs_diff(padded, start) > 1e-3
+    assert _max_abs_diff(single_process[packed]["adapter"], padded) <= 1e-5
+    got, want = single_process[packed]["metrics"], single_process["token-mean-micro2-padded"]["metrics"]
+    assert abs(got["train/loss"] - want["train/loss"]) <= 1e-6

@@ -47,6 +47,16 @@ EQUIVALENCE_CASES: dict[str, dict[str, Any]] = {
     # Clipping normalises away a scale error, but catches a gradient norm taken over one rank's shard only.
     "token-mean-micro2-clipped": {"loss_agg_mode": "token-mean", "micro_batch_size": 2, "max_grad_norm": 0.1},
     # Process supervision (grpo_process): the batch std of every step reward of the global batch, and an outcome step.
+    # Packing (on by default where exact) and token budgets: the ranks' rows need 6 and 5 (17 tokens) or 4 and 3 (26
+    # tokens) micro-batches, so the ranks must agree on the count; a padded twin of token-mean-micro2 to compare with.
+    "token-mean-micro2-padded": {"loss_agg_mode": "token-mean", "micro_batch_size": 2, "packing": False},
+    "token-mean-packed-tokens17": {"loss_agg_mode": "token-mean", "packing": True, "micro_batch_tokens": 17},
+    "seq-mean-token-mean-padded-tokens26": {
+        "loss_agg_mode": "seq-mean-token-mean",
+        "packing": False,
+        "micro_batch_tokens": 26,
+        "micro_batch_size": 3,
+    },
     "process-batch-std-micro2": {
         "micro_batch_size": 2,
         "advantage_estimator": "grpo_process",

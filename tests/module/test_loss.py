@@ -76,7 +76,7 @@ def test_only_adapter_weights_change_and_reference_is_the_base_model(make_module
     fresh = build_tiny_model(tokenizer).eval()  # same seed: the untouched base weights
     rollout = module.fixed
     with torch.no_grad():
-        expected = completion_logprobs(fresh, rollout, temperature=1.0).logprobs
+        expected = completion_logprobs(fresh, rollout, temperature=1.0, packing="auto").logprobs  # as the module
         module.policy.eval()
         reference = module.compute_logprobs(rollout, reference=True).logprobs
         current = module.compute_logprobs(rollout).logprobs
