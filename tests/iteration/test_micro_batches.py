@@ -68,5 +68,5 @@ def test_rollout_size_rule_for_budgets():
         GRPOConfig(num_generations=4, mini_batch_size=8, micro_batch_tokens=512).check_rollout_size(12)
     with pytest.raises(ValueError, match=r"micro_batch_tokens must be an integer >= 1 or None, got 0"):
         GRPOConfig(micro_batch_tokens=0)
-    with pytest.raises(ValueError, match=r"packing='yes' is not valid; choose one of true, false, 'auto'"):
+    with pytest.raises(ValueError, match=r"packing='yes' is not valid; choose one of 'auto', True, False"):
         GRPOConfig(packing="yes")
