@@ -96,12 +96,11 @@ def pack_rollout(rollout: Rollout, *, share_prompt: bool) -> PackedRows:
     Raises:
         ValueError: A row with completion tokens has an empty prompt (nothing predicts its first token).
     """
-    prompt_lengths = rollout.prompt_mask.sum(-1).tolist()
-    lengths = rollout.completion_mask.sum(-1).tolist()
-    prompts, completions = rollout.prompt_ids.tolist(), rollout.completion_ids.tolist()
+    host = _HostRollout.of(rollout)
+    prompt_lengths, lengths, prompts, completions = host.prompt_lengths, host.lengths, host.prompts, host.completions
     tokens, positions, groups, branches = [], [], [], []
     predict, rows, cols = [], [], []
-    for group, members in enumerate(_groups(rollout, share_prompt)):
+    for group, members in enumerate(host.groups(share_prompt)):
         start, p = len(tokens), prompt_lengths[members[0]]
         prompt = prompts[members[0]][len(prompts[members[0]]) - p :]
         tokens += prompt
@@ -129,10 +128,10 @@ def packed_row_chunks(rollout: Rollout, *, share_prompt: bool, max_tokens: int =
     A row's tokens are its prompt and completion (a shared prompt counted once per packed row); a row longer than
     ``max_tokens`` gets a packed row of its own.
     """
-    prompt_lengths = rollout.prompt_mask.sum(-1).tolist()
-    lengths = rollout.completion_mask.sum(-1).tolist()
+    host = _HostRollout.of(rollout)
+    prompt_lengths, lengths = host.prompt_lengths, host.lengths
     chunks, current, used = [], [], 0
-    for members in _groups(rollout, share_prompt):
+    for members in host.groups(share_prompt):
         prompt_counted = False
         for row in members:
             cost = lengths[row] + (0 if prompt_counted else prompt_lengths[row])
@@ -145,15 +144,38 @@ def packed_row_chunks(rollout: Rollout, *, share_prompt: bool, max_tokens: int =
     return [torch.tensor(chunk, dtype=torch.long) for chunk in [*chunks, current] if chunk]
 
 
-def _groups(rollout: Rollout, share_prompt: bool) -> list[list[int]]:
-    """The rows of each packed sequence: one row each, or the rows of each distinct (prompt, mask)."""
-    if not share_prompt:
-        return [[row] for row in range(len(rollout))]
-    keys = torch.cat([rollout.prompt_ids, rollout.prompt_mask.long()], dim=1).tolist()
-    members: dict[tuple[int, ...], list[int]] = {}
-    for row, key in enumerate(keys):
-        members.setdefault(tuple(key), []).append(row)
-    return list(members.values())
+@dataclass(frozen=True)
+class _HostRollout:
+    """The token ids and masks of a rollout as host lists, read with one device-to-host copy (one sync on a GPU)."""
+
+    prompts: list[list[int]]
+    prompt_masks: list[list[int]]
+    completions: list[list[int]]
+    prompt_lengths: list[int]
+    lengths: list[int]
+
+    @classmethod
+    def of(cls, rollout: Rollout) -> _HostRollout:
+        p, t = rollout.prompt_ids.shape[1], rollout.completion_ids.shape[1]
+        columns = (rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids, rollout.completion_mask)
+        joined = torch.cat([column.long() for column in columns], dim=1).tolist()
+        prompt_masks = [row[p : 2 * p] for row in joined]
+        return cls(
+            prompts=[row[:p] for row in joined],
+            prompt_masks=prompt_masks,
+            completions=[row[2 * p : 2 * p + t] for row in joined],
+            prompt_lengths=[sum(mask) for mask in prompt_masks],
+            lengths=[sum(row[2 * p + t :]) for row in joined],
+        )
+
+    def groups(self, share_prompt: bool) -> list[list[int]]:
+        """The rows of each packed sequence: one row each, or the rows of each distinct (prompt, mask)."""
+        if not share_prompt:
+            return [[row] for row in range(len(self.prompts))]
+        members: dict[tuple[int, ...], list[int]] = {}
+        for row, (prompt, mask) in enumerate(zip(self.prompts, self.prompt_masks, strict=True)):
+            members.setdefault((*prompt, *mask), []).append(row)
+        return list(members.values())
 
 
 def _tensors(rollout: Rollout, *columns: list[int]) -> PackedRows:
