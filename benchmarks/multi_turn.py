@@ -8,7 +8,13 @@ back as a tool message, then answers; the 1-turn baseline samples as many tokens
 one turn. The difference is the price of the turns: a prefill of the whole context per turn, the tool calls and the
 chat-template rendering of their results (``docs/agents.md``, speed; figures in ``docs/benchmarks.md``).
 
+``--turn-cache on`` samples through a Hugging Face backend session that keeps each trajectory's KV cache across turns
+(``GRPOConfig.turn_cache``: our own decoding loop, a later turn prefills only the inserted tokens); ``off`` is the
+path without it (``generate``, every turn re-prefills its context); ``off on`` measures both, alternating rollouts.
+``--turns 5`` makes the task four ``add`` calls and the answer.
+
     python -m benchmarks.multi_turn                                   # CUDA if available, else CPU
+    python -m benchmarks.multi_turn --turn-cache off on --turns 5 --repeats 3
     python -m benchmarks.multi_turn --hidden-size 64 --layers 2 --prompts 2 --generations 2 --repeats 1
 """
 
@@ -25,6 +31,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
+from lightning_grpo.backends.hf import HFSession
 from lightning_grpo.rollout.generation import SamplingSettings
 from lightning_grpo.rollout.multi_turn import AgentSettings, generate_conversations
 from lightning_grpo.testing import build_tiny_model, build_tiny_tokenizer
@@ -32,7 +39,7 @@ from lightning_grpo.testing.agents import add
 
 __all__ = ["Measurement", "ScriptedHead", "main", "measure", "scripts"]
 
-_CALLS = ((31, 24), (55, 17))  # two calls to add; the answer is the last result
+_CALLS = ((31, 24), (55, 17), (72, 9), (81, 6), (87, 5), (92, 3))  # calls to add; the answer is the last result
 
 
 @dataclass(frozen=True)
@@ -46,6 +53,7 @@ class Measurement:
     sampled_tokens: float
     context_tokens: float
     trajectories: int
+    ratio: tuple[float, float, float] = (1.0, 1.0, 1.0)  # against its 1-turn baseline: median, min, max over repeats
 
     @property
     def tokens_per_second(self) -> float:
@@ -58,6 +66,8 @@ class ScriptedHead:
 
     Each forward inside ``generate`` emits the next token of that turn's script (a prefill outside ``generate``, the
     shared prompt prefix of turn 0, emits nothing). The logits are computed first, so the cost is the model's own.
+    :meth:`script_session` does the same for the calls of a session that samples with our own loop (there every
+    forward of a call, the prefill included, yields the logits of a drawn token).
     """
 
     def __init__(self, model: nn.Module, turns: Sequence[Sequence[int]]) -> None:
@@ -75,6 +85,20 @@ class ScriptedHead:
         model.generate = scripted_generate
         model.get_output_embeddings().register_forward_hook(self._on_logits)
 
+    def script_session(self, session: HFSession) -> HFSession:
+        """``session`` with each :meth:`~HFSession.sample` call scripted as one turn."""
+        sample = session.sample
+
+        def scripted_sample(*args: Any, **kwargs: Any) -> Any:
+            self.turn, self.step, self._generating = self.turn + 1, 0, True
+            try:
+                return sample(*args, **kwargs)
+            finally:
+                self._generating = False
+
+        session.sample = scripted_sample  # type: ignore[method-assign]
+        return session
+
     def reset(self) -> None:
         """Start the script again (before each rollout)."""
         self.turn, self.step = -1, 0
@@ -90,14 +114,18 @@ class ScriptedHead:
         return torch.cat([logits[:, :-1], forced[:, None]], dim=1)
 
 
-def scripts(tokenizer: PreTrainedTokenizerBase) -> tuple[list[list[int]], list[list[int]]]:
-    """The 3-turn script (two ``add`` calls, then the answer) and a 1-turn script with as many tokens, EOS included."""
+def scripts(tokenizer: PreTrainedTokenizerBase, turns: int = 3) -> tuple[list[list[int]], list[list[int]]]:
+    """The ``turns``-turn script (``turns - 1`` ``add`` calls, then the answer) and a 1-turn script with as many
+    tokens, EOS included."""
+    if not 2 <= turns <= len(_CALLS) + 1:
+        raise ValueError(f"turns must be between 2 and {len(_CALLS) + 1}, got {turns}")
 
     def ids(text: str) -> list[int]:
         return [*tokenizer(text, add_special_tokens=False)["input_ids"], tokenizer.eos_token_id]
 
     call = '<tool_call>{{"name": "add", "arguments": {{"a": {}, "b": {}}}}}</tool_call>'
-    multi = [ids(call.format(*_CALLS[0])), ids(call.format(*_CALLS[1])), ids(f"The sum is {add(*_CALLS[1])}.")]
+    calls = _CALLS[: turns - 1]
+    multi = [*(ids(call.format(*c)) for c in calls), ids(f"The sum is {add(*calls[-1])}.")]
     total = sum(map(len, multi))
     filler = tokenizer("The sum is 72. " * total, add_special_tokens=False)["input_ids"][: total - 1]
     return multi, [[*filler, tokenizer.eos_token_id]]
@@ -110,38 +138,55 @@ def measure(
     prompts: int = 8,
     generations: int = 8,
     repeats: int = 3,
+    turns: int = 3,
+    turn_cache: Sequence[bool] = (False,),
 ) -> list[Measurement]:
-    """Median rollout time of the 3-turn tool task and of the 1-turn baseline, after one warm-up rollout each."""
-    multi, single = scripts(tokenizer)
+    """Median rollout time of the ``turns``-turn tool task and of the 1-turn baseline for each ``turn_cache`` setting,
+    after one warm-up rollout each; the rollouts of one repeat run back to back (so a busy machine slows them alike).
+    """
+    multi, single = scripts(tokenizer, turns)
     head = ScriptedHead(model, multi)
     messages = [
         [{"role": "user", "content": f"{a}+{b}+{a + b}?"}] for a, b in [(10 + i, 20 + i) for i in range(prompts)]
     ]
-    budget = sum(map(len, multi)) + 256  # room for the tool results: the script, not the budget, ends the turns
+    budget = sum(map(len, multi)) + 128 * turns  # room for the tool results: the script, not the budget, ends turns
     settings = SamplingSettings(num_generations=generations, max_new_tokens=budget)
-    results = []
-    for name, script, max_turns in (("3 turns, 2 tool calls", multi, 3), ("1 turn, same tokens", single, 1)):
-        agent = AgentSettings.build(tokenizer, tools=[add], max_turns=max_turns)
-        head.turns, times = script, []
-        for _ in range(repeats + 1):
+    kinds = [(f"{turns} turns, {turns - 1} tool calls", multi, turns, keep) for keep in turn_cache]
+    kinds += [("1 turn, same tokens", single, 1, keep) for keep in turn_cache]
+    times: dict[int, list[float]] = {k: [] for k in range(len(kinds))}
+    rollouts: dict[int, Any] = {}
+    for _ in range(repeats + 1):
+        for k, (_name, script, max_turns, keep) in enumerate(kinds):
+            agent = AgentSettings.build(tokenizer, tools=[add], max_turns=max_turns)
+            head.turns = script
             head.reset()
+            session = head.script_session(HFSession(model, "as_trained", turn_cache=True)) if keep else None
             _synchronize(model)
             start = time.perf_counter()
-            rollout = generate_conversations(model, tokenizer, messages, settings, agent, max_prompt_length=1024)
-            _synchronize(model)
-            times.append(time.perf_counter() - start)
-        sampled = rollout.sampled_mask.sum(1).float()
-        context = rollout.completion_mask.sum(1).float() - sampled
-        if not bool((sampled == sum(map(len, script))).all()) or bool(rollout.truncated.any()):
-            raise RuntimeError(f"{name}: the trajectories did not follow the script; the benchmark is invalid")
-        mean = lambda values: values.float().mean().item()  # noqa: E731
-        results.append(
-            Measurement(
-                name, statistics.median(times[1:]), mean(rollout.prompt_mask.sum(1)), mean(rollout.turns.num_turns),
-                mean(sampled), mean(context), len(rollout.completions),
+            rollouts[k] = generate_conversations(
+                model, tokenizer, messages, settings, agent, max_prompt_length=1024, sample=session
             )
-        )  # fmt: skip
-    return results
+            _synchronize(model)
+            times[k].append(time.perf_counter() - start)
+    return [_measurement(kinds, k, rollouts[k], times, len(turn_cache)) for k in range(len(kinds))]
+
+
+def _measurement(kinds: list[tuple[str, list[list[int]], int, bool]], k: int, rollout: Any,
+                 times: dict[int, list[float]], settings: int) -> Measurement:  # fmt: skip
+    """One kind's :class:`Measurement`, its ratio to the 1-turn rollout of the same setting, repeat by repeat."""
+    name, script, _, keep = kinds[k]
+    sampled = rollout.sampled_mask.sum(1).float()
+    context = rollout.completion_mask.sum(1).float() - sampled
+    if not bool((sampled == sum(map(len, script))).all()) or bool(rollout.truncated.any()):
+        raise RuntimeError(f"{name}: the trajectories did not follow the script; the benchmark is invalid")
+    base = times[k % settings + len(kinds) - settings]
+    ratios = [t / b for t, b in zip(times[k][1:], base[1:], strict=True)]
+    mean = lambda values: values.float().mean().item()  # noqa: E731
+    return Measurement(
+        f"{name} (turn cache {'on' if keep else 'off'})", statistics.median(times[k][1:]),
+        mean(rollout.prompt_mask.sum(1)), mean(rollout.turns.num_turns), mean(sampled), mean(context),
+        len(rollout.completions), (statistics.median(ratios), min(ratios), max(ratios)),
+    )  # fmt: skip
 
 
 def _synchronize(model: nn.Module) -> None:
@@ -150,16 +195,17 @@ def _synchronize(model: nn.Module) -> None:
 
 
 def format_table(results: Sequence[Measurement]) -> str:
-    """A Markdown table of the measurements, with each one's time relative to the last (the baseline)."""
-    base = results[-1].seconds
+    """A Markdown table of the measurements, each with its time relative to the 1-turn rollout of the same turn-cache
+    setting (median over the repeats, each repeat's two rollouts paired, and their range)."""
     lines = [
         "| rollout | prompt tokens | turns | sampled tokens | tool tokens | time (s) | sampled tokens/s | vs 1 turn |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for m in results:
+        median, low, high = m.ratio
         lines.append(
             f"| {m.name} | {m.prompt_tokens:.0f} | {m.turns:.0f} | {m.sampled_tokens:.0f} | {m.context_tokens:.0f} "
-            f"| {m.seconds:.3f} | {m.tokens_per_second:,.0f} | {m.seconds / base:.2f}x |"
+            f"| {m.seconds:.3f} | {m.tokens_per_second:,.0f} | {median:.2f}x ({low:.2f}–{high:.2f}) |"
         )
     return "\n".join(lines)
 
@@ -173,6 +219,9 @@ def main(argv: Sequence[str] | None = None) -> list[Measurement]:
     parser.add_argument("--generations", type=int, default=8, help="trajectories per prompt (G)")
     parser.add_argument("--repeats", type=int, default=5, help="measured rollouts per kind (after one warm-up)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--turns", type=int, default=3, help="turns of the tool task (turns - 1 add calls)")
+    parser.add_argument("--turn-cache", nargs="+", choices=("off", "on"), default=["off"],
+                        help="keep the KV caches across turns; 'off on' measures both, alternating")  # fmt: skip
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     tokenizer = build_tiny_tokenizer()
@@ -180,7 +229,9 @@ def main(argv: Sequence[str] | None = None) -> list[Measurement]:
         tokenizer, hidden_size=args.hidden_size, num_layers=args.layers, num_heads=max(4, args.hidden_size // 64),
         num_kv_heads=max(2, args.hidden_size // 128), max_position_embeddings=2048,
     ).to(args.device)  # fmt: skip
-    results = measure(model, tokenizer, prompts=args.prompts, generations=args.generations, repeats=args.repeats)
+    keep = [choice == "on" for choice in args.turn_cache]
+    results = measure(model, tokenizer, prompts=args.prompts, generations=args.generations, repeats=args.repeats,
+                      turns=args.turns, turn_cache=keep)  # fmt: skip
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU"
     print(f"multi-turn rollout: {args.hidden_size}-wide, {args.layers}-layer model, B={args.prompts}, "
           f"G={args.generations}, {device}, median of {args.repeats}")  # fmt: skip

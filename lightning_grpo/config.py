@@ -255,6 +255,13 @@ class GRPOConfig:
     ``ppo_max_token_len_per_gpu``): the rows of a mini-batch are split into the fewest balanced micro-batches within
     it, every rank running the same number. ``micro_batch_size``, if set too, caps the rows of each. ``None``:
     micro-batches by ``micro_batch_size`` alone."""
+    turn_cache: bool | None = None
+    """Keep each trajectory's KV cache from one agent turn to the next, so a turn prefills only the inserted
+    tool/environment tokens (``docs/agents.md``, cost). ``None`` (auto): on with a backend that keeps it (``hf``)
+    when ``max_turns > 1`` and sampling already runs our own decoding loop (``sampler: inverse_cdf`` or
+    ``drop_finished``, on one process); ``True``: on, also for the default ``multinomial`` sampler (our loop draws as
+    ``generate`` does), an error where it cannot be kept (the ``vllm`` backend, FSDP2, ``static_cache``); ``False``:
+    every turn re-prefills its whole context."""
 
     def __post_init__(self) -> None:
         with named_errors(self):  # "GRPOConfig.num_generations=1: ...": the field, the value, why and the fix

@@ -105,6 +105,28 @@ def check_supported(cls: type, run: BackendRun, name: str) -> None:
             )  # fmt: skip
 
 
+def check_turn_cache(cls: type, run: BackendRun, name: str) -> None:
+    """Refuse ``GRPOConfig.turn_cache`` set to anything but ``None``/``True``/``False``, or ``True`` with a backend
+    that cannot keep a trajectory's KV cache across turns (its ``keeps_turn_cache`` is not true).
+
+    Raises:
+        SettingError: Names the value, the backend and what the backend does instead.
+    """
+    value = getattr(run.grpo, "turn_cache", None)
+    if not (value is None or isinstance(value, bool)):
+        raise SettingError(
+            f"GRPOConfig.turn_cache={value!r} is not valid; choose one of None (auto), True, False",
+            "GRPOConfig.turn_cache", value,
+        )  # fmt: skip
+    if value is True and not getattr(cls, "keeps_turn_cache", False):
+        instead = getattr(cls, "turn_cache_instead", "it samples each turn from the turn's whole context")
+        raise SettingError(
+            f"GRPOConfig.turn_cache=True: the rollout backend {name!r} does not keep a trajectory's KV cache across "
+            f"agent turns ({instead}); set turn_cache to None (auto) or False, or use rollout_backend: hf",
+            "GRPOConfig.turn_cache", value,
+        )  # fmt: skip
+
+
 def build_backend(run: BackendRun, vllm: VLLMConfig | None = None) -> RolloutBackend:
     """The backend ``run.grpo.rollout_backend`` names, built with ``run.grpo.rollout_backend_args`` (or ``vllm``).
 
@@ -125,4 +147,5 @@ def build_backend(run: BackendRun, vllm: VLLMConfig | None = None) -> RolloutBac
     settings = vllm if vllm is not None else backend_settings(cls, args, name)
     backend = cls(settings, run)
     check_supported(cls, run, name)
+    check_turn_cache(cls, run, name)
     return backend

@@ -31,11 +31,13 @@ from lightning_grpo.rollout.logprobs import position_ids_from_mask
 
 __all__ = [
     "SAMPLERS",
+    "DecodeState",
     "SampleFn",
     "Sampled",
     "Sampler",
     "SamplingSettings",
     "decode_loop",
+    "decode_steps",
     "eos_token_ids",
     "eval_mode",
     "generate_rollout",
@@ -343,7 +345,48 @@ def decode_loop(
                 use_cache=True, logits_to_keep=1)  # fmt: skip
     cache, logits = cache_of(out), out.logits[:, -1].float().repeat_interleave(g, dim=0)  # (N, V)
     cache.batch_repeat_interleave(g)
-    mask = prompt_mask.repeat_interleave(g, dim=0)
+    state = DecodeState(cache, logits, alive=prompt_ids.new_empty(0), mask=prompt_mask.repeat_interleave(g, dim=0))
+    tokens, logprobs = decode_steps(model, state, settings, eos_ids, pad_id)
+    return Sampled(torch.cat([prompt_ids.repeat_interleave(g, dim=0), tokens], dim=1), logprobs)
+
+
+@dataclass
+class DecodeState:
+    """What :func:`decode_steps` continues from and leaves behind.
+
+    Attributes:
+        cache: The KV cache of the rows in the batch.
+        logits: ``(n, V)`` float32 next-token logits of those rows.
+        alive: Which of the call's rows are in the batch (set by :func:`decode_steps`: all of them at the start).
+        mask: ``(n, K)`` attention mask over the cache's positions (zeros: padding, or a token that is never read).
+    """
+
+    cache: Any
+    logits: torch.Tensor
+    alive: torch.Tensor
+    mask: torch.Tensor
+
+
+#: Called with the rows about to leave the batch (``drop_finished``): their call rows, cache rows and mask rows.
+LeaveFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]
+
+
+def decode_steps(
+    model: nn.Module,
+    state: DecodeState,
+    settings: SamplingSettings,
+    eos_ids: torch.Tensor,
+    pad_id: int,
+    on_leave: LeaveFn | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The decoding steps of :func:`decode_loop` from a prefilled ``state``: ``(N, T)`` tokens and log-probs.
+
+    Each step applies ``generate``'s processors, draws with ``settings.sampler``, feeds the drawn tokens (masked once a
+    row has produced EOS), and with ``settings.drop_finished`` removes finished rows from the batch and the cache
+    (``on_leave`` sees them first). ``state`` is updated in place: at the end its cache holds the rows in
+    ``state.alive``, and ``state.mask`` marks which cache positions hold tokens the rows read.
+    """
+    mask, logits, cache = state.mask, state.logits, state.cache
     tokens = torch.full((len(mask), settings.max_new_tokens), pad_id, dtype=torch.long, device=mask.device)
     logprobs = torch.zeros(tokens.shape, dtype=torch.float32, device=mask.device)
     alive = torch.arange(len(mask), device=mask.device)  # rows still in the batch
@@ -362,13 +405,17 @@ def decode_loop(
             break
         mask = torch.cat([mask, (~done).long()[:, None]], dim=1)
         if settings.drop_finished and running < len(alive):
-            keep = torch.argsort(done.byte(), stable=True)[:running]  # the running rows, in order; no nonzero
+            order = torch.argsort(done.byte(), stable=True)  # the running rows first, in order; no nonzero
+            keep = order[:running]
+            if on_leave is not None:
+                on_leave(alive[order[running:]], order[running:], mask[order[running:], :-1])
             alive, mask, chosen = alive[keep], mask[keep], chosen[keep]
             cache.batch_select_indices(keep)
         out = model(input_ids=chosen[:, None], attention_mask=mask, position_ids=mask.sum(-1, keepdim=True) - 1,
                     **with_cache(cache), use_cache=True, logits_to_keep=1)  # fmt: skip
         logits = out.logits[:, -1].float()
-    return Sampled(torch.cat([prompt_ids.repeat_interleave(g, dim=0), tokens], dim=1), logprobs)
+    state.alive, state.mask = alive, mask
+    return tokens, logprobs
 
 
 def token_logprobs(logits: torch.Tensor, chosen: torch.Tensor, temperature: float) -> torch.Tensor:

@@ -25,4 +25,16 @@ def test_the_benchmark_runs_at_minimal_size_and_prints_its_table(capsys):
     assert multi.prompt_tokens == single.prompt_tokens > 0  # the same prompts, tool schema included
     assert multi.trajectories == single.trajectories == 2 and multi.seconds > 0 and single.seconds > 0
     out = capsys.readouterr().out
-    assert format_table([multi, single]).splitlines()[0] in out and "| 3 turns, 2 tool calls |" in out
+    assert format_table([multi, single]).splitlines()[0] in out and "| 3 turns, 2 tool calls (turn cache off) |" in out
+
+
+def test_the_turn_cache_rollouts_follow_the_script_in_five_turns():
+    """Both settings, alternating: the scripted session samples the same tokens as ``generate`` does, turn by turn."""
+    args = ["--hidden-size", "64", "--layers", "1", "--prompts", "1", "--generations", "2", "--repeats", "1"]
+    off, on, single_off, single_on = main([*args, "--device", "cpu", "--turns", "5", "--turn-cache", "off", "on"])
+    assert (off.turns, on.turns, single_off.turns, single_on.turns) == (5, 5, 1, 1)
+    assert off.sampled_tokens == on.sampled_tokens == single_on.sampled_tokens  # the script, or main raises
+    assert off.context_tokens == on.context_tokens > 0  # four tool results inserted either way
+    assert "turn cache on" in on.name and "turn cache off" in off.name
+    low, median, high = on.ratio[1], on.ratio[0], on.ratio[2]
+    assert 0 < low <= median <= high

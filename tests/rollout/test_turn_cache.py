@@ -1,0 +1,142 @@
+"""The turn cache (``GRPOConfig.turn_cache``): each trajectory keeps its KV cache across agent turns, and a later turn
+prefills only the inserted tokens; the tokens sampled are those of a full re-prefill (docs/agents.md, cost)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from lightning_grpo import GRPOConfig, PolicyConfig
+from lightning_grpo.agents import EnvStep
+from lightning_grpo.backends.build import build_backend
+from lightning_grpo.backends.hf import HFBackend, HFSession
+from lightning_grpo.backends.protocol import BackendRun
+from lightning_grpo.rollout import SamplingSettings
+from lightning_grpo.rollout.multi_turn import AgentSettings, generate_conversations
+from lightning_grpo.rollout.turn_cache import TurnCache
+from lightning_grpo.settings_checks import SettingError
+from lightning_grpo.testing.agents import short_turn_model
+
+PROMPTS = [[{"role": "user", "content": "go"}], [{"role": "user", "content": "play 2"}]]
+
+
+class RaggedEnv:
+    """Lasts ``row["turns"]`` turns; each observation's length depends on the turn's length, so the tokens inserted
+    differ in length from one trajectory to the next."""
+
+    def __init__(self, row: dict[str, Any]) -> None:
+        self.left = int(row["turns"])
+
+    def reset(self) -> None:
+        return None
+
+    def step(self, message: dict[str, Any]) -> EnvStep:
+        self.left -= 1
+        words = " ".join(["again"] * (1 + len(message["content"]) % 4))
+        return EnvStep(observation=None if self.left <= 0 else words, reward=0.0, done=self.left <= 0)
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer_module):
+    return short_turn_model(tokenizer_module).double().eval()  # float64: no rounding flips a draw
+
+
+@pytest.fixture(scope="module")
+def tokenizer_module():
+    from lightning_grpo.testing import build_tiny_tokenizer
+
+    return build_tiny_tokenizer()
+
+
+def _rollout(model, tokenizer, settings, *, turn_cache: bool, g: int = 3, seed: int = 0):
+    agent = AgentSettings(environment_factory=RaggedEnv, max_turns=4)
+    session = HFSession(model, "as_trained", turn_cache=turn_cache)
+    calls: list[tuple[int, int]] = []  # (rows asked, trajectories whose caches are kept) per call
+    if turn_cache:
+        sample = session.sample
+
+        def counting(*args, **kwargs):
+            out = sample(*args, **kwargs)
+            calls.append((len(kwargs["rows"]), len(session.turn_cache)))
+            return out
+
+        session.sample = counting
+    torch.manual_seed(seed)
+    settings = SamplingSettings(num_generations=g, max_new_tokens=120, **settings)
+    rollout = generate_conversations(model, tokenizer, PROMPTS, settings, agent, max_prompt_length=64,
+                                     columns={"turns": [3, 4]}, sample=session)  # fmt: skip
+    return rollout, session, calls
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [{}, {"sampler": "inverse_cdf"}, {"sampler": "inverse_cdf", "drop_finished": True}, {"drop_finished": True}],
+    ids=["multinomial-vs-generate", "inverse_cdf", "inverse_cdf-drop_finished", "multinomial-drop_finished"],
+)
+def test_the_kept_cache_samples_the_tokens_of_a_full_re_prefill(model, tokenizer_module, settings):
+    for seed in (0, 1):
+        full, _, _ = _rollout(model, tokenizer_module, settings, turn_cache=False, seed=seed)
+        kept, session, calls = _rollout(model, tokenizer_module, settings, turn_cache=True, seed=seed)
+        assert full.turns.num_turns.max() >= 3  # several turns, so later turns did run from the kept caches
+        assert torch.equal(kept.completion_ids, full.completion_ids)
+        assert torch.equal(kept.sampled_mask, full.sampled_mask) and torch.equal(kept.truncated, full.truncated)
+        torch.testing.assert_close(kept.logprobs, full.logprobs, rtol=0, atol=1e-6)
+        cache = session.turn_cache
+        assert cache.reused > cache.prefilled  # the later turns read their contexts from the caches
+        assert all(held <= asked for asked, held in calls)  # finished trajectories left the cache
+
+
+def test_inserted_tokens_differ_in_length_across_trajectories(model, tokenizer_module):
+    rollout, _, _ = _rollout(model, tokenizer_module, {"sampler": "inverse_cdf"}, turn_cache=True)
+    inserted = (rollout.completion_mask - rollout.sampled_mask).sum(1)
+    assert len(set(inserted.tolist())) > 1
+
+
+def test_a_context_that_changed_under_the_cache_is_prefilled_from_where_it_differs(model, tokenizer_module):
+    settings = SamplingSettings(num_generations=1, max_new_tokens=6, sampler="inverse_cdf")
+    ids = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])
+    mask = torch.ones_like(ids)
+    cache = TurnCache()
+    torch.manual_seed(0)
+    first = cache.sample(model, tokenizer_module, ids, mask, settings, rows=[0, 1])
+    context = first.sequences.clone()
+    context[0, 2] = 13  # row 0's context differs from its cache at position 2; row 1's is its cache plus one token
+    torch.manual_seed(1)
+    resumed = cache.sample(model, tokenizer_module, context, torch.ones_like(context), settings, rows=[0, 1])
+    torch.manual_seed(1)
+    fresh = TurnCache().sample(model, tokenizer_module, context, torch.ones_like(context), settings, rows=[0, 1])
+    assert torch.equal(resumed.sequences, fresh.sequences)
+    torch.testing.assert_close(resumed.logprobs, fresh.logprobs, rtol=0, atol=1e-6)
+    assert cache.reused >= 2
+
+
+def _backend(**grpo: Any) -> HFBackend:
+    return HFBackend(None, BackendRun(GRPOConfig(**grpo), PolicyConfig()))
+
+
+def test_auto_keeps_the_cache_where_our_loop_samples_a_multi_turn_rollout(model):
+    inverse = SamplingSettings(2, 8, sampler="inverse_cdf")
+    default = SamplingSettings(2, 8)
+    assert _backend(max_turns=3).session(model, inverse).turn_cache is not None
+    assert _backend(max_turns=3).session(model, default).turn_cache is None  # generate, as before
+    assert _backend(max_turns=1).session(model, inverse).turn_cache is None
+    assert _backend(max_turns=3, turn_cache=True).session(model, default).turn_cache is not None
+    assert _backend(max_turns=3, turn_cache=False).session(model, inverse).turn_cache is None
+
+
+def test_a_turn_cache_that_cannot_be_kept_is_a_clear_error(model):
+    with pytest.raises(ValueError, match=r"turn_cache=True cannot be kept under FSDP2.*generate"):
+        _backend(turn_cache=True).session(model, SamplingSettings(2, 8, synced_gpus=True))
+    with pytest.raises(ValueError, match=r"turn_cache=True cannot be kept with static_cache=True"):
+        _backend(turn_cache=True).session(model, SamplingSettings(2, 8, static_cache=True))
+    assert _backend().session(model, SamplingSettings(2, 8, synced_gpus=True, sampler="inverse_cdf")).turn_cache is None
+    with pytest.raises(SettingError, match=r"turn_cache='yes' is not valid; choose one of None \(auto\), True, False"):
+        build_backend(BackendRun(GRPOConfig(turn_cache="yes"), PolicyConfig()))
+
+
+def test_the_vllm_backend_refuses_a_turn_cache_and_says_what_it_does_instead():
+    pytest.importorskip("vllm")
+    with pytest.raises(SettingError, match=r"backend 'vllm' does not keep.*prefix cache.*turn_cache to None"):
+        build_backend(BackendRun(GRPOConfig(rollout_backend="vllm", turn_cache=True), PolicyConfig(), "tiny"))
