@@ -9,7 +9,24 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["Rollout", "TurnStats", "completion_mask_from_ids"]
+__all__ = ["Rollout", "TurnStats", "completion_mask_from_ids", "left_pad"]
+
+
+def left_pad(rows: Sequence[Sequence[int]], pad_id: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """Token id lists as left-padded ``(n, width)`` ids (``pad_id`` where masked) and their attention mask.
+
+    Example::
+
+        >>> ids, mask = left_pad([[5, 6], [7]], 0, torch.device("cpu"))
+        >>> ids.tolist(), mask.tolist()
+        ([[5, 6], [0, 7]], [[1, 1], [0, 1]])
+    """
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row) :], mask[i, width - len(row) :] = torch.tensor(row, dtype=torch.long), 1
+    return ids.to(device), mask.to(device)
 
 
 def completion_mask_from_ids(completion_ids: Tensor, eos_token_ids: Tensor) -> tuple[Tensor, Tensor]:

@@ -27,7 +27,7 @@ from lightning_grpo.agents import (
 )
 from lightning_grpo.rewards._text import DATASET_INDEX
 from lightning_grpo.rollout.agent import AgentSettings, Trajectory, trl_trajectories
-from lightning_grpo.rollout.batch import Rollout, TurnStats
+from lightning_grpo.rollout.batch import Rollout, TurnStats, left_pad
 from lightning_grpo.rollout.chat import continuation_ids, render_messages
 from lightning_grpo.rollout.generation import (
     Sampled,
@@ -139,7 +139,7 @@ def _sample_turn(
         return _new_tokens(out, prompt_ids.shape[1])
     contexts = [prompt_ids[i][prompt_mask[i].bool()].tolist() + trajectories[i].tokens for i in active]
     budget = max(settings.max_new_tokens - len(trajectories[i].tokens) for i in active)
-    ids, mask = _left_pad(contexts, tokenizer.pad_token_id, prompt_ids.device)
+    ids, mask = left_pad(contexts, tokenizer.pad_token_id, prompt_ids.device)
     out = draw(
         sample, model, tokenizer, ids, mask, replace(settings, num_generations=1, max_new_tokens=budget), rows=active
     )
@@ -154,15 +154,6 @@ def _groups_share_prompt(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, g:
     """Whether the G rows of every group have the same prompt (not so when environments observe differently)."""
     rows = torch.cat([prompt_ids, prompt_mask.long()], dim=1).view(-1, g, 2 * prompt_ids.shape[1])
     return bool((rows == rows[:, :1]).all())
-
-
-def _left_pad(rows: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(map(len, rows))
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, row in enumerate(rows):
-        ids[i, width - len(row) :], mask[i, width - len(row) :] = torch.tensor(row, dtype=torch.long), 1
-    return ids.to(device), mask.to(device)
 
 
 def _react(

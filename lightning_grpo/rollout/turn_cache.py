@@ -21,6 +21,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache, PreTrainedTokenizerBase
 
+from lightning_grpo.rollout.batch import left_pad
 from lightning_grpo.rollout.cache_keyword import cache_of, with_cache
 from lightning_grpo.rollout.generation import (
     DecodeState,
@@ -119,7 +120,7 @@ class TurnCache:
         reused = [self._reusable(row, context) for row, context in zip(rows, contexts, strict=True)]
         self.reused += sum(reused)
         self.prefilled += sum(len(c) for c in contexts) - sum(reused)
-        ids, new_mask = _left_pad([c[n:] for c, n in zip(contexts, reused, strict=True)], device)
+        ids, new_mask = left_pad([c[n:] for c, n in zip(contexts, reused, strict=True)], 0, device)
         positions = torch.tensor(reused, device=device)[:, None] + position_ids_from_mask(new_mask)
         kept, old_mask = self._batched(rows, reused, device)
         mask = torch.cat([old_mask, new_mask], dim=1)
@@ -172,13 +173,3 @@ def _take(
         layers = [(layer.keys[batch_row][:, read], layer.values[batch_row][:, read]) for layer in cache.layers]
         taken[call_row] = (int(read.sum()), layers)
     return taken
-
-
-def _left_pad(rows: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-padded ``(n, width)`` ids (padding id 0, masked) and attention mask."""
-    width = max(map(len, rows))
-    ids = torch.zeros((len(rows), width), dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, row in enumerate(rows):
-        ids[i, width - len(row) :], mask[i, width - len(row) :] = torch.tensor(row, dtype=torch.long), 1
-    return ids.to(device), mask.to(device)

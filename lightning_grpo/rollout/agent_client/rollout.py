@@ -23,7 +23,7 @@ from transformers import PreTrainedTokenizerBase
 from lightning_grpo.agents import ToolCallParser
 from lightning_grpo.rollout.agent_client.gather import CallGatherer
 from lightning_grpo.rollout.agent_client.recorder import TrajectoryRecorder
-from lightning_grpo.rollout.batch import Rollout
+from lightning_grpo.rollout.batch import Rollout, left_pad
 from lightning_grpo.rollout.generation import SampleFn, SamplingSettings, eos_token_ids, eval_mode
 from lightning_grpo.rollout.session import RolloutSession, draw
 
@@ -147,7 +147,7 @@ def _batch_sampler(model: nn.Module, tokenizer: PreTrainedTokenizerBase, setting
 
     @torch.no_grad()
     def sample_batch(contexts: list[list[int]], caps: list[int], rows: list[int]) -> list[Any]:
-        ids, mask = _left_pad(contexts, tokenizer.pad_token_id, device)
+        ids, mask = left_pad(contexts, tokenizer.pad_token_id, device)
         one = replace(settings, num_generations=1, max_new_tokens=max(caps))
         out = draw(sample, model, tokenizer, ids, mask, one, rows=rows)
         results = []
@@ -158,15 +158,6 @@ def _batch_sampler(model: nn.Module, tokenizer: PreTrainedTokenizerBase, setting
         return results
 
     return sample_batch
-
-
-def _left_pad(rows: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(map(len, rows))
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, row in enumerate(rows):
-        ids[i, width - len(row) :], mask[i, width - len(row) :] = torch.tensor(row, dtype=torch.long), 1
-    return ids.to(device), mask.to(device)
 
 
 async def _run_all(
