@@ -149,7 +149,7 @@ class GRPOConfig:
     """Positions per chunk of the log-softmax (memory versus kernel launches)."""
     share_prompt: bool = True
     """Run each prompt once for its G samples, in sampling (prefill) and in the log-prob passes (same results as
-    running it G times; off under FSDP2 in the log-prob passes)."""
+    running it G times; under FSDP2 the log-prob passes share it only on packed rows, with no KV cache)."""
     fused_head: bool = True
     """Compute log-probs inside the output head, tile by tile, so no ``(N, T, V)`` logits tensor exists."""
     fused_head_tile_mib: int | None = None

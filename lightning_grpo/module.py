@@ -49,6 +49,7 @@ from lightning_grpo.policy.quantization import check_shardable
 from lightning_grpo.rewards import RewardFunctions, RewardScores, TrainerState
 from lightning_grpo.rollout import Rollout, SamplingSettings, TokenLogProbs, agent_client, completion_logprobs
 from lightning_grpo.rollout.agent import AgentSettings
+from lightning_grpo.rollout.packing import packing_route
 from lightning_grpo.rollout.sampling import sample_rollout
 
 __all__ = ["GRPOModule", "StepOutput"]  # StepOutput is defined in lightning_grpo.iteration
@@ -289,12 +290,18 @@ class GRPOModule(LightningModule):
     ) -> TokenLogProbs:
         """Per-token log-probs ``(N, T)`` of the completions, of the reference if ``reference``; step 4 uses it too."""
         settings = self.logprob_settings()
-        if distributed.is_sharded(self.policy):
-            # FSDP2's hooks would miss a backward through the shared prompt's KV cache; every pass takes the
-            # same path so that old, reference and current log-probs agree to the last bit
+        if distributed.is_sharded(self.policy) and not self._packs_shared_prompt():
+            # FSDP2's hooks would miss a backward through the shared prompt's KV cache (the packed shared-prompt
+            # layout has none: one forward); every pass takes the same path so that old, reference and current
+            # log-probs agree to the last bit
             settings["share_prompt"] = False
         with reference_mode(self.policy) if reference else nullcontext():
             return completion_logprobs(self.policy, rollout, with_entropy=with_entropy, **settings)
+
+    def _packs_shared_prompt(self) -> bool:
+        """Whether the log-prob passes run the shared prompt as one packed row with a mask (no KV cache)."""
+        cfg = self.config
+        return cfg.share_prompt and cfg.packing is not False and packing_route(self.policy, True) == "mask"
 
     def logprob_settings(self) -> dict[str, Any]:
         """Keyword settings of :func:`~lightning_grpo.rollout.completion_logprobs`, from :attr:`config`."""
@@ -417,7 +424,8 @@ class GRPOModule(LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse a checkpoint of another policy; changed settings take effect (docs/distributed.md, resuming)."""
-        check_resume(self, checkpoint, self._trained_on, self._build_optimizer)
+        defaults = {"grpo": asdict(GRPOConfig())}  # settings an older checkpoint lacks compare as their defaults
+        check_resume(self, checkpoint, self._trained_on, self._build_optimizer, defaults)
 
     def export_adapter(self, path: str | Path) -> Path:
         """Write the adapter in PEFT format (``PeftModel.from_pretrained``, vLLM); under FSDP2 every rank calls it."""

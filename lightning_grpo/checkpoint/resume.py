@@ -30,6 +30,7 @@ def check_resume(
     checkpoint: dict[str, Any],
     trained_on: dict[str, Any],
     build: Callable[[], tuple[torch.optim.Optimizer, Any | None]],
+    defaults: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> None:
     """``GRPOModule.on_load_checkpoint``: refuse another policy's checkpoint, then apply and report changed settings.
 
@@ -38,6 +39,8 @@ def check_resume(
         checkpoint: The loaded checkpoint.
         trained_on: :func:`~lightning_grpo.checkpoint.records.describe_policy` of this module's policy.
         build: Builds this run's optimizer and scheduler, fresh.
+        defaults: The default of each setting by section (``{"grpo": {...}}``): a setting an older checkpoint lacks
+            (added since) counts as saved with its default, so only a value other than the default is reported.
 
     Raises:
         CheckpointMismatchError: The checkpoint was trained on another base model, LoRA shape or tokenizer.
@@ -45,7 +48,7 @@ def check_resume(
     record = checkpoint.get(CHECKPOINT_KEY, {})
     trainer = module._trainer
     check_same_policy(record.get("policy"), trained_on, trainer.ckpt_path if trainer is not None else None)
-    report_changed_settings(checkpoint.get("hyper_parameters"), module.hparams)
+    report_changed_settings(checkpoint.get("hyper_parameters"), module.hparams, defaults)
     if trainer is not None:
         apply_new_settings(checkpoint, record.get("optimizer"), build)
 
@@ -96,8 +99,19 @@ def apply_new_settings(
     return changed
 
 
-def report_changed_settings(saved: Mapping[str, Any] | None, current: Mapping[str, Any]) -> list[str]:
-    """Log the module settings (``grpo.*``, ``seed``) that differ from the checkpoint's; they take effect as given."""
+def report_changed_settings(
+    saved: Mapping[str, Any] | None,
+    current: Mapping[str, Any],
+    defaults: Mapping[str, Mapping[str, Any]] | None = None,
+) -> list[str]:
+    """Log the module settings (``grpo.*``, ``seed``) that differ from the checkpoint's; they take effect as given.
+
+    A setting missing from a section of ``saved`` (a checkpoint older than the setting) is compared as its value in
+    ``defaults``.
+    """
+    if saved and defaults:
+        filled = {key: {**defaults[key], **saved[key]} for key in defaults if isinstance(saved.get(key), Mapping)}
+        saved = {**saved, **filled}
     changed = _differences(saved, current, keys=("grpo", "seed")) if saved else []
     if changed:
         rank_zero_info(f"Resuming with changed settings, which take effect now: {', '.join(changed)}")

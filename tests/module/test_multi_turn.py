@@ -59,8 +59,9 @@ def _perturbed_loss(module, batch, positions):
 
 @pytest.mark.parametrize("loss_agg_mode", ["token-mean", "seq-mean-token-mean"])
 def test_context_tokens_do_not_enter_loss_kl_entropy_or_gradient(tokenizer, loss_agg_mode):
+    # padded rows (packing=False): the hook below perturbs the (N, T, V) logits of the padded layout
     module = _module(tokenizer, kl_coef=0.5, entropy_coef=0.01, fused_head=False, share_prompt=False,
-                     loss_agg_mode=loss_agg_mode)  # fmt: skip
+                     loss_agg_mode=loss_agg_mode, packing=False)  # fmt: skip
     torch.manual_seed(0)
     rollout = module.generate(BATCH)
     context = rollout.completion_mask.bool() & ~rollout.sampled_mask.bool()
