@@ -142,10 +142,23 @@ def _build(role: ComponentRole, name: str, settings: dict[str, Any], defaults: d
     if missing:
         needed = ", ".join(missing)
         raise ComponentSettingError(f"the {role.what} {name!r} needs the setting(s) {needed}; give them in its args")
+    own_defaults = {k: v for k, v in takes.items() if v is not inspect.Parameter.empty}
+    _check_settings(target, {**own_defaults, **given}, role, name)
     component = target(**given) if isinstance(target, type) else _bound(target, given)
     if isinstance(target, type):
         _check_call(component, role, name)
     return component
+
+
+def _check_settings(target: Callable[..., Any], given: dict[str, Any], role: ComponentRole, name: str) -> None:
+    """Call the ``check_settings`` a function is marked with (``policy_loss_terms.with_settings_check``)."""
+    check = None if isinstance(target, type) else getattr(target, "check_settings", None)
+    if check is None:
+        return
+    try:
+        check(**given)
+    except (TypeError, ValueError) as error:
+        raise ComponentSettingError(f"the {role.what} {name!r}: {error}") from None
 
 
 def _bound(function: Callable[..., Any], given: dict[str, Any]) -> Callable[..., Any]:

@@ -75,7 +75,7 @@ def grpo_loss(
     )  # fmt: skip
     per_token, tis = importance_weighted(per_token, old, behaviour_logprobs, loss_mask, settings.tis_cap)
     pg_loss = aggregate(per_token)
-    metrics = {"pg_loss": pg_loss, **vars(stats), **tis, "entropy": masked_mean(entropy.detach(), loss_mask)}
+    metrics = {"pg_loss": pg_loss, **stats.as_metrics(), **tis, "entropy": masked_mean(entropy.detach(), loss_mask)}
     if at_sampling_weights:
         metrics.update(rollout_agreement(logprobs, behaviour_logprobs, loss_mask))
     loss = pg_loss

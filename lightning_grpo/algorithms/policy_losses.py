@@ -8,6 +8,10 @@ Kinds (choose by name, see :data:`POLICY_LOSSES`):
 * ``gspo`` — Group Sequence Policy Optimization (Zheng et al., 2025, arXiv:2507.18071): the sequence-level ratio
   ``exp(mean_t(logp - old_logp))`` with a straight-through token gradient.
 * ``cispo`` — CISPO (MiniMax-M1, arXiv:2506.13585): the clipped importance weight, detached, times the log-prob.
+* ``sapo``, ``gmpo``, ``gpg`` — soft gate, geometric mean, plain policy gradient
+  (:mod:`~lightning_grpo.algorithms.soft_losses`); ``dppo_tv``, ``dppo_kl`` — DPPO's binary trust region
+  (:mod:`~lightning_grpo.algorithms.divergence_losses`); ``clip_cov``, ``kl_cov`` — covariance-selected tokens
+  (:mod:`~lightning_grpo.algorithms.covariance_losses`). Each has settings of its own, with the papers' defaults.
 
 A loss of your own is a :data:`PolicyLossFunction` named by its import path (``loss_kind:
 my_project.losses.my_loss``): it receives the tensors and one :class:`PolicyLossSettings` and returns
@@ -20,7 +24,7 @@ use (``loss_kind_args: {clip_high: 0.28}``), which default to ``GRPOConfig``'s f
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, Literal
 
@@ -28,11 +32,20 @@ import torch
 from torch import Tensor
 
 from lightning_grpo.algorithms._checks import check_same_shape
+from lightning_grpo.algorithms import covariance_losses, divergence_losses, soft_losses
 from lightning_grpo.algorithms.components import ComponentRole, build_component
+from lightning_grpo.algorithms.policy_loss_terms import (
+    MAX_SEQ_LOG_RATIO,
+    PolicyLossSettings,
+    PolicyLossTerms,
+    check_clip_args,
+    log_ratio,
+)
 from lightning_grpo.algorithms.statistics import masked_mean
-from lightning_grpo.settings_checks import check_number
 
-PolicyLossKind = Literal["clip", "gspo", "cispo"]
+PolicyLossKind = Literal[
+    "clip", "gspo", "cispo", "sapo", "gmpo", "dppo_tv", "dppo_kl", "clip_cov", "kl_cov", "gpg"
+]
 #: ``(logprobs, old_logprobs, advantages, completion_mask, settings) -> PolicyLossTerms``.
 PolicyLossFunction = Callable[[Tensor, Tensor, Tensor, Tensor, "PolicyLossSettings"], "PolicyLossTerms"]
 
@@ -49,9 +62,6 @@ __all__ = [
     "policy_loss",
 ]
 
-_MAX_LOG_RATIO = 20.0
-_MAX_SEQ_LOG_RATIO = 10.0
-
 
 @dataclass(frozen=True)
 class PolicyLossStats:
@@ -63,6 +73,7 @@ class PolicyLossStats:
         clip_frac_high: Tokens with ``A > 0`` and ``ratio > 1 + clip_high``.
         dual_clip_frac: Tokens where the dual clip bound ``-A * dual_clip`` is taken.
         approx_kl: ``mean(old_logprobs - logprobs)``, the k1 estimate of ``KL(old || current)``.
+        extra: The loss's own diagnostics (:attr:`PolicyLossTerms.metrics`), each reduced to a 0-dim mean.
     """
 
     clip_frac: Tensor
@@ -70,47 +81,12 @@ class PolicyLossStats:
     clip_frac_high: Tensor
     dual_clip_frac: Tensor
     approx_kl: Tensor
+    extra: Mapping[str, Tensor] = field(default_factory=dict)
 
-
-@dataclass(frozen=True)
-class PolicyLossSettings:
-    """The settings every policy loss receives (each uses those it needs).
-
-    Attributes:
-        clip_low: The ratio is clipped below at ``1 - clip_low``.
-        clip_high: The ratio is clipped above at ``1 + clip_high`` (DAPO's clip-higher when larger).
-        dual_clip: Bound ``c`` of dual clip for ``A < 0``; ``None`` disables it.
-        delta: INTELLECT-2 upper bound on the ratio in the unclipped term; ``None`` disables it.
-
-    Raises:
-        TypeError: A value is not a number.
-        ValueError: A value is NaN, infinite or out of range (:func:`check_clip_args`).
-    """
-
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    dual_clip: float | None = 3.0
-    delta: float | None = None
-
-    def __post_init__(self) -> None:
-        check_clip_args(self.clip_low, self.clip_high, self.dual_clip, self.delta)
-
-
-@dataclass(frozen=True)
-class PolicyLossTerms:
-    """What a policy loss returns: the per-token loss and what its clipping diagnostics are computed from.
-
-    Attributes:
-        loss: ``(N, T)`` per-token loss, padding not yet masked.
-        ratio: ``(N, T)`` importance ratio (``clip_frac_low`` / ``clip_frac_high`` compare it with the clip range).
-        clipped: ``(N, T)`` bool, tokens where a clipped branch is taken (``clip_frac``); ``None``: none.
-        dual_clipped: ``(N, T)`` bool, tokens where the dual-clip bound is taken (``dual_clip_frac``); ``None``: none.
-    """
-
-    loss: Tensor
-    ratio: Tensor
-    clipped: Tensor | None = None
-    dual_clipped: Tensor | None = None
+    def as_metrics(self) -> dict[str, Tensor]:
+        """Every diagnostic by its logged name (``clip_frac``, ..., then the loss's own)."""
+        fixed = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
+        return {**fixed, **self.extra}
 
 
 def _clipped_surrogate(
@@ -136,7 +112,7 @@ def _clip(
     logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, settings: PolicyLossSettings, *,
     clip_low: float = 0.2, clip_high: float = 0.2, dual_clip: float | None = 3.0, delta: float | None = None,
 ) -> PolicyLossTerms:  # fmt: skip
-    ratio = torch.exp((logprobs - old_logprobs).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO))  # (N, T)
+    ratio = torch.exp(log_ratio(logprobs, old_logprobs))  # (N, T)
     return _clipped_surrogate(ratio, advantages, clip_low, clip_high, dual_clip, delta)
 
 
@@ -148,7 +124,7 @@ def _gspo(
     log_ratio = torch.where(valid, logprobs - old_logprobs, torch.zeros_like(logprobs))  # (N, T), padding ignored
     seq_log_ratio = log_ratio.sum(-1, keepdim=True) / valid.sum(-1, keepdim=True).clamp(min=1)  # (N, 1)
     token_log_ratio = seq_log_ratio.detach() + logprobs - logprobs.detach()  # value: sequence; gradient: token
-    ratio = torch.exp(token_log_ratio.clamp(max=_MAX_SEQ_LOG_RATIO))  # (N, T)
+    ratio = torch.exp(token_log_ratio.clamp(max=MAX_SEQ_LOG_RATIO))  # (N, T)
     return _clipped_surrogate(ratio, advantages, clip_low, clip_high, None, delta)
 
 
@@ -156,7 +132,7 @@ def _cispo(
     logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, settings: PolicyLossSettings, *,
     clip_low: float = 0.2, clip_high: float = 0.2,
 ) -> PolicyLossTerms:  # fmt: skip
-    ratio = torch.exp((logprobs - old_logprobs).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO))  # (N, T)
+    ratio = torch.exp(log_ratio(logprobs, old_logprobs))  # (N, T)
     weight = ratio.clamp(1.0 - clip_low, 1.0 + clip_high).detach()
     weight = torch.where(mask.bool(), weight, torch.zeros_like(weight))  # padding carries no gradient
     clipped = weight != ratio.detach()
@@ -165,28 +141,16 @@ def _cispo(
 
 #: Read-only catalogue of the built-in losses: kind -> function of one shared signature. ``loss_kind`` may also be
 #: the import path of a function of that signature (:mod:`~lightning_grpo.algorithms.catalogue`).
-POLICY_LOSSES: Mapping[str, PolicyLossFunction] = MappingProxyType({"clip": _clip, "gspo": _gspo, "cispo": _cispo})
+POLICY_LOSSES: Mapping[str, PolicyLossFunction] = MappingProxyType({
+    "clip": _clip, "gspo": _gspo, "cispo": _cispo, "sapo": soft_losses.sapo, "gmpo": soft_losses.gmpo,
+    "dppo_tv": divergence_losses.dppo_tv, "dppo_kl": divergence_losses.dppo_kl, "clip_cov": covariance_losses.clip_cov,
+    "kl_cov": covariance_losses.kl_cov, "gpg": soft_losses.gpg,
+})  # fmt: skip
 #: The role of a policy loss: how a component named by ``loss_kind`` (with ``loss_kind_args``) is built and called.
 POLICY_LOSS = ComponentRole(
     "policy loss kind", POLICY_LOSSES, ("logprobs", "old_logprobs", "advantages", "completion_mask", "settings"),
     "PolicyLossTerms",
 )  # fmt: skip
-
-
-def check_clip_args(clip_low: float, clip_high: float, dual_clip: float | None, delta: float | None) -> None:
-    """Raise unless ``0 <= clip_low < 1``, ``clip_high >= 0``, ``dual_clip > 1`` and ``delta > 1 + clip_high``.
-
-    ``dual_clip`` and ``delta`` may be ``None`` (off). :class:`~lightning_grpo.config.GRPOConfig` checks its settings
-    with this function too, so a bad value fails when the config is built, with the same message.
-
-    Raises:
-        TypeError: A value is not a number.
-        ValueError: A value is NaN, infinite or out of its range.
-    """
-    check_number("clip_low", clip_low, minimum=0.0, maximum=1.0, exclusive_maximum=True)
-    check_number("clip_high", clip_high, minimum=0.0)
-    check_number("dual_clip", dual_clip, minimum=1.0, exclusive_minimum=True, allow_none=True)
-    check_number("delta", delta, minimum=1.0 + clip_high, exclusive_minimum=True, allow_none=True)
 
 
 def policy_loss(
@@ -201,6 +165,7 @@ def policy_loss(
     clip_high: float = 0.2,
     dual_clip: float | None = 3.0,
     delta: float | None = None,
+    seed: int | None = None,
 ) -> tuple[Tensor, PolicyLossStats]:
     """Per-token policy loss and its clipping diagnostics.
 
@@ -209,7 +174,7 @@ def policy_loss(
         old_logprobs: ``(N, T)`` log-probs under the policy that sampled them (no gradient).
         advantages: ``(N,)`` per-sequence or ``(N, T)`` per-token advantages.
         completion_mask: ``(N, T)`` valid-token mask (used by the statistics and by ``gspo``'s sequence mean).
-        kind: ``"clip"``, ``"gspo"``, ``"cispo"``, or the import path of a :data:`PolicyLossFunction` (or a class
+        kind: A name of :data:`POLICY_LOSSES` (``"clip"``, ``"gspo"``, ``"sapo"``, ...), or the import path of a :data:`PolicyLossFunction` (or a class
             whose instances are one).
         kind_args: The loss's own settings (its keyword-only parameters, or its class's ``__init__`` arguments);
             those named like ``clip_low``, ``clip_high``, ``dual_clip``, ``delta`` replace these arguments.
@@ -217,6 +182,7 @@ def policy_loss(
         clip_high: Upper clip range: the ratio is clipped at ``1 + clip_high`` (DAPO's clip-higher when larger).
         dual_clip: Bound ``c`` of dual clip for ``A < 0`` (``clip`` only); ``None`` disables it.
         delta: INTELLECT-2 upper bound on the ratio in the unclipped term; ``None`` disables it.
+        seed: Seed of the loss's random choices (``clip_cov``), the step's seed; ``None``: torch's global one.
 
     Returns:
         ``(per_token_loss, stats)``: the ``(N, T)`` loss (padding not yet masked) and :class:`PolicyLossStats`.
@@ -231,8 +197,11 @@ def policy_loss(
         >>> loss
         tensor([[-1.2000, -1.0000]])
     """
-    settings = loss_settings(kind_args, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, delta=delta)
-    compute = build_component(POLICY_LOSS, kind, kind_args, defaults=vars(settings))
+    settings = loss_settings(
+        kind_args, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, delta=delta, seed=seed
+    )
+    defaults = {name: value for name, value in vars(settings).items() if name != "seed"}  # built once, any seed
+    compute = build_component(POLICY_LOSS, kind, kind_args, defaults=defaults)
     check_same_shape(logprobs=logprobs, old_logprobs=old_logprobs, completion_mask=completion_mask)
     if advantages.ndim == 1 and advantages.shape[0] == logprobs.shape[0]:
         advantages = advantages[:, None]  # (N, 1) broadcasts over tokens
@@ -279,4 +248,11 @@ def _stats(
         clip_frac_high=masked_mean(high.float(), mask),
         dual_clip_frac=masked_mean(dual_clipped.float(), mask),
         approx_kl=masked_mean((old_logprobs - logprobs).float(), mask),
+        extra={name: _mean(value, mask) for name, value in (terms.metrics or {}).items()},
     )
+
+
+def _mean(value: Tensor, mask: Tensor) -> Tensor:
+    """A loss's own metric: an ``(N, T)`` one is averaged over valid tokens, a 0-dim one is kept."""
+    value = value.detach().float()
+    return value if value.ndim == 0 else masked_mean(value.expand(mask.shape), mask)
