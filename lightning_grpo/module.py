@@ -319,7 +319,7 @@ class GRPOModule(LightningModule):
         return grpo_loss(
             current.logprobs, current.entropy, batch.advantages, batch.loss_mask, self.config, aggregate,
             old_logprobs=batch.old_logprobs, ref_logprobs=batch.ref_logprobs, behaviour_logprobs=batch.rollout.logprobs,
-            at_sampling_weights=batch.at_sampling_weights,
+            at_sampling_weights=batch.at_sampling_weights, seed=self._step_seed(),
         )  # fmt: skip
 
     def update_policy(self, batch: UpdateBatch) -> tuple[Tensor, dict[str, Tensor]]:

@@ -55,7 +55,7 @@ def dppo_tv(
     logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, settings: PolicyLossSettings, *,
     threshold_low: float = 0.2, threshold_high: float = 0.2, ratio_cap: float = 20.0,
 ) -> PolicyLossTerms:  # fmt: skip
-    """DPPO-Binary-TV: for ``A > 0`` masked when ``p - p_old > threshold_high``; else when ``p_old - p > threshold_low``."""
+    """DPPO-Binary-TV: masked when ``p - p_old > threshold_high`` (``A > 0``) or ``p_old - p > threshold_low``."""
     with torch.no_grad():
         moved = torch.exp(logprobs) - torch.exp(old_logprobs)  # (N, T)
         keep = torch.where(advantages > 0, moved <= threshold_high, moved >= -threshold_low)

@@ -50,6 +50,7 @@ def grpo_loss(
     ref_logprobs: Tensor | None = None,
     behaviour_logprobs: Tensor | None = None,
     at_sampling_weights: bool = False,
+    seed: int | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The loss of one micro-batch and its metrics (``pg_loss``, the clip fractions, ``entropy``, ``kl``, ...).
 
@@ -66,12 +67,13 @@ def grpo_loss(
         behaviour_logprobs: ``(n, T)`` log-probs the sampler recorded (``Rollout.logprobs``), for TIS and agreement.
         at_sampling_weights: Whether ``logprobs`` are of the weights that sampled (the step's first mini-batch): only
             then are ``rollout_logprob_diff_*`` logged.
+        seed: Seed of the policy loss's random choices (``clip_cov``): the step's seed; ``None``: torch's global one.
     """
     old = old_logprobs if old_logprobs is not None else logprobs.detach()
     per_token, stats = policy_loss(
         logprobs, old, advantages, loss_mask, kind=settings.loss_kind, kind_args=settings.loss_kind_args,
         clip_low=settings.clip_low,
-        clip_high=settings.clip_high, dual_clip=settings.dual_clip, delta=settings.delta,
+        clip_high=settings.clip_high, dual_clip=settings.dual_clip, delta=settings.delta, seed=seed,
     )  # fmt: skip
     per_token, tis = importance_weighted(per_token, old, behaviour_logprobs, loss_mask, settings.tis_cap)
     pg_loss = aggregate(per_token)

@@ -31,8 +31,8 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from lightning_grpo.algorithms._checks import check_same_shape
 from lightning_grpo.algorithms import covariance_losses, divergence_losses, soft_losses
+from lightning_grpo.algorithms._checks import check_same_shape
 from lightning_grpo.algorithms.components import ComponentRole, build_component
 from lightning_grpo.algorithms.policy_loss_terms import (
     MAX_SEQ_LOG_RATIO,
@@ -43,9 +43,7 @@ from lightning_grpo.algorithms.policy_loss_terms import (
 )
 from lightning_grpo.algorithms.statistics import masked_mean
 
-PolicyLossKind = Literal[
-    "clip", "gspo", "cispo", "sapo", "gmpo", "dppo_tv", "dppo_kl", "clip_cov", "kl_cov", "gpg"
-]
+PolicyLossKind = Literal["clip", "gspo", "cispo", "sapo", "gmpo", "dppo_tv", "dppo_kl", "clip_cov", "kl_cov", "gpg"]
 #: ``(logprobs, old_logprobs, advantages, completion_mask, settings) -> PolicyLossTerms``.
 PolicyLossFunction = Callable[[Tensor, Tensor, Tensor, Tensor, "PolicyLossSettings"], "PolicyLossTerms"]
 
@@ -174,8 +172,8 @@ def policy_loss(
         old_logprobs: ``(N, T)`` log-probs under the policy that sampled them (no gradient).
         advantages: ``(N,)`` per-sequence or ``(N, T)`` per-token advantages.
         completion_mask: ``(N, T)`` valid-token mask (used by the statistics and by ``gspo``'s sequence mean).
-        kind: A name of :data:`POLICY_LOSSES` (``"clip"``, ``"gspo"``, ``"sapo"``, ...), or the import path of a :data:`PolicyLossFunction` (or a class
-            whose instances are one).
+        kind: A name of :data:`POLICY_LOSSES` (``"clip"``, ``"gspo"``, ``"sapo"``, ...), or the import path of a
+            :data:`PolicyLossFunction` (or a class whose instances are one).
         kind_args: The loss's own settings (its keyword-only parameters, or its class's ``__init__`` arguments);
             those named like ``clip_low``, ``clip_high``, ``dual_clip``, ``delta`` replace these arguments.
         clip_low: Lower clip range: the ratio is clipped at ``1 - clip_low``.
