@@ -68,7 +68,7 @@ def clip_cov(
     band = valid & ~clipped & (cov > clip_cov_lb) & (cov < clip_cov_ub)
     candidates = band.flatten().nonzero().squeeze(-1)  # (K,)
     generator = settings.generator(torch.device("cpu"))
-    order = torch.randperm(candidates.numel(), generator=generator).to(candidates.device)
+    order = torch.randperm(candidates.numel(), generator=generator, device="cpu").to(candidates.device)
     chosen = candidates[order[: _count(clip_cov_ratio, valid)]]
     selected = torch.zeros_like(valid).flatten().index_fill(0, chosen, True).view_as(valid)
     loss = torch.where(selected, loss.detach(), loss)

@@ -24,7 +24,7 @@ use (``loss_kind_args: {clip_high: 0.28}``), which default to ``GRPOConfig``'s f
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Any, Literal
 
@@ -198,7 +198,7 @@ def policy_loss(
     settings = loss_settings(
         kind_args, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, delta=delta, seed=seed
     )
-    defaults = {name: value for name, value in vars(settings).items() if name != "seed"}  # built once, any seed
+    defaults = vars(replace(settings, seed=None))  # as GRPOConfig.component's: built once, whatever the seed
     compute = build_component(POLICY_LOSS, kind, kind_args, defaults=defaults)
     check_same_shape(logprobs=logprobs, old_logprobs=old_logprobs, completion_mask=completion_mask)
     if advantages.ndim == 1 and advantages.shape[0] == logprobs.shape[0]:

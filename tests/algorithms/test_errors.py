@@ -49,7 +49,9 @@ def test_unknown_advantage_scale():
 
 
 def test_unknown_policy_loss_kind():
-    assert list(POLICY_LOSSES) == ["clip", "gspo", "cispo"]
+    assert list(POLICY_LOSSES) == [
+        "clip", "gspo", "cispo", "sapo", "gmpo", "dppo_tv", "dppo_kl", "clip_cov", "kl_cov", "gpg"
+    ]  # fmt: skip
     with pytest.raises(ValueError, match=_lists("policy loss kind", "ppo", POLICY_LOSSES)):
         policy_loss(LP, LP, ADV, MASK, kind="ppo")
 
