@@ -21,6 +21,12 @@ MODULE_METRICS = (
     "train/clip_frac", "train/clip_frac_low", "train/clip_frac_high", "train/dual_clip_frac",
 )  # fmt: skip
 
+#: The own metrics of the policy losses of some equivalence cases (issue 37), each strictly between 0 and 1 there.
+LOSS_METRICS = {
+    "sapo-micro2-epochs2": ("train/sapo_gate_mean",),
+    "dppo_tv-micro2-epochs2": ("train/dppo_masked_frac",),
+}
+
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
 
 # Observed: max |Δ| = 6e-8 under DDP and FSDP2 (float32 rounding of sums taken in another order); the step itself
@@ -63,6 +69,9 @@ def test_dist_logged_metrics_are_global(request, single_process, strategy):
         for name in MODULE_METRICS:
             assert got[name] == pytest.approx(expected[name], rel=1e-5, abs=1e-7), f"{case}: {name}"
         assert got["train/kl"] != 0 and got["train/entropy"] > 0  # real values, not zeros that always agree
+        for name in LOSS_METRICS.get(case, ()):  # a loss's own metrics: token-weighted over ranks too
+            assert got[name] == pytest.approx(expected[name], rel=1e-5, abs=1e-7), f"{case}: {name}"
+            assert 0 < expected[name] < 1, f"{case}: {name} = {expected[name]} shows nothing"
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)

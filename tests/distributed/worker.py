@@ -57,6 +57,20 @@ EQUIVALENCE_CASES: dict[str, dict[str, Any]] = {
         "micro_batch_tokens": 26,
         "micro_batch_size": 3,
     },
+    # Issue 37's policy losses, two passes (the second off-policy): per-token and per-sequence pieces hold over ranks.
+    "sapo-micro2-epochs2": {"loss_kind": "sapo", "micro_batch_size": 2, "ppo_epochs": 2},
+    "gmpo-seq-mean-micro2-epochs2": {
+        "loss_kind": "gmpo",
+        "loss_agg_mode": "seq-mean-token-mean",
+        "micro_batch_size": 2,
+        "ppo_epochs": 2,
+    },
+    "dppo_tv-micro2-epochs2": {
+        "loss_kind": "dppo_tv",
+        "loss_kind_args": {"threshold_low": 0.01, "threshold_high": 0.01},
+        "micro_batch_size": 2,
+        "ppo_epochs": 2,
+    },
     "process-batch-std-micro2": {
         "micro_batch_size": 2,
         "advantage_estimator": "grpo_process",
