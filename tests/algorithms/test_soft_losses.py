@@ -189,3 +189,29 @@ def test_bad_settings_name_the_setting_and_its_range(kind, args, named):
         GRPOConfig(loss_kind=kind, loss_kind_args=args)
     with pytest.raises(ValueError, match=named):
         policy_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1), torch.ones(1, 1), kind=kind, kind_args=args)
+
+
+# ---------------------------------------------------------------- every new loss, on-policy
+
+
+# gmpo with per-token advantages averages them over the sequence: another gradient by design, not compared.
+@pytest.mark.parametrize(
+    ("kind", "per_token_adv"),
+    [
+        (k, p)
+        for k in ("sapo", "gmpo", "dppo_tv", "dppo_kl", "kl_cov", "gpg")
+        for p in (False, True)
+        if (k, p) != ("gmpo", True)
+    ],
+)
+def test_on_policy_every_loss_has_grpos_gradient(kind, per_token_adv):
+    """At ``π_old = π_θ`` (one update per rollout) the gates are open, nothing is masked, no KL-Cov penalty acts:
+    the gradient is GRPO's (``clip``'s) under ``seq-mean-token-mean`` — for ``gmpo`` too, whose sequence term's
+    gradient is ``-A/|o|`` per token. (``clip_cov`` removes its chosen tokens' gradient even on-policy.)"""
+    batch = random_batch(7, per_token_adv)
+    grads = []
+    for name in ("clip", kind):
+        lp = batch["logprobs"].clone().requires_grad_()
+        loss, _ = policy_loss(lp, lp.detach(), batch["adv"], batch["mask"], kind=name)
+        grads.append(torch.autograd.grad(aggregate_loss(loss, batch["mask"], "seq-mean-token-mean"), lp)[0])
+    assert_close(grads[1], grads[0], rtol=1e-9, atol=1e-12)
