@@ -8,8 +8,11 @@ divergence between ``Bernoulli(p_old)`` and ``Bernoulli(p)``:
 * ``dppo_tv``: the total variation ``|p - p_old|``;
 * ``dppo_kl``: the binary KL ``p_old·log(p_old/p) + (1-p_old)·log((1-p_old)/(1-p))``.
 
-The kept tokens get the policy gradient with a truncated importance weight: ``-A · sg(min(r, ratio_cap)) · log π``
-(whose gradient is ``-A·r·∇log π``, PPO's unclipped one).
+The kept tokens get the policy gradient with the importance weight: ``-A · sg(r) · log π`` (whose gradient is
+``-A·r·∇log π``, PPO's unclipped one), truncated at ``ratio_cap`` if set (verl's ``clip_ratio_c``; the authors' recipe
+turns it off, as their paper finds truncation biased). Defaults are the authors' (verl's ``run_qwen30b_dppo.sh``):
+TV 0.15, KL 0.05. The paper anchors ``p_old`` to the sampler's policy (``GRPOConfig.old_logprobs="rollout"``,
+verl's bypass mode); here ``p_old`` is the loss's ``old_logprobs``, whichever the config chose.
 """
 
 from __future__ import annotations
@@ -30,22 +33,28 @@ __all__: list[str] = []  # the losses are reached through POLICY_LOSSES
 _EPS = 1e-8  # inside the binary KL's second log, as verl
 
 
-def _check(*, threshold_low: float, threshold_high: float, ratio_cap: float, **_: object) -> None:
+def _check(*, threshold_low: float, threshold_high: float, ratio_cap: float | None, **_: object) -> None:
     check_number("threshold_low", threshold_low, minimum=0.0, exclusive_minimum=True)
     check_number("threshold_high", threshold_high, minimum=0.0, exclusive_minimum=True)
-    check_number("ratio_cap", ratio_cap, minimum=1.0, allow_inf=True)
+    check_number("ratio_cap", ratio_cap, minimum=1.0, allow_none=True)
 
 
 def _terms(
-    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, keep: Tensor, divergence: Tensor, ratio_cap: float
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    keep: Tensor,
+    divergence: Tensor,
+    ratio_cap: float | None,
 ) -> PolicyLossTerms:
     ratio = torch.exp(log_ratio(logprobs, old_logprobs))  # (N, T)
-    weight = ratio.clamp(max=ratio_cap).detach()
+    weight = (ratio if ratio_cap is None else ratio.clamp(max=ratio_cap)).detach()
+    capped = torch.zeros_like(keep) if ratio_cap is None else ratio.detach() > ratio_cap
     loss = torch.where(keep, -advantages * weight * logprobs, torch.zeros_like(ratio))
     metrics = {
         "dppo_masked_frac": (~keep).float(),
         "dppo_divergence_mean": divergence,
-        "dppo_ratio_capped_frac": (ratio.detach() > ratio_cap).float(),
+        "dppo_ratio_capped_frac": capped.float(),
     }
     return PolicyLossTerms(loss, ratio, ~keep, metrics=metrics)
 
@@ -53,7 +62,7 @@ def _terms(
 @with_settings_check(_check)
 def dppo_tv(
     logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, settings: PolicyLossSettings, *,
-    threshold_low: float = 0.2, threshold_high: float = 0.2, ratio_cap: float = 20.0,
+    threshold_low: float = 0.15, threshold_high: float = 0.15, ratio_cap: float | None = None,
 ) -> PolicyLossTerms:  # fmt: skip
     """DPPO-Binary-TV: masked when ``p - p_old > threshold_high`` (``A > 0``) or ``p_old - p > threshold_low``."""
     with torch.no_grad():
@@ -70,7 +79,7 @@ def _binary_kl(logprobs: Tensor, old_logprobs: Tensor) -> Tensor:
 @with_settings_check(_check)
 def dppo_kl(
     logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, settings: PolicyLossSettings, *,
-    threshold_low: float = 0.05, threshold_high: float = 0.05, ratio_cap: float = 20.0,
+    threshold_low: float = 0.05, threshold_high: float = 0.05, ratio_cap: float | None = None,
 ) -> PolicyLossTerms:  # fmt: skip
     """DPPO-Binary-KL: masked when the binary KL exceeds the threshold and ``p`` moved the way ``A`` pushes it."""
     with torch.no_grad():

@@ -24,8 +24,9 @@ def _batch(probs=PROBS, old_prob=0.5):
 
 
 def test_dppo_tv_worked_example():
-    # Threshold 0.2 on |p - p_old|, one-sided: A > 0 masks a rise above 0.2 (p 0.8), A < 0 a fall below -0.2 (p 0.2
-    # of row 1); p 0.2 in row 0 fell (A > 0 pushes up: kept), p 0.9 in row 1 rose (A < 0 pushes down: kept).
+    # Threshold 0.15 (the default) on |p - p_old|, one-sided: A > 0 masks a rise above 0.15 (p 0.8: +0.3), A < 0 a
+    # fall below -0.15 (p 0.2 of row 1: -0.3); p 0.2 in row 0 fell (A > 0 pushes up: kept), p 0.9 in row 1 rose
+    # (A < 0 pushes down: kept).
     # Kept tokens: loss -A·r·log p with r = p / 0.5, gradient -A·r:
     #   row 0: p 0.6 -> -1.2·log 0.6 = 0.612991 (grad -1.2); p 0.2 -> -0.4·log 0.2 = 0.643775 (grad -0.4)
     #   row 1: p 0.45 -> 0.9·log 0.45 = -0.718657 (grad 0.9); p 0.9 -> 1.8·log 0.9 = -0.189649 (grad 1.8)
@@ -38,7 +39,7 @@ def test_dppo_tv_worked_example():
     assert_close(stats.extra["dppo_masked_frac"], torch.tensor(2 / 6))
     assert_close(stats.clip_frac, torch.tensor(2 / 6))  # the masked tokens are the loss's "clipped" ones
     assert_close(stats.extra["dppo_divergence_mean"], torch.tensor(0.2416666667))  # (.1+.3+.3+.3+.05+.4)/6
-    assert stats.extra["dppo_ratio_capped_frac"] == 0
+    assert stats.extra["dppo_ratio_capped_frac"] == 0  # no cap by default (the authors' recipe)
 
 
 def test_dppo_tv_ratio_cap_truncates_the_weight():
@@ -54,7 +55,7 @@ def test_dppo_tv_ratio_cap_truncates_the_weight():
 def test_dppo_kl_worked_example_differs_from_tv_on_rare_tokens():
     # Binary KL from p_old 0.5: p 0.6 -> 0.020411, 0.8 -> 0.223144, 0.2 -> 0.223144, 0.45 -> 0.005025, 0.9 -> 0.510826
     # Threshold 0.05 with the same one-sided rule masks the same two tokens as TV above. A third row (old p 0.02,
-    # A = +1) rises to p 0.1: |Δp| = 0.08 (kept by TV at 0.2) but KL = 0.02·log(0.2) + 0.98·log(0.98/0.9) = 0.051266
+    # A = +1) rises to p 0.1: |Δp| = 0.08 (kept by TV at 0.15) but KL = 0.02·log(0.2) + 0.98·log(0.98/0.9) = 0.051266
     # > 0.05: masked by KL.
     probs = [*PROBS, [0.1, 0.1, 0.1]]
     lp = torch.tensor(probs, dtype=F64).log().requires_grad_(True)
@@ -110,7 +111,7 @@ def test_dppo_equals_the_binary_trust_region_in_loops(kind, token, low, high, mo
     [
         ("dppo_tv", {"threshold_low": 0.0}, "threshold_low must be a finite number > 0.0"),
         ("dppo_kl", {"threshold_high": -0.1}, "threshold_high must be a finite number > 0.0"),
-        ("dppo_tv", {"ratio_cap": 0.5}, "ratio_cap must be a number >= 1.0"),
+        ("dppo_tv", {"ratio_cap": 0.5}, "ratio_cap must be a finite number >= 1.0 or None"),
         ("dppo_kl", {"clip_low": 0.1}, "takes no setting 'clip_low'"),
     ],
 )
