@@ -246,8 +246,21 @@ def _stats(
         clip_frac_high=masked_mean(high.float(), mask),
         dual_clip_frac=masked_mean(dual_clipped.float(), mask),
         approx_kl=masked_mean((old_logprobs - logprobs).float(), mask),
-        extra={name: _mean(value, mask) for name, value in (terms.metrics or {}).items()},
+        extra=_own_metrics(terms.metrics, mask),
     )
+
+
+#: Names the objective logs itself: a loss's own metric may not take one.
+_RESERVED = frozenset({"loss", "pg_loss", "kl", "entropy", "clip_frac", "clip_frac_low", "clip_frac_high",
+                       "dual_clip_frac", "approx_kl"})  # fmt: skip
+
+
+def _own_metrics(metrics: Mapping[str, Tensor] | None, mask: Tensor) -> dict[str, Tensor]:
+    taken = sorted(_RESERVED & set(metrics or {}))
+    if taken:
+        raise ValueError(f"a policy loss's metrics may not be named {', '.join(map(repr, taken))}: the objective "
+                         "logs those itself; rename them")  # fmt: skip
+    return {name: _mean(value, mask) for name, value in (metrics or {}).items()}
 
 
 def _mean(value: Tensor, mask: Tensor) -> Tensor:

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from lightning_grpo.algorithms import aggregate_loss, policy_loss
+from lightning_grpo.algorithms import PolicyLossTerms, aggregate_loss, policy_loss
 from lightning_grpo.config import GRPOConfig
 from tests.algorithms.loss_reference import (
     F64,
@@ -215,3 +215,13 @@ def test_on_policy_every_loss_has_grpos_gradient(kind, per_token_adv):
         loss, _ = policy_loss(lp, lp.detach(), batch["adv"], batch["mask"], kind=name)
         grads.append(torch.autograd.grad(aggregate_loss(loss, batch["mask"], "seq-mean-token-mean"), lp)[0])
     assert_close(grads[1], grads[0], rtol=1e-9, atol=1e-12)
+
+
+def clashing_loss(logprobs, old_logprobs, advantages, mask, settings):
+    return PolicyLossTerms(-advantages * logprobs, logprobs.exp(), metrics={"entropy": logprobs})
+
+
+def test_a_loss_metric_may_not_take_a_name_the_objective_logs():
+    with pytest.raises(ValueError, match="may not be named 'entropy'"):
+        policy_loss(torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1), torch.ones(1, 2),
+                    kind=f"{__name__}.clashing_loss")  # fmt: skip
