@@ -101,8 +101,9 @@ class GRPOConfig:
     micro_batch_size: int | None = None
     """Completions per forward/backward; ``None`` uses the whole mini-batch."""
     loss_kind: PolicyLossKind | ImportPath = "clip"
-    """Policy loss: ``"clip"`` (PPO/GRPO clipped surrogate), ``"gspo"``, ``"cispo"``, or the import path of your own
-    (``my_project.losses.my_loss``, docs/index.md)."""
+    """Policy loss: ``"clip"`` (PPO/GRPO clipped surrogate), ``"gspo"``, ``"cispo"``, ``"sapo"``, ``"gmpo"``,
+    ``"dppo_tv"``, ``"dppo_kl"``, ``"clip_cov"``, ``"kl_cov"``, ``"gpg"`` (docs/math.md), or the import path of your
+    own (``my_project.losses.my_loss``, docs/index.md)."""
     clip_low: float = 0.2
     """Ratio clipped below at ``1 - clip_low`` (verl ``clip_ratio_low``, TRL ``epsilon``)."""
     clip_high: float = 0.2
@@ -226,8 +227,8 @@ class GRPOConfig:
     """The policy loss's own settings: keyword arguments of ``loss_kind``'s function (its keyword-only parameters) or
     class (its ``__init__``), e.g. ``{beta: 0.1}`` for ``my_project.losses.my_loss``. The built-ins take the clip
     settings they use (``clip``: ``clip_low``, ``clip_high``, ``dual_clip``, ``delta``; ``gspo``: ``clip_low``,
-    ``clip_high``, ``delta``; ``cispo``: ``clip_low``, ``clip_high``); a loss's setting left out here takes the
-    field of the same name above. An unknown key is an error naming the loss's settings."""
+    ``clip_high``, ``delta``; ``cispo``: ``clip_low``, ``clip_high``; the others' settings are listed in
+    docs/configuration.md); a loss's setting left out here takes the field of the same name above. An unknown key is an error naming the loss's settings."""
     kl_estimator_args: dict[str, Any] | None = None
     """The KL estimator's own settings: keyword arguments of ``kl_estimator``'s function or class (the built-ins take
     none)."""
