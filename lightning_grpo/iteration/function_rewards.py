@@ -1,5 +1,6 @@
 """Per-reward-function advantages (``gdpo``) in the GRPO iteration: what the estimator is given, and the checks at
-construction that it can work (two reward functions or more, no ``agent=`` trajectories).
+construction that it can work (two reward functions or more; with ``agent=``, reward functions besides the agent's
+own reward).
 
 An estimator that declares ``needs_function_rewards`` (:func:`~lightning_grpo.algorithms.declare_needs`) receives
 each reward function's raw rewards (``RewardScores.per_function``) and weights besides their weighted sum.
@@ -22,7 +23,8 @@ def needs_function_rewards(config: GRPOConfig) -> bool:
 
 
 def check_function_rewards(config: GRPOConfig, rewards: RewardFunctions, *, agent: bool) -> None:
-    """At construction: refuse a per-function estimator with fewer than two reward functions, or with ``agent=``.
+    """At construction: refuse a per-function estimator with fewer than two reward functions (``agent=`` without
+    ``reward_funcs`` has one: the agent's return).
 
     Raises:
         ValueError: Naming ``advantage_estimator``, the reward functions and the fix.
@@ -30,11 +32,11 @@ def check_function_rewards(config: GRPOConfig, rewards: RewardFunctions, *, agen
     if not needs_function_rewards(config):
         return
     name = config.advantage_estimator
-    if agent:
+    if agent and len(rewards.names) < 2:
         raise ValueError(
-            f"advantage_estimator={name!r} normalises each reward function within its group, but agent= gives one "
-            "reward per trajectory (the number each agent run returns), not one per reward function; use "
-            "advantage_estimator='grpo', or score the trajectories with two reward functions and no agent="
+            f"advantage_estimator={name!r} normalises each reward function within its group, but agent= without "
+            "reward_funcs gives one reward per trajectory (the number each agent run returns); score the "
+            "trajectories with two reward functions or more (reward_funcs=...), or use advantage_estimator='grpo'"
         )
     if len(rewards.names) < 2:
         raise ValueError(
