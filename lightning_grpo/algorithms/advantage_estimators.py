@@ -74,10 +74,10 @@ def _check_complete(name: str, scored: GroupStats, stats: GroupStats) -> None:
     """A function scores every scorable row of a group or none of them (its ``None`` cannot be normalised)."""
     partial = stats.valid & (scored.count > 0) & (scored.count < stats.count)
     if bool(partial.any()):
-        rows = torch.nonzero(partial).flatten()[:8].tolist()
+        rows = torch.nonzero(partial & ~scored.valid).flatten()[:8].tolist()
         raise ValueError(
             f"advantage_estimator='gdpo': the reward function {name!r} returned None for some completions of a group "
-            f"and a number for others (rows {rows}); GDPO normalises each function within its group, which a None "
+            f"and a number for others (None on rows {rows}); GDPO normalises each function within its group, which a None "
             "inside a group makes ill-defined. Return a number for every completion of a prompt (e.g. 0.0 when the "
             "criterion does not apply), None for all of them, or use advantage_estimator='grpo' (sum, then normalise)"
         )
