@@ -37,7 +37,7 @@ from lightning_grpo.algorithms.advantage_types import (
     group_stats,
 )
 
-__all__ = ["GPG", "NEW_ESTIMATORS", "PassAtK", "ReinforcePlusPlus", "gdpo", "opo"]
+__all__ = ["GPG", "NEW_ESTIMATORS", "PassAtK", "ReinforcePlusPlus", "gdpo", "gdpo_metrics", "opo"]
 
 
 def _need_mask(name: str, stats: GroupStats, completion_mask: Tensor | None) -> Tensor:
@@ -83,22 +83,52 @@ def _check_complete(name: str, scored: GroupStats, stats: GroupStats) -> None:
         )
 
 
+def _gdpo_terms(stats: GroupStats, settings: AdvantageSettings) -> dict[str, tuple[Tensor, GroupStats]]:
+    """Each function's weighted group-normalised rewards ``(N,)`` (0 where it scored nothing) and its group stats."""
+    if stats.group_ids is None:
+        raise ValueError("gdpo needs group_ids (the group of each sample)")
+    terms = {}
+    for name, (values, weight) in _function_rewards(stats, settings).items():
+        scored = group_stats(torch.where(stats.valid, values.double(), torch.nan), stats.group_ids)
+        _check_complete(name, scored, stats)
+        normalised = (scored.rewards - scored.mean) / (scored.std + settings.eps)
+        terms[name] = (weight * torch.where(scored.valid, normalised, 0.0), scored)
+    return terms
+
+
 @declare_needs(groups=True, function_rewards=True)
 def gdpo(stats: GroupStats, completion_mask: Tensor | None, settings: AdvantageSettings) -> Tensor:
     """GDPO: ``whiten_batch(sum_k w_k (r_k - mean_g(r_k)) / (std_g(r_k) + eps))`` over the rows some function scored.
 
     A function that returned ``None`` for a whole group adds nothing to it; ``None`` for part of a group is an error.
     """
-    if stats.group_ids is None:
-        raise ValueError("gdpo needs group_ids (the group of each sample)")
-    total = torch.zeros_like(stats.rewards)
-    for name, (values, weight) in _function_rewards(stats, settings).items():
-        scored = group_stats(torch.where(stats.valid, values.double(), torch.nan), stats.group_ids)
-        _check_complete(name, scored, stats)
-        normalised = (scored.rewards - scored.mean) / (scored.std + settings.eps)
-        total = total + weight * torch.where(scored.valid, normalised, 0.0)
+    total = sum((term for term, _ in _gdpo_terms(stats, settings).values()), torch.zeros_like(stats.rewards))
     mean, std = batch_moments(total, stats.valid, settings.sum_across_ranks)
     return torch.where(stats.valid, (total - mean) / (std + settings.eps), 0.0)
+
+
+def gdpo_metrics(stats: GroupStats, settings: AdvantageSettings) -> dict[str, Tensor]:
+    """What shows GDPO working, per reward function, over the global batch (``sum_across_ranks``):
+
+    * ``gdpo/<name>/share``: its share of the summed advantage, ``sum |w_k n_k| / sum_j sum |w_j n_j|`` over the
+      scored rows (``n_k`` its group-normalised reward): 1/K each when the functions weigh alike.
+    * ``gdpo/<name>/zero_std_frac``: the fraction of the groups it scored in which it is constant (no signal).
+    """
+    terms = _gdpo_terms(stats, settings)
+    _, inverse, sizes = torch.unique(stats.group_ids, return_inverse=True, return_counts=True)
+    per_row = 1.0 / sizes[inverse].double()  # each group's rows add up to 1
+    sums = torch.stack([
+        torch.stack([term.abs().sum(), (per_row * (scored.count > 0)).sum(),
+                     (per_row * ((scored.count > 0) & scored.constant)).sum()])
+        for term, scored in terms.values()
+    ])  # fmt: skip
+    sums = sums if settings.sum_across_ranks is None else settings.sum_across_ranks(sums)
+    total = sums[:, 0].sum()
+    metrics = {}
+    for name, (size, groups, flat) in zip(terms, sums.unbind(), strict=True):
+        metrics[f"gdpo/{name}/share"] = size / total if total > 0 else torch.full_like(size, torch.nan)
+        metrics[f"gdpo/{name}/zero_std_frac"] = flat / groups if groups > 0 else torch.full_like(size, torch.nan)
+    return metrics
 
 
 # ---------------------------------------------------------------- pass@k
