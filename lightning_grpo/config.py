@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from jsonargparse.typing import restricted_string_type
 
+from lightning_grpo.algorithms.advantage_estimators import check_estimator_settings
 from lightning_grpo.algorithms.advantages import (
     ADVANTAGE_ESTIMATOR,
     AdvantageEstimator,
@@ -269,6 +270,7 @@ class GRPOConfig:
             self._check_ranges()
             self._check_batches()
             self._check_faults()
+            check_estimator_settings(self.advantage_estimator, self.advantage_estimator_args, self.num_generations)
 
     def _check_faults(self) -> None:
         timeout = self.reward_timeout

@@ -36,8 +36,12 @@ from lightning_grpo.algorithms.advantage_types import (
     declare_needs,
     group_stats,
 )
+from lightning_grpo.algorithms.components import ComponentSettingError
+from lightning_grpo.settings_checks import SettingError
 
-__all__ = ["GPG", "NEW_ESTIMATORS", "PassAtK", "ReinforcePlusPlus", "gdpo", "gdpo_metrics", "opo"]
+__all__ = [
+    "GPG", "NEW_ESTIMATORS", "PassAtK", "ReinforcePlusPlus", "check_estimator_settings", "gdpo", "gdpo_metrics", "opo"
+]  # fmt: skip
 
 
 def _need_mask(name: str, stats: GroupStats, completion_mask: Tensor | None) -> Tensor:
@@ -76,10 +80,11 @@ def _check_complete(name: str, scored: GroupStats, stats: GroupStats) -> None:
     if bool(partial.any()):
         rows = torch.nonzero(partial & ~scored.valid).flatten()[:8].tolist()
         raise ValueError(
-            f"advantage_estimator='gdpo': the reward function {name!r} returned None for some completions of a group "
-            f"and a number for others (None on rows {rows}); GDPO normalises each function within its group, which a None "
-            "inside a group makes ill-defined. Return a number for every completion of a prompt (e.g. 0.0 when the "
-            "criterion does not apply), None for all of them, or use advantage_estimator='grpo' (sum, then normalise)"
+            f"advantage_estimator='gdpo': the reward function {name!r} returned None for some completions of a "
+            f"group and a number for others (None on rows {rows}); GDPO normalises each function within its group, "
+            "which a None inside a group makes ill-defined. Return a number for every completion of a prompt (e.g. "
+            "0.0 when the criterion does not apply), None for all of them, or use advantage_estimator='grpo' (sum, "
+            "then normalise)"
         )
 
 
@@ -158,7 +163,9 @@ class PassAtK:
 
     def __init__(self, k: int | None = None) -> None:
         if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
-            raise ValueError(f"grpo_passk: k={k!r} must be a positive integer (the k of pass@k), or None for verl's form")
+            raise ComponentSettingError(
+                f"grpo_passk: k={k!r} must be a positive integer (the k of pass@k), or None for verl's form"
+            )
         self.k = k
 
     def __call__(self, stats: GroupStats, completion_mask: Tensor | None, settings: AdvantageSettings) -> Tensor:
@@ -173,14 +180,14 @@ class PassAtK:
     def _max_gap(stats: GroupStats, inverse: Tensor, settings: AdvantageSettings) -> Tensor:
         n, groups = stats.rewards.shape[0], int(inverse.max()) + 1
         r = torch.where(stats.valid, stats.rewards, -torch.inf)
-        best = torch.full((groups,), -torch.inf, dtype=r.dtype).scatter_reduce(0, inverse, r, "amax")
+        best = torch.full((groups,), -torch.inf, dtype=r.dtype, device=r.device).scatter_reduce(0, inverse, r, "amax")
         index = torch.arange(n, device=r.device)
         is_best = stats.valid & (r == best[inverse])
         first = torch.full((groups,), n, device=r.device).scatter_reduce(0, inverse, torch.where(is_best, index, n),
                                                                          "amin")  # fmt: skip
         chosen = index == first[inverse]
         rest = torch.where(chosen, -torch.inf, r)
-        second = torch.full((groups,), -torch.inf, dtype=r.dtype).scatter_reduce(0, inverse, rest, "amax")
+        second = torch.full_like(best, -torch.inf).scatter_reduce(0, inverse, rest, "amax")
         gap = torch.where(chosen & (stats.count > 1), best[inverse] - second[inverse], 0.0)
         if settings.scale == "group":
             return gap / (stats.std + settings.eps)
@@ -217,8 +224,9 @@ def opo(stats: GroupStats, completion_mask: Tensor | None, settings: AdvantageSe
     lengths = _need_mask("opo", stats, completion_mask).sum(1) * stats.valid  # (N,)
     inverse = _need_groups("opo", stats)
     groups = int(inverse.max()) + 1
-    weighted = torch.zeros(groups, dtype=torch.float64, device=lengths.device).index_add_(0, inverse,
-                                                                                         lengths * stats.rewards)
+    weighted = torch.zeros(groups, dtype=torch.float64, device=lengths.device).index_add_(
+        0, inverse, lengths * stats.rewards
+    )
     length = torch.zeros_like(weighted).index_add_(0, inverse, lengths)  # fmt: skip
     baseline = torch.where(length > 0, weighted / length.clamp(min=1e-300), 0.0)[inverse]
     baseline = torch.where(length[inverse] > 0, baseline, stats.mean)  # no sampled token: the plain mean
@@ -246,7 +254,9 @@ class ReinforcePlusPlus:
 
     def __init__(self, gamma: float = 1.0) -> None:
         if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not 0.0 <= gamma <= 1.0:
-            raise ValueError(f"reinforce_plus_plus: gamma={gamma!r} must be a number in [0, 1] (the discount)")
+            raise ComponentSettingError(
+                f"reinforce_plus_plus: gamma={gamma!r} must be a number in [0, 1] (the discount)"
+            )
         self.gamma = float(gamma)
 
     def __call__(self, stats: GroupStats, completion_mask: Tensor | None, settings: AdvantageSettings) -> Tensor:
@@ -278,9 +288,11 @@ class GPG:
 
     def __init__(self, f_norm: float = 1.0, alpha: Literal["valid", "nonzero"] = "valid") -> None:
         if isinstance(f_norm, bool) or not isinstance(f_norm, (int, float)) or not f_norm > 0:
-            raise ValueError(f"gpg: f_norm={f_norm!r} must be a positive number")
+            raise ComponentSettingError(f"gpg: f_norm={f_norm!r} must be a positive number")
         if alpha not in ("valid", "nonzero"):
-            raise ValueError(f"gpg: alpha={alpha!r} is not valid; choose one of 'valid' (the paper), 'nonzero' (verl)")
+            raise ComponentSettingError(
+                f"gpg: alpha={alpha!r} is not valid; choose one of 'valid' (the paper), 'nonzero' (verl)"
+            )
         self.f_norm, self.alpha = float(f_norm), alpha
 
     def __call__(self, stats: GroupStats, completion_mask: Tensor | None, settings: AdvantageSettings) -> Tensor:
@@ -304,3 +316,22 @@ for _estimator in (PassAtK, GPG, ReinforcePlusPlus):
 NEW_ESTIMATORS: Mapping[str, AdvantageFunction] = MappingProxyType(
     {"gdpo": gdpo, "grpo_passk": PassAtK, "opo": opo, "reinforce_plus_plus": ReinforcePlusPlus, "gpg": GPG}
 )
+
+
+def check_estimator_settings(estimator: str, args: Mapping[str, object] | None, num_generations: int) -> None:
+    """``GRPOConfig``'s cross-field check of the new estimators: ``grpo_passk``'s ``k`` below ``num_generations``.
+
+    With ``k >= G`` every group holding a correct completion has pass@k 1 for every k-subset (no spread), so every
+    advantage would be 0.
+
+    Raises:
+        SettingError: Naming ``advantage_estimator_args``, ``num_generations`` and the fix.
+    """
+    k = (args or {}).get("k")
+    if estimator == "grpo_passk" and isinstance(k, int) and k >= num_generations:
+        raise SettingError(
+            f"advantage_estimator_args={dict(args or {})!r}: grpo_passk needs k < num_generations={num_generations} "
+            "(with k >= G every k-subset of a group with a correct completion passes: every advantage is 0); lower k "
+            "or raise num_generations",
+            "advantage_estimator_args", dict(args or {}),
+        )  # fmt: skip

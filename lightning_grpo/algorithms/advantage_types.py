@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 import torch
 from torch import Tensor
@@ -18,6 +18,7 @@ from lightning_grpo.algorithms.statistics import SumAcrossRanks, mean_std, momen
 
 __all__ = [
     "AdvantageFunction",
+    "AdvantageScale",
     "AdvantageSettings",
     "EstimatorNeeds",
     "GroupStats",
@@ -26,6 +27,7 @@ __all__ = [
     "group_stats",
 ]
 
+AdvantageScale = Literal["group", "batch", "none"]
 F = TypeVar("F", bound=Callable[..., object])
 
 

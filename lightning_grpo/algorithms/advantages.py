@@ -16,8 +16,9 @@ Estimators (choose by name, see :data:`ADVANTAGE_ESTIMATORS`):
   :mod:`~lightning_grpo.algorithms.advantage_estimators` (GDPO normalises each reward function on its own).
 
 Rewards that are NaN (every reward function skipped the row) are left out of every statistic and get advantage 0;
-groups whose valid rewards are all equal get 0 (except under per-function estimators such as ``gdpo``). Groups are located by ``group_ids`` and need not be contiguous; the
-statistics are vectorised with ``index_add_`` (no Python loop over groups).
+groups whose valid rewards are all equal get 0 (except under per-function estimators such as ``gdpo``). Groups are
+located by ``group_ids`` and need not be contiguous; the statistics are vectorised with ``index_add_`` (no Python
+loop over groups).
 
 An estimator of your own is an :data:`AdvantageFunction` named by its import path (``advantage_estimator:
 my_project.advantages.my_estimator``): it receives the rewards' :class:`GroupStats`, the completion mask and one
@@ -40,6 +41,7 @@ from lightning_grpo.algorithms._checks import check_floating
 from lightning_grpo.algorithms.advantage_estimators import NEW_ESTIMATORS
 from lightning_grpo.algorithms.advantage_types import (
     AdvantageFunction,
+    AdvantageScale,
     AdvantageSettings,
     EstimatorNeeds,
     GroupStats,
@@ -55,7 +57,6 @@ from lightning_grpo.algorithms.statistics import SumAcrossRanks
 AdvantageEstimator = Literal[
     "grpo", "rloo", "reinforce_pp_baseline", "grpo_process", "gdpo", "grpo_passk", "opo", "reinforce_plus_plus", "gpg"
 ]
-AdvantageScale = Literal["group", "batch", "none"]
 
 __all__ = [
     "ADVANTAGE_ESTIMATOR",
@@ -71,6 +72,7 @@ __all__ = [
     "estimator_needs",
     "group_stats",
 ]
+
 
 def estimator_needs(estimator: str | AdvantageFunction) -> EstimatorNeeds:
     """What ``estimator`` (a built-in name, an import path, or the function) declares it needs; nothing if undeclared.

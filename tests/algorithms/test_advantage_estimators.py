@@ -189,13 +189,20 @@ def test_gdpo_random_against_loops(seed):
     f1 = list(rewards)
     f2 = [NAN if math.isnan(r) else rng.uniform(0, 1) for r in rewards]  # scored exactly where f1 is
     f3_group = {g: rng.random() < 0.3 for g in set(groups)}  # None for whole groups: adds nothing there
-    f3 = [NAN if math.isnan(r) or f3_group[g] else float(rng.randint(0, 3)) for r, g in zip(rewards, groups)]
+    f3 = [
+        NAN if math.isnan(r) or f3_group[g] else float(rng.randint(0, 3)) for r, g in zip(rewards, groups, strict=True)
+    ]
     weights = {"f1": 1.0, "f2": 0.5, "f3": 2.0}
     functions = {"f1": f1, "f2": f2, "f3": f3}
     summed = [NAN if math.isnan(a) else sum(weights[k] * (0 if math.isnan(f[i]) else f[i])
               for k, f in functions.items()) for i, a in enumerate(f1)]  # fmt: skip
-    adv = compute_advantages(_t(summed), torch.tensor(groups), estimator="gdpo",
-                             function_rewards={k: _t(v) for k, v in functions.items()}, function_weights=weights)
+    adv = compute_advantages(
+        _t(summed),
+        torch.tensor(groups),
+        estimator="gdpo",
+        function_rewards={k: _t(v) for k, v in functions.items()},
+        function_weights=weights,
+    )
     assert_close(adv, _t(gdpo_loops(functions, weights, groups)), rtol=1e-9, atol=1e-9)
 
 
@@ -321,7 +328,7 @@ def test_declared_needs():
 
 def test_gdpo_needs_two_functions():
     r = _t([1.0, 0.0])
-    with pytest.raises(ValueError, match="two reward functions.*advantage_estimator='grpo'"):
+    with pytest.raises(ValueError, match=r"two reward functions.*advantage_estimator='grpo'"):
         compute_advantages(r, torch.tensor([0, 0]), estimator="gdpo", function_rewards={"only": r})
     with pytest.raises(ValueError, match="two reward functions"):
         compute_advantages(r, torch.tensor([0, 0]), estimator="gdpo")
@@ -329,7 +336,7 @@ def test_gdpo_needs_two_functions():
 
 def test_gdpo_refuses_none_inside_a_group():
     f1, f2 = _t([1.0, 0.0, 1.0]), _t([1.0, NAN, 0.0])  # f2 skipped row 1 only, f1 scored it
-    with pytest.raises(ValueError, match="'f2' returned None for some completions of a group.*rows \\[1\\]"):
+    with pytest.raises(ValueError, match=r"'f2' returned None for some completions of a group.*rows \[1\]"):
         compute_advantages(f1 + f2.nan_to_num(), torch.tensor([0, 0, 0]), estimator="gdpo",
                            function_rewards={"f1": f1, "f2": f2})  # fmt: skip
 
@@ -352,7 +359,7 @@ def test_bad_settings(estimator, args, match):
 
 
 def test_passk_analytic_refuses_non_binary_rewards():
-    with pytest.raises(ValueError, match="takes 0/1 rewards.*got a reward 0.5"):
+    with pytest.raises(ValueError, match=r"takes 0/1 rewards.*got a reward 0\.5"):
         compute_advantages(_t([1.0, 0.5]), torch.tensor([0, 0]), estimator="grpo_passk", estimator_args={"k": 2})
 
 
@@ -360,3 +367,21 @@ def test_passk_analytic_refuses_non_binary_rewards():
 def test_mask_required(estimator):
     with pytest.raises(ValueError, match=f"{estimator} needs completion_mask of shape \\(N, T\\)"):
         compute_advantages(_t([1.0, 0.0]), torch.tensor([0, 0]), estimator=estimator)
+
+
+@pytest.mark.parametrize(
+    ("estimator", "args", "match"),
+    [
+        ("grpo_passk", {"k": 4}, r"advantage_estimator_args=\{'k': 4\}: grpo_passk needs k < num_generations=4"),
+        ("grpo_passk", {"k": -1}, r"advantage_estimator_args=\{'k': -1\} is not valid: grpo_passk: k=-1"),
+        ("reinforce_plus_plus", {"gamma": -0.1}, r"advantage_estimator_args=\{'gamma': -0.1\} is not valid"),
+        ("gpg", {"beta": 1}, "takes no setting 'beta'; its settings: f_norm, alpha"),
+    ],
+)
+def test_config_refuses_bad_estimator_settings_at_construction(estimator, args, match):
+    from lightning_grpo import GRPOConfig
+    from lightning_grpo.settings_checks import SettingError
+
+    with pytest.raises(SettingError, match=match):
+        GRPOConfig(num_generations=4, advantage_estimator=estimator, advantage_estimator_args=args)
+    GRPOConfig(num_generations=4, advantage_estimator=estimator)  # the defaults are fine

@@ -64,7 +64,7 @@ def test_gdpo_step_gets_each_functions_rewards_and_logs_their_shares(tokenizer):
 
 
 def test_gdpo_with_one_reward_function_is_refused_at_construction(make_module):
-    with pytest.raises(ValueError, match="advantage_estimator='gdpo'.*two reward functions or more.*'count_a'"):
+    with pytest.raises(ValueError, match=r"advantage_estimator='gdpo'.*two reward functions or more.*'count_a'"):
         make_module([count_a], advantage_estimator="gdpo")
 
 
