@@ -1,11 +1,11 @@
 """The 2025 outcome advantage estimators: GDPO, pass@k, OPO, REINFORCE++ and GPG (docs/math.md, one section each).
 
-* ``gdpo`` — GDPO (Liu et al., 2026, arXiv:2601.05242; TRL ``multi_objective_aggregation="normalize_then_sum"``, verl
+* ``gdpo`` — GDPO (arXiv:2601.05242; TRL ``multi_objective_aggregation="normalize_then_sum"``, verl
   ``adv_estimator=gdpo``): each reward function's rewards normalised within the group, ``(r_k - mean_g) / (std_g +
   eps)``, summed with the functions' weights, and the sum whitened over the (global) batch.
-* ``grpo_passk`` — pass@k advantages. ``k=None``: verl's form (Walder & Karkhanis, 2025, arXiv:2503.19595, the
-  max@G case): the best response of a group gets ``r_max - r_second``, divided by the group std unless
-  ``advantage_scale="none"``; the others 0. ``k`` set: the analytic pass@k advantage of Chen et al. (2025, "Pass@k
+* ``grpo_passk`` — pass@k advantages. ``k=None``: verl's form (its docstring cites arXiv:2503.19595): the best
+  response of a group gets ``r_max - r_second``, divided by the group std unless ``advantage_scale="none"``; the
+  others 0. ``k`` set: the analytic pass@k advantage of Chen et al. (2025, "Pass@k
   Training", arXiv:2508.10751) for 0/1 rewards.
 * ``opo`` — On-Policy RL with Optimal reward baseline (Hao et al., 2025, arXiv:2505.23585): ``r - sum(l r) / sum(l)``
   over the group, ``l`` the completion's length in sampled tokens.
