@@ -161,6 +161,8 @@ class PassAtK:
         ValueError: ``k`` not a positive integer.
     """
 
+    needs_groups = True
+
     def __init__(self, k: int | None = None) -> None:
         if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
             raise ComponentSettingError(
@@ -173,8 +175,6 @@ class PassAtK:
         if self.k is None:
             return self._max_gap(stats, inverse, settings)
         return self._analytic(stats, inverse, self.k)
-
-    needs_groups = True
 
     @staticmethod
     def _max_gap(stats: GroupStats, inverse: Tensor, settings: AdvantageSettings) -> Tensor:

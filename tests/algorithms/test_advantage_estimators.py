@@ -66,6 +66,10 @@ def test_passk_verl_form_worked_example():
     assert_close(adv, expected)
     assert_close(compute_advantages(rewards, groups, estimator="grpo_passk", scale="none"),
                  _t([0.0, 0.2, 0.0, 0.0, 1.0, 0.0]))  # fmt: skip
+    # scale="batch": the unbiased std of all six rewards (mean 0.55, squares of deviations 0.775)
+    batch_std = math.sqrt(0.775 / 5) + EPS
+    assert_close(compute_advantages(rewards, groups, estimator="grpo_passk", scale="batch"),
+                 _t([0.0, 0.2 / batch_std, 0.0, 0.0, 1.0 / batch_std, 0.0]))  # fmt: skip
 
 
 def test_passk_first_of_equal_best_gets_zero_gap():
