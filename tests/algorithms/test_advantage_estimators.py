@@ -389,3 +389,22 @@ def test_config_refuses_bad_estimator_settings_at_construction(estimator, args, 
     with pytest.raises(SettingError, match=match):
         GRPOConfig(num_generations=4, advantage_estimator=estimator, advantage_estimator_args=args)
     GRPOConfig(num_generations=4, advantage_estimator=estimator)  # the defaults are fine
+
+
+def test_gdpo_metrics_worked_example():
+    # The batch of test_gdpo_worked_example. |weighted normalised| summed per function:
+    #   f1: g0 2/sqrt3 + 1/sqrt3 + 1/sqrt3 = 4/sqrt3, g1 1/sqrt2 + 1/sqrt2 = sqrt2  -> 2.3094 + 1.4142 = 3.7236
+    #   f2 (weight 2): g0 2 * 4/sqrt3 = 8/sqrt3 = 4.6188, g1 constant 0         -> 4.6188
+    # shares 3.7236 / 8.3424 = 0.44634 and 0.55366; f2 is constant in 1 of its 2 groups, f1 in none
+    from lightning_grpo.algorithms.advantage_estimators import gdpo_metrics
+    from lightning_grpo.algorithms.advantages import AdvantageSettings, group_stats
+
+    f1, f2 = _t([1.0, 0, 0, 2, 0]), _t([0.0, 1, 1, 1, 1])
+    stats = group_stats(f1 + 2 * f2, torch.tensor([0, 0, 0, 1, 1]))
+    settings = AdvantageSettings(function_rewards={"f1": f1, "f2": f2}, function_weights={"f1": 1.0, "f2": 2.0})
+    metrics = gdpo_metrics(stats, settings)
+    f1_size, f2_size = 4 / math.sqrt(3) + math.sqrt(2), 8 / math.sqrt(3)
+    assert float(metrics["gdpo/f1/share"]) == pytest.approx(f1_size / (f1_size + f2_size), rel=1e-5)
+    assert float(metrics["gdpo/f2/share"]) == pytest.approx(f2_size / (f1_size + f2_size), rel=1e-5)
+    assert float(metrics["gdpo/f1/zero_std_frac"]) == 0.0
+    assert float(metrics["gdpo/f2/zero_std_frac"]) == 0.5
