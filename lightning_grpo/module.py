@@ -129,7 +129,7 @@ class GRPOModule(LightningModule):
             reward_funcs = [agent_client.agent_reward]  # the reward each agent returned
         factory, funcs, weights = with_environment_rewards(environment_factory, reward_funcs, reward_weights)
         self.rewards = RewardFunctions.of(funcs, weights, timeout=cfg.reward_timeout)
-        check_function_rewards(cfg, self.rewards, agent=self.agent_fn is not None)  # gdpo: two functions, no agent=
+        check_function_rewards(cfg, self.rewards, agent=self.agent_fn is not None)  # gdpo: two functions or more
         name = model if isinstance(model, str | Path) else None
         self.tokenizer = load_tokenizer(tokenizer, name, trust_remote_code=self.policy_config.trust_remote_code)
         self.policy = load_policy(model, self.policy_config, seed=seed).train()

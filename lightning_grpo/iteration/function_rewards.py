@@ -34,9 +34,10 @@ def check_function_rewards(config: GRPOConfig, rewards: RewardFunctions, *, agen
     name = config.advantage_estimator
     if agent and len(rewards.names) < 2:
         raise ValueError(
-            f"advantage_estimator={name!r} normalises each reward function within its group, but agent= without "
-            "reward_funcs gives one reward per trajectory (the number each agent run returns); score the "
-            "trajectories with two reward functions or more (reward_funcs=...), or use advantage_estimator='grpo'"
+            f"advantage_estimator={name!r} normalises each reward function within its group, but this agent= run "
+            f"has one reward ({list(rewards.names)}; without reward_funcs it is the number each agent run returns); "
+            "score the trajectories with two reward functions or more (reward_funcs=...), or use "
+            "advantage_estimator='grpo'"
         )
     if len(rewards.names) < 2:
         raise ValueError(

@@ -72,7 +72,7 @@ def test_gdpo_with_an_agents_own_reward_is_refused_at_construction(tokenizer):
     async def agent(client, row):
         return 1.0
 
-    with pytest.raises(ValueError, match="agent= without reward_funcs gives one reward per trajectory"):
+    with pytest.raises(ValueError, match=r"agent= run has one reward \(\['agent_reward'\]; without reward_funcs"):
         _module(tokenizer, agent=agent, advantage_estimator="gdpo")
 
 
