@@ -9,12 +9,14 @@ import pytest
 import torch
 from lightning.pytorch import Callback
 
-from lightning_grpo import GRPOConfig, PolicyConfig
+from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig
 from lightning_grpo.algorithms import compute_advantages
+from lightning_grpo.iteration.function_rewards import function_reward_inputs
 from lightning_grpo.testing import build_tiny_model
+from lightning_grpo.testing.agents import short_turn_model
 from tests.conftest import count_a, make_trainer, prompt_loader
 from tests.module.helpers import FixedRolloutModule, fixed_rollout
-from tests.module.test_agent import BATCH, _module
+from tests.module.test_agent import BATCH, _module, branching_agent
 
 PROMPTS = ["1+1="] * 4 + ["2+5="] * 4
 COMPLETIONS = ["2", "aa", "3", "a b c", "7", "aaaa", "77", "ab"]
@@ -88,3 +90,33 @@ def test_agent_rollouts_keep_the_estimators_settings(tokenizer):
     plain = module.compute_advantages(scores.rewards, rollout)
     assert bool(plain.abs().sum() > 0)
     torch.testing.assert_close(quartered, plain / 4)
+
+
+def test_gdpo_on_agent_trajectories_scored_by_two_functions(tokenizer):
+    # Each trajectory's last branch carries its rewards; the other branches are left out and take its advantage.
+    def length(completions, **_):
+        return [float(len(str(c)) % 5) for c in completions]
+
+    def vowels(completions, **_):
+        return [float(sum(ch in "aeiou" for ch in str(c)) % 3) for c in completions]
+
+    options = {"num_generations": 2, "max_new_tokens": 40, "max_prompt_length": 64, "advantage_estimator": "gdpo"}
+    module = GRPOModule(short_turn_model(tokenizer), [length, vowels], tokenizer=tokenizer,
+                        policy=PolicyConfig(lora_r=4, lora_alpha=8), grpo=GRPOConfig(**options),
+                        agent=branching_agent)  # fmt: skip
+    torch.manual_seed(0)
+    rollout = module.generate(BATCH)
+    scores = module.score(rollout)
+    advantages = module.compute_advantages(
+        scores.rewards, rollout, **function_reward_inputs(module.config, scores, module.rewards)
+    )
+    last = torch.tensor(rollout.columns["agent_last"])
+    expected = compute_advantages(
+        scores.rewards[last], rollout.group_ids[last], estimator="gdpo",
+        function_rewards={k: v[last] for k, v in scores.per_function.items()},
+    )  # fmt: skip
+    torch.testing.assert_close(advantages[last], expected)
+    assert bool(expected.abs().sum() > 0)
+    trajectory = rollout.columns["agent_trajectory"]
+    for i, t in enumerate(trajectory):
+        assert advantages[i] == advantages[trajectory.index(t) + trajectory.count(t) - 1]
