@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from jsonargparse.typing import restricted_string_type
 
+from lightning_grpo.algorithms.advantage_estimators import check_estimator_settings
 from lightning_grpo.algorithms.advantages import (
     ADVANTAGE_ESTIMATOR,
     AdvantageEstimator,
@@ -124,7 +125,8 @@ class GRPOConfig:
     """Divisor of ``seq-mean-token-sum-norm``; ``None`` uses ``max_new_tokens``."""
     advantage_estimator: AdvantageEstimator | ImportPath = "grpo"
     """``"grpo"``, ``"rloo"``, ``"reinforce_pp_baseline"``, ``"grpo_process"`` (process supervision: step rewards,
-    ``docs/math.md``), or the import path of your own."""
+    ``docs/math.md``), ``"gdpo"`` (each reward function normalised on its own), ``"grpo_passk"``, ``"opo"``,
+    ``"reinforce_plus_plus"``, ``"gpg"``, or the import path of your own."""
     advantage_scale: AdvantageScale = "group"
     """For ``grpo`` and ``grpo_process``: ``"group"`` std, ``"batch"`` std, or ``"none"`` (Dr. GRPO)."""
     advantage_eps: float = 1e-6
@@ -233,8 +235,9 @@ class GRPOConfig:
     """The KL estimator's own settings: keyword arguments of ``kl_estimator``'s function or class (the built-ins take
     none)."""
     advantage_estimator_args: dict[str, Any] | None = None
-    """The advantage estimator's own settings: keyword arguments of ``advantage_estimator``'s function or class (the
-    built-ins take none)."""
+    """The advantage estimator's own settings: keyword arguments of ``advantage_estimator``'s function or class
+    (``grpo_passk``: ``k``; ``reinforce_plus_plus``: ``gamma``; ``gpg``: ``f_norm``, ``alpha``; the other built-ins
+    take none)."""
     agent_call_timeout: float = 60.0
     """Seconds one chat call of ``GRPOModule(agent=...)`` may wait for its answer; then the agent's client raises
     ``openai.APITimeoutError`` (the call leaves no trace, so a retry neither forks nor duplicates the trajectory)."""
@@ -270,6 +273,7 @@ class GRPOConfig:
             self._check_ranges()
             self._check_batches()
             self._check_faults()
+            check_estimator_settings(self.advantage_estimator, self.advantage_estimator_args, self.num_generations)
 
     def _check_faults(self) -> None:
         timeout = self.reward_timeout

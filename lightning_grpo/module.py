@@ -38,6 +38,7 @@ from lightning_grpo.iteration.context import any_rank
 from lightning_grpo.iteration.cpu_threads import apply_default_cpu_threads
 from lightning_grpo.iteration.dynamic_sampling import dynamic_sample
 from lightning_grpo.iteration.fit_checks import check_fit_inputs
+from lightning_grpo.iteration.function_rewards import check_function_rewards, function_reward_inputs
 from lightning_grpo.iteration.nonfinite import nonfinite_sampling
 from lightning_grpo.iteration.process_supervision import advantage_inputs, gather_step_rewards
 from lightning_grpo.iteration.seeding import seeded, step_seed
@@ -128,6 +129,7 @@ class GRPOModule(LightningModule):
             reward_funcs = [agent_client.agent_reward]  # the reward each agent returned
         factory, funcs, weights = with_environment_rewards(environment_factory, reward_funcs, reward_weights)
         self.rewards = RewardFunctions.of(funcs, weights, timeout=cfg.reward_timeout)
+        check_function_rewards(cfg, self.rewards, agent=self.agent_fn is not None)  # gdpo: two functions or more
         name = model if isinstance(model, str | Path) else None
         self.tokenizer = load_tokenizer(tokenizer, name, trust_remote_code=self.policy_config.trust_remote_code)
         self.policy = load_policy(model, self.policy_config, seed=seed).train()
@@ -174,7 +176,8 @@ class GRPOModule(LightningModule):
                 )  # fmt: skip
             check_signal(context, rollout, scores)  # logs train/zero_std_frac; warns once on a zero-signal step
             with timer("score"):
-                advantages = self.compute_advantages(scores.rewards, rollout, **advantage_inputs(scores))  # 3
+                inputs = {**advantage_inputs(scores), **function_reward_inputs(self.config, scores, self.rewards)}
+                advantages = self.compute_advantages(scores.rewards, rollout, **inputs)  # 3
             update = self.prepare_update(rollout, advantages)  # 4 (timed inside: old_logprobs, reference)
             with timer("update"):
                 loss, metrics = self.update_policy(update)  # 5
@@ -247,23 +250,28 @@ class GRPOModule(LightningModule):
         steps = gather_step_rewards(self.config, self.tokenizer, rollout, scores, self.rewards)  # grpo_process only
         return RewardScores(scores.rewards.to(self.device), per_function, scores.seconds, scores.steps, steps)
 
-    def compute_advantages(self, rewards: Tensor, rollout: Rollout, step_rewards: Tensor | None = None) -> Tensor:
-        """Step 3: group-relative advantages ``(N,)`` (``(N, T)`` for token-level estimators and ``grpo_process``)."""
+    def compute_advantages(
+        self,
+        rewards: Tensor,
+        rollout: Rollout,
+        step_rewards: Tensor | None = None,
+        function_rewards: Mapping[str, Tensor] | None = None,
+        function_weights: Mapping[str, float] | None = None,
+    ) -> Tensor:
+        """Step 3: group-relative advantages ``(N,)`` (``(N, T)`` for token-level estimators and ``grpo_process``).
+
+        ``function_rewards`` and ``function_weights`` (each reward function's raw rewards and weight) are given only
+        to an estimator that reads them (``gdpo``)."""
         cfg = self.config  # token-level estimators whiten over the policy's tokens (rollout.sampled_mask)
-        if agent_client.is_agent_rollout(rollout):  # one reward per trajectory (its last branch), shared by branches
-            rewards = agent_client.trajectory_rewards_nan(rewards, rollout)
-            advantages = compute_advantages(
-                rewards, rollout.group_ids, estimator=cfg.advantage_estimator, scale=cfg.advantage_scale,
-                eps=cfg.advantage_eps, completion_mask=rollout.sampled_mask, sum_across_ranks=self._sum_across_ranks,
-                step_rewards=step_rewards,
-            )  # fmt: skip
-            return agent_client.spread_to_branches(advantages, rollout)
-        return compute_advantages(
+        agents = agent_client.is_agent_rollout(rollout)  # one reward per trajectory (its last branch), shared
+        rewards = agent_client.trajectory_rewards_nan(rewards, rollout) if agents else rewards
+        advantages = compute_advantages(
             rewards, rollout.group_ids, estimator=cfg.advantage_estimator, estimator_args=cfg.advantage_estimator_args,
-            scale=cfg.advantage_scale,
-            eps=cfg.advantage_eps, completion_mask=rollout.sampled_mask, sum_across_ranks=self._sum_across_ranks,
-            step_rewards=step_rewards,
+            scale=cfg.advantage_scale, eps=cfg.advantage_eps, completion_mask=rollout.sampled_mask,
+            sum_across_ranks=self._sum_across_ranks, step_rewards=step_rewards, function_rewards=function_rewards,
+            function_weights=function_weights,
         )  # fmt: skip
+        return agent_client.spread_to_branches(advantages, rollout) if agents else advantages
 
     def prepare_update(self, rollout: Rollout, advantages: Tensor) -> UpdateBatch:
         """Step 4: the loss mask, old log-probs (only if the rollout serves several updates), reference log-probs."""

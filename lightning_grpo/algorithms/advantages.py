@@ -12,36 +12,51 @@ Estimators (choose by name, see :data:`ADVANTAGE_ESTIMATORS`):
 * ``grpo_process`` — DeepSeekMath §4.1.3, process supervision: the step rewards of a group normalised together, each
   token's advantage the sum of the normalised rewards of the steps ending at or after it
   (:mod:`~lightning_grpo.algorithms.process_supervision`).
+* ``gdpo``, ``grpo_passk``, ``opo``, ``reinforce_plus_plus``, ``gpg`` — the 2025 estimators of
+  :mod:`~lightning_grpo.algorithms.advantage_estimators` (GDPO normalises each reward function on its own).
 
 Rewards that are NaN (every reward function skipped the row) are left out of every statistic and get advantage 0;
-groups whose valid rewards are all equal get 0. Groups are located by ``group_ids`` and need not be contiguous; the
-statistics are vectorised with ``index_add_`` (no Python loop over groups).
+groups whose valid rewards are all equal get 0 (except under per-function estimators such as ``gdpo``). Groups are
+located by ``group_ids`` and need not be contiguous; the statistics are vectorised with ``index_add_`` (no Python
+loop over groups).
 
 An estimator of your own is an :data:`AdvantageFunction` named by its import path (``advantage_estimator:
 my_project.advantages.my_estimator``): it receives the rewards' :class:`GroupStats`, the completion mask and one
 :class:`AdvantageSettings`. An estimator declares what it needs beyond the rewards with :func:`declare_needs`
-(attributes ``needs_groups`` and ``needs_step_rewards`` on the function), never by its name: the configuration reads
-them (:func:`estimator_needs`) to refuse ``num_generations < 2`` and to gather step rewards for it.
+(attributes ``needs_groups``, ``needs_step_rewards`` and ``needs_function_rewards`` on the function), never by its
+name: the configuration reads them (:func:`estimator_needs`) to refuse ``num_generations < 2``, to gather step
+rewards for it, and to give it each reward function's rewards.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
 from lightning_grpo.algorithms._checks import check_floating
+from lightning_grpo.algorithms.advantage_estimators import NEW_ESTIMATORS
+from lightning_grpo.algorithms.advantage_types import (
+    AdvantageFunction,
+    AdvantageScale,
+    AdvantageSettings,
+    EstimatorNeeds,
+    GroupStats,
+    batch_moments,
+    declare_needs,
+    group_stats,
+)
 from lightning_grpo.algorithms.catalogue import choose
 from lightning_grpo.algorithms.components import ComponentRole, build_component
 from lightning_grpo.algorithms.process_supervision import process_advantages
-from lightning_grpo.algorithms.statistics import SumAcrossRanks, mean_std, moments
+from lightning_grpo.algorithms.statistics import SumAcrossRanks
 
-AdvantageEstimator = Literal["grpo", "rloo", "reinforce_pp_baseline", "grpo_process"]
-AdvantageScale = Literal["group", "batch", "none"]
+AdvantageEstimator = Literal[
+    "grpo", "rloo", "reinforce_pp_baseline", "grpo_process", "gdpo", "grpo_passk", "opo", "reinforce_plus_plus", "gpg"
+]
 
 __all__ = [
     "ADVANTAGE_ESTIMATOR",
@@ -58,120 +73,19 @@ __all__ = [
     "group_stats",
 ]
 
-F = TypeVar("F", bound=Callable[..., object])
-
-
-@dataclass(frozen=True)
-class GroupStats:
-    """Per-sample views of its group's statistics over valid (non-NaN) rewards, each ``(N,)`` float64."""
-
-    rewards: Tensor  # (N,) NaN replaced by 0
-    valid: Tensor  # (N,) bool
-    count: Tensor  # (N,) valid members of the sample's group
-    mean: Tensor  # (N,) group mean
-    total: Tensor  # (N,) group sum
-    std: Tensor  # (N,) unbiased group std (0 when fewer than 2 valid members)
-    constant: Tensor  # (N,) bool: every valid reward of the group is equal (no learning signal)
-    group_ids: Tensor | None = None  # (N,) the group of each sample, as given
-
-
-def _group_reduce(values: Tensor, inverse: Tensor, num_groups: int, reduce: str, fill: float) -> Tensor:
-    out = torch.full((num_groups,), fill, dtype=values.dtype, device=values.device)
-    return out.scatter_reduce_(0, inverse, values, reduce=reduce, include_self=False)
-
-
-def group_stats(rewards: Tensor, group_ids: Tensor) -> GroupStats:
-    """Mean, sum, count, unbiased std and constancy of each sample's group, ignoring NaN rewards."""
-    valid = ~torch.isnan(rewards)
-    r = torch.where(valid, rewards, torch.zeros_like(rewards)).double()
-    _, inverse = torch.unique(group_ids, return_inverse=True)
-    num_groups = int(inverse.max()) + 1 if inverse.numel() else 0
-    count = torch.zeros(num_groups, dtype=torch.float64, device=r.device).index_add_(0, inverse, valid.double())
-    total = torch.zeros_like(count).index_add_(0, inverse, r)
-    mean = total / count.clamp(min=1)
-    sq_dev = torch.where(valid, (r - mean[inverse]) ** 2, torch.zeros_like(r))
-    var = torch.zeros_like(count).index_add_(0, inverse, sq_dev) / (count - 1).clamp(min=1)
-    std = torch.where(count > 1, var.sqrt(), torch.zeros_like(var))
-    high = _group_reduce(torch.where(valid, r, -torch.inf), inverse, num_groups, "amax", -torch.inf)
-    low = _group_reduce(torch.where(valid, r, torch.inf), inverse, num_groups, "amin", torch.inf)
-    constant = (high <= low)[inverse]
-    return GroupStats(r, valid, count[inverse], mean[inverse], total[inverse], std[inverse], constant, group_ids)
-
-
-def _batch_moments(values: Tensor, weights: Tensor, sum_across_ranks: SumAcrossRanks | None) -> tuple[Tensor, Tensor]:
-    """Weighted mean and unbiased std of ``values`` over the global batch (across ranks if asked); 0 if undefined."""
-    sums = moments(values, weights)
-    mean, std = mean_std(*(sums if sum_across_ranks is None else sum_across_ranks(sums)).unbind())
-    return mean.nan_to_num(0.0), std.nan_to_num(0.0)
-
-
-@dataclass(frozen=True)
-class AdvantageSettings:
-    """The settings every advantage estimator receives (each uses those it needs).
-
-    Attributes:
-        scale: For ``grpo``: ``"group"`` (divide by the group std), ``"batch"`` (by the batch std) or ``"none"``.
-        eps: Added to the std before dividing.
-        sum_across_ranks: Sums a tensor over data-parallel ranks, for batch-level statistics; ``None``: one process.
-        step_rewards: For process estimators: ``(N, T)`` the reward of each step at the token where it ends, NaN
-            elsewhere; ``None`` when nothing gave step rewards.
-    """
-
-    scale: AdvantageScale = "group"
-    eps: float = 1e-6
-    sum_across_ranks: SumAcrossRanks | None = None
-    step_rewards: Tensor | None = None
-
-
-#: ``(stats, completion_mask, settings) -> advantages``: ``(N,)``, or ``(N, T)`` zero on padding.
-AdvantageFunction = Callable[[GroupStats, Tensor | None, AdvantageSettings], Tensor]
-
-
-@dataclass(frozen=True)
-class EstimatorNeeds:
-    """What an advantage estimator needs beyond the rewards, as its function declares it (:func:`declare_needs`).
-
-    Attributes:
-        groups: Compares a sample with its group (``needs_groups``): ``num_generations >= 2`` is required.
-        step_rewards: Reads ``settings.step_rewards`` (``needs_step_rewards``): the module gathers the step rewards
-            of reward functions and environments for it, and refuses a run where nothing gives them.
-    """
-
-    groups: bool = False
-    step_rewards: bool = False
-
-
-def declare_needs(*, groups: bool = False, step_rewards: bool = False) -> Callable[[F], F]:
-    """Mark an advantage estimator with what it needs (the attributes ``needs_groups``, ``needs_step_rewards``).
-
-    Example::
-
-        >>> @declare_needs(groups=True, step_rewards=True)
-        ... def my_estimator(stats, completion_mask, settings):
-        ...     return settings.step_rewards.nan_to_num(0.0)
-        >>> estimator_needs(my_estimator)
-        EstimatorNeeds(groups=True, step_rewards=True)
-    """
-
-    def mark(function: F) -> F:
-        setattr(function, "needs_groups", groups)  # noqa: B010 - an attribute of a function, typed as one
-        setattr(function, "needs_step_rewards", step_rewards)  # noqa: B010
-        return function
-
-    return mark
-
 
 def estimator_needs(estimator: str | AdvantageFunction) -> EstimatorNeeds:
     """What ``estimator`` (a built-in name, an import path, or the function) declares it needs; nothing if undeclared.
 
     Raises:
         ValueError: An unknown name, or an import path that does not import (listing the valid names).
-        TypeError: A ``needs_groups`` or ``needs_step_rewards`` attribute that is not ``True`` or ``False``.
+        TypeError: A ``needs_groups``, ``needs_step_rewards`` or ``needs_function_rewards`` attribute that is not
+            ``True`` or ``False``.
     """
     function = estimator if callable(estimator) else choose(ADVANTAGE_ESTIMATORS, estimator, "advantage estimator",
                                                             import_paths=True)  # fmt: skip
     needs = {}
-    for field in ("groups", "step_rewards"):
+    for field in ("groups", "step_rewards", "function_rewards"):
         value = getattr(function, f"needs_{field}", False)
         if not isinstance(value, bool):
             name = getattr(function, "__qualname__", repr(function))
@@ -190,7 +104,7 @@ def _grpo(stats: GroupStats, completion_mask: Tensor | None, settings: Advantage
     if settings.scale == "group":
         return centred / (stats.std + settings.eps)
     if settings.scale == "batch":
-        _, std_batch = _batch_moments(stats.rewards, stats.valid.double(), settings.sum_across_ranks)
+        _, std_batch = batch_moments(stats.rewards, stats.valid.double(), settings.sum_across_ranks)
         return centred / (std_batch + settings.eps)
     return centred
 
@@ -210,7 +124,7 @@ def _reinforce_pp_baseline(stats: GroupStats, completion_mask: Tensor | None, se
     keep = stats.valid & ~stats.constant
     tokens = torch.where(keep, stats.rewards - stats.mean, 0.0)[:, None].expand(completion_mask.shape)  # (N, T)
     weights = completion_mask.double() * stats.valid[:, None]
-    mean, std = _batch_moments(tokens, weights, settings.sum_across_ranks)
+    mean, std = batch_moments(tokens, weights, settings.sum_across_ranks)
     return (tokens - mean) / (std + settings.eps) * weights * keep[:, None]  # constant groups, skipped rows stay 0
 
 
@@ -230,8 +144,11 @@ def _grpo_process(stats: GroupStats, completion_mask: Tensor | None, settings: A
 #: Read-only catalogue of the built-in estimators: name -> :data:`AdvantageFunction`; ``estimator`` may also be the
 #: import path of such a function (:mod:`~lightning_grpo.algorithms.catalogue`).
 ADVANTAGE_ESTIMATORS: Mapping[str, AdvantageFunction] = MappingProxyType(
-    {"grpo": _grpo, "rloo": _rloo, "reinforce_pp_baseline": _reinforce_pp_baseline, "grpo_process": _grpo_process}
-)
+    {
+        "grpo": _grpo, "rloo": _rloo, "reinforce_pp_baseline": _reinforce_pp_baseline, "grpo_process": _grpo_process,
+        **NEW_ESTIMATORS,
+    }
+)  # fmt: skip
 #: The role of an advantage estimator: how a component named by ``advantage_estimator`` (with
 #: ``advantage_estimator_args``) is built and called.
 ADVANTAGE_ESTIMATOR = ComponentRole(
@@ -251,29 +168,37 @@ def compute_advantages(
     completion_mask: Tensor | None = None,
     sum_across_ranks: SumAcrossRanks | None = None,
     step_rewards: Tensor | None = None,
+    function_rewards: Mapping[str, Tensor] | None = None,
+    function_weights: Mapping[str, float] | None = None,
 ) -> Tensor:
-    """Group-relative advantages, one per sequence (per token for ``reinforce_pp_baseline``).
+    """Group-relative advantages, one per sequence (per token for ``reinforce_pp_baseline``, ``reinforce_plus_plus``).
 
     Args:
         rewards: ``(N,)`` float scalar reward per sample; NaN marks a row no reward function applied to.
         group_ids: ``(N,)`` integer group of each sample (samples of one prompt share an id; any order).
-        estimator: ``"grpo"``, ``"rloo"``, ``"reinforce_pp_baseline"``, ``"grpo_process"``, or the import path of
-            an :data:`AdvantageFunction` (or of a class whose instances are one).
+        estimator: A name of :data:`ADVANTAGE_ESTIMATORS` (``"grpo"``, ``"rloo"``, ``"reinforce_pp_baseline"``,
+            ``"grpo_process"``, ``"gdpo"``, ``"grpo_passk"``, ``"opo"``, ``"reinforce_plus_plus"``, ``"gpg"``), or
+            the import path of an :data:`AdvantageFunction` (or of a class whose instances are one).
         estimator_args: The estimator's own settings (its keyword-only parameters or its class's ``__init__``
-            arguments); the built-ins take none.
+            arguments): ``k`` for ``grpo_passk``, ``gamma`` for ``reinforce_plus_plus``, ``f_norm`` and ``alpha``
+            for ``gpg``; the others take none.
         scale: For ``grpo``: ``"group"`` (divide by the group std), ``"batch"`` (by the batch std) or ``"none"``.
         eps: Added to the std before dividing.
-        completion_mask: ``(N, T)`` valid-token mask; required by ``reinforce_pp_baseline`` and ``grpo_process``.
+        completion_mask: ``(N, T)`` valid-token mask; required by ``reinforce_pp_baseline``, ``reinforce_plus_plus``,
+            ``opo`` and ``grpo_process``.
         sum_across_ranks: Sums a tensor over data-parallel ranks (e.g. an all-reduce); makes ``scale="batch"`` and
             the REINFORCE++ whitening use global statistics. Groups never straddle ranks, so group statistics stay
             local.
         step_rewards: ``(N, T)`` the reward of each step at the token where it ends, NaN elsewhere; required by
             ``grpo_process`` (which reads no ``rewards``: add an outcome step with
             :func:`~lightning_grpo.algorithms.process_supervision.with_outcome_step`).
+        function_rewards: Each reward function's ``(N,)`` raw rewards (NaN where it returned ``None``); required by
+            ``gdpo`` (two functions or more).
+        function_weights: Each reward function's weight (default 1), for ``gdpo``.
 
     Returns:
-        ``(N,)`` advantages in ``rewards.dtype`` — ``(N, T)`` for ``reinforce_pp_baseline`` and ``grpo_process``,
-        zero on padding.
+        ``(N,)`` advantages in ``rewards.dtype`` — ``(N, T)`` for ``reinforce_pp_baseline``, ``reinforce_plus_plus``
+        and ``grpo_process``, zero on padding.
 
     Raises:
         ValueError: Unknown estimator or scale, shape mismatch, or a missing ``completion_mask``.
@@ -293,8 +218,10 @@ def compute_advantages(
             f"group_ids {tuple(group_ids.shape)}"
         )
     stats = group_stats(rewards, group_ids)
-    settings = AdvantageSettings(scale, eps, sum_across_ranks, step_rewards)
+    settings = AdvantageSettings(scale, eps, sum_across_ranks, step_rewards, function_rewards, function_weights)
     advantages = estimate(stats, completion_mask, settings)
     if advantages.ndim == 1:  # token-level estimators zero their own invalid rows
-        advantages = torch.where(stats.valid & ~stats.constant, advantages, 0.0)
+        # per-function estimators find signal where the weighted sum is constant: they zero only the unscored rows
+        per_function = estimator_needs(estimator).function_rewards
+        advantages = torch.where(stats.valid & (per_function | ~stats.constant), advantages, 0.0)
     return advantages.to(rewards.dtype)

@@ -9,7 +9,8 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from torch import Tensor
 from typing_extensions import override
 
-from lightning_grpo.algorithms.advantages import group_stats
+from lightning_grpo.algorithms.advantage_estimators import gdpo_metrics
+from lightning_grpo.algorithms.advantages import AdvantageSettings, estimator_needs, group_stats
 from lightning_grpo.algorithms.statistics import SumAcrossRanks, mean_std, moments, ratio
 from lightning_grpo.callbacks._arguments import check_prefix
 from lightning_grpo.callbacks._step_output import step_output
@@ -33,6 +34,9 @@ class GroupRewardStats(Callback):
     * ``process/steps_mean``, ``process/step_reward_mean``, ``process/no_step_frac``: with ``grpo_process`` only,
       steps per completion, mean (weighted) step reward, and fraction of completions without any step reward
       (their advantages are 0), over the step rewards the estimator reads.
+    * ``gdpo/<name>/share``, ``gdpo/<name>/zero_std_frac``: with ``gdpo`` (an estimator that reads each reward
+      function's rewards) only, each function's share of the summed group-normalised advantage and the fraction of
+      its groups in which it is constant.
 
     The fraction of groups without learning signal is ``train/zero_std_frac``, which ``GRPOModule`` logs itself.
     Rows that every reward function skipped (NaN reward) are left out of every statistic. The statistics are exact
@@ -66,7 +70,22 @@ class GroupRewardStats(Callback):
         stats = group_reward_stats(
             step["rewards"], rollout.group_ids, step["advantages"], rollout.sampled_mask, reduce_across_ranks
         )
+        stats.update(per_function_stats(pl_module, step["rewards"], rollout.group_ids))
         pl_module.log_dict({self.prefix + name: value for name, value in stats.items()})  # already global
+
+
+def per_function_stats(pl_module: LightningModule, scores: RewardScores, group_ids: Tensor) -> dict[str, Tensor]:
+    """``gdpo/<name>/share`` and ``gdpo/<name>/zero_std_frac`` when the module's estimator reads each reward
+    function's rewards (``gdpo``; :func:`~lightning_grpo.algorithms.advantage_estimators.gdpo_metrics`), else none."""
+    config, rewards = getattr(pl_module, "config", None), getattr(pl_module, "rewards", None)
+    if config is None or rewards is None or not estimator_needs(config.advantage_estimator).function_rewards:
+        return {}
+    settings = AdvantageSettings(
+        eps=config.advantage_eps, sum_across_ranks=reduce_across_ranks, function_rewards=scores.per_function,
+        function_weights=dict(zip(rewards.names, rewards.weights, strict=True)),
+    )  # fmt: skip
+    metrics = gdpo_metrics(group_stats(scores.rewards, group_ids), settings)
+    return {name: value.float() for name, value in metrics.items()}
 
 
 def group_reward_stats(

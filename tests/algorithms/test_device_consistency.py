@@ -74,9 +74,10 @@ def _on_cpu(value: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("scale", ["group", "batch", "none"])
 def test_advantages(x, estimator, scale):
     steps = x["step_rewards"] if estimator == "grpo_process" else None
+    functions = {"f": x["rewards"], "g": x["rewards"] ** 2}  # gdpo reads them; the others ignore them
     advantages = compute_advantages(x["rewards"], x["group_ids"], estimator=estimator, scale=scale,
                                     completion_mask=x["mask"], sum_across_ranks=reduce_across_ranks,
-                                    step_rewards=steps)  # fmt: skip
+                                    step_rewards=steps, function_rewards=functions)  # fmt: skip
     assert torch.isfinite(_on_cpu(advantages)).all()
 
 

@@ -21,7 +21,7 @@ import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from lightning_grpo.algorithms import aggregate_loss, kl_penalty, policy_loss
+from lightning_grpo.algorithms import aggregate_loss, compute_advantages, kl_penalty, policy_loss
 
 SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 MODES = ["token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
@@ -128,3 +128,64 @@ def test_composed_grpo_loss_is_micro_batch_independent(kind, mode, batch, per_to
     (whole, whole_grads), (total, grads) = run_split(loss_fn, [w, bias], batch, mode)
     torch.testing.assert_close(total, whole, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(grads, whole_grads, rtol=1e-6, atol=1e-6)
+
+
+# ---------------------------------------------------------------- advantages: 1 rank vs 2 ranks (issue 37)
+
+
+def _two_ranks(call):
+    """``call(rank, sum_across_ranks)`` on two threads whose ``sum_across_ranks`` adds both ranks' tensors (an
+    all-reduce, as the module's ``_sum_across_ranks``); returns both ranks' results."""
+    import threading
+
+    barrier, slots, results = threading.Barrier(2), [None, None], [None, None]
+
+    def run(rank):
+        def all_reduce(tensor):
+            slots[rank] = tensor
+            barrier.wait()
+            total = slots[0] + slots[1]
+            barrier.wait()  # both read before either writes again
+            return total
+
+        results[rank] = call(rank, all_reduce)
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    return results
+
+
+@pytest.mark.parametrize(
+    ("estimator", "args"),
+    [("gdpo", None), ("grpo_passk", None), ("grpo_passk", {"k": 2}), ("opo", None),
+     ("reinforce_plus_plus", {"gamma": 0.9}), ("gpg", None), ("gpg", {"alpha": "nonzero"})],
+)  # fmt: skip
+@pytest.mark.parametrize("seed", range(4))
+def test_new_advantages_on_two_ranks_equal_one_process(estimator, args, seed):
+    # Whole groups go to each rank (groups never span ranks); the batch statistics (GDPO's and REINFORCE++'s
+    # whitening, GPG's alpha) are summed over ranks, so each rank's rows get the one-process advantages.
+    gen = torch.Generator().manual_seed(seed)
+    groups = torch.arange(6).repeat_interleave(4)  # 6 groups of 4: ranks get groups 0-2 and 3-5
+    n = groups.numel()
+    f1 = (torch.rand(n, generator=gen, dtype=F64) < 0.5).to(F64)
+    f2 = torch.rand(n, generator=gen, dtype=F64)
+    f1[torch.randperm(n, generator=gen)[:3]] = float("nan")
+    f2[torch.isnan(f1)] = float("nan")  # skipped rows: every function returned None
+    rewards = f1 if estimator == "grpo_passk" else f1 + 0.5 * f2
+    mask = (torch.rand(n, 5, generator=gen) < 0.8).to(F64)
+    mask[:, 0] = 1.0
+
+    def advantages(rows, sum_across_ranks=None):
+        return compute_advantages(
+            rewards[rows], groups[rows], estimator=estimator, estimator_args=args, completion_mask=mask[rows],
+            sum_across_ranks=sum_across_ranks, function_rewards={"f1": f1[rows], "f2": f2[rows]},
+            function_weights={"f1": 1.0, "f2": 0.5},
+        )  # fmt: skip
+
+    whole = advantages(slice(None))
+    halves = _two_ranks(lambda rank, reduce: advantages(slice(rank * n // 2, (rank + 1) * n // 2), reduce))
+    torch.testing.assert_close(torch.cat(halves), whole, rtol=1e-12, atol=1e-12)
+    assert bool(whole.abs().sum() > 0)

@@ -38,7 +38,10 @@ def _lists(what, bad, names):
 
 
 def test_unknown_advantage_estimator():
-    assert list(ADVANTAGE_ESTIMATORS) == ["grpo", "rloo", "reinforce_pp_baseline", "grpo_process"]
+    assert list(ADVANTAGE_ESTIMATORS) == [
+        "grpo", "rloo", "reinforce_pp_baseline", "grpo_process", "gdpo", "grpo_passk", "opo", "reinforce_plus_plus",
+        "gpg",
+    ]  # fmt: skip
     with pytest.raises(ValueError, match=_lists("advantage estimator", "ppo", ADVANTAGE_ESTIMATORS)):
         compute_advantages(REWARDS, GROUPS, estimator="ppo")
 

@@ -78,6 +78,15 @@ EQUIVALENCE_CASES: dict[str, dict[str, Any]] = {
         "process_outcome_weight": 0.5,
         "reward_funcs": "process",
     },
+    # Issue 37's estimators with batch statistics summed over ranks: GDPO's whitening of the per-function sums,
+    # REINFORCE++'s token whitening, GPG's alpha (valid rows over rows in groups with a spread).
+    "gdpo-micro2": {"micro_batch_size": 2, "advantage_estimator": "gdpo", "reward_funcs": "two"},
+    "reinforce-pp-micro2": {
+        "micro_batch_size": 2,
+        "advantage_estimator": "reinforce_plus_plus",
+        "advantage_estimator_args": {"gamma": 0.9},
+    },
+    "gpg-micro2": {"micro_batch_size": 2, "advantage_estimator": "gpg"},
 }
 
 
@@ -89,6 +98,11 @@ def a_per_chunk(completions: list[str], **_: Any) -> list[StepRewards]:
         StepRewards([c[i : i + 3].count("a") for i in starts(c)], [min(i + 3, len(c)) for i in starts(c)])
         for c in completions
     ]
+
+
+def count_b(completions: list[str], **_: Any) -> list[float]:
+    """The number of ``b`` in each completion (a second reward function, for ``gdpo``)."""
+    return [float(c.count("b")) for c in completions]
 
 
 def rank() -> int:
@@ -129,7 +143,8 @@ def build_module(
     defaults = {"num_generations": G, "max_new_tokens": 6, "max_prompt_length": 16}
     policy = settings.pop("policy", PolicyConfig(lora_r=4, lora_alpha=8))
     scheduler = settings.pop("lr_scheduler", None)
-    reward_funcs = [count_a, a_per_chunk] if settings.pop("reward_funcs", None) == "process" else [count_a]
+    funcs = {"process": [count_a, a_per_chunk], "two": [count_a, count_b]}
+    reward_funcs = funcs.get(settings.pop("reward_funcs", None), [count_a])
     optimizer = torch.optim.SGD if sgd else torch.optim.AdamW
     return module_cls(
         build_tiny_model(tokenizer),
