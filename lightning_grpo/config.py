@@ -230,7 +230,8 @@ class GRPOConfig:
     class (its ``__init__``), e.g. ``{beta: 0.1}`` for ``my_project.losses.my_loss``. The built-ins take the clip
     settings they use (``clip``: ``clip_low``, ``clip_high``, ``dual_clip``, ``delta``; ``gspo``: ``clip_low``,
     ``clip_high``, ``delta``; ``cispo``: ``clip_low``, ``clip_high``; the others' settings are listed in
-    docs/configuration.md); a loss's setting left out here takes the field of the same name above. An unknown key is an error naming the loss's settings."""
+    docs/configuration.md); a loss's setting left out here takes the field of the same name above. An unknown key is
+    an error naming the loss's settings."""
     kl_estimator_args: dict[str, Any] | None = None
     """The KL estimator's own settings: keyword arguments of ``kl_estimator``'s function or class (the built-ins take
     none)."""
