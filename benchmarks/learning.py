@@ -148,6 +148,12 @@ def _process_supervision(seed: int, out: Path) -> dict[str, float]:
     return compare_arms(seed)
 
 
+def _entropy_control(seed: int, out: Path) -> dict[str, float]:
+    from benchmarks.entropy_control import compare_arms
+
+    return compare_arms(seed)
+
+
 #: The claims. Thresholds are what the tests and docs assert; the table says whether the worst run clears them.
 CASES: dict[str, Case] = {
     "count_a": Case(_count_a, {"rise": 0.3}, "tests/module/test_fit.py::test_mean_reward_rises_on_a_tiny_task"),
@@ -174,6 +180,11 @@ CASES: dict[str, Case] = {
         _process_supervision,
         {"process_turn2_rise": 0.04, "outcome_turn2_rise": 0.2},
         "docs/benchmarks.md (Process supervision), tests/process_supervision/test_process_estimator_fit.py",
+    ),
+    "entropy_control": Case(
+        _entropy_control,
+        {"adaptive_entropy_last_min": 0.3},
+        "docs/benchmarks.md (Entropy control), benchmarks/entropy_control.py",
     ),
 }
 
