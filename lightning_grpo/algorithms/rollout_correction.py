@@ -57,7 +57,8 @@ def rollout_weights(
         tensor([[1., 0., 0.]])
     """
     mask = loss_mask.bool()
-    d = torch.where(mask, old_logprobs.float() - behaviour_logprobs.float(), torch.zeros((), device=mask.device))
+    dtype = torch.promote_types(old_logprobs.dtype, torch.float32)  # float64 stays float64
+    d = torch.where(mask, old_logprobs.to(dtype) - behaviour_logprobs.to(dtype), torch.zeros((), device=mask.device))
     level, action = mode.split("_")
     if level == "sequence":
         d = d.sum(-1, keepdim=True).expand_as(d)
