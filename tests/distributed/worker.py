@@ -57,6 +57,18 @@ EQUIVALENCE_CASES: dict[str, dict[str, Any]] = {
         "micro_batch_tokens": 26,
         "micro_batch_size": 3,
     },
+    # Issue 38's per-token and per-row pieces (rollout weights, OPSM, importance-weighted KL) and the adaptive entropy
+    # control, whose next coefficient comes from the step's global entropy: equal on both ranks and to one process.
+    "off-policy-adaptive-micro2": {
+        "micro_batch_size": 2,
+        "rollout_correction": "token_truncate",
+        "rollout_correction_min": 0.5,
+        "rollout_correction_max": 2.0,
+        "off_policy_mask_threshold": 2.5,
+        "importance_weighted_kl": True,
+        "entropy_control": "adaptive",
+        "entropy_control_args": {"target": 50.0, "delta": 0.01},
+    },
     "process-batch-std-micro2": {
         "micro_batch_size": 2,
         "advantage_estimator": "grpo_process",
@@ -142,6 +154,9 @@ def equivalence_case(strategy: str, case: str) -> tuple[GRPOModule, Any]:
     settings = {"kl_coef": 0.1, "max_grad_norm": None, **EQUIVALENCE_CASES[case]}
     module = build_module(RankSliceModule, lr=0.5, sgd=True, **settings)
     module.fixed = fixed_rollout(module.tokenizer, PROMPTS, COMPLETIONS, group_size=G)
+    if settings.get("rollout_correction"):  # behaviour log-probs of a sampler: fixed, uneven values
+        ids = module.fixed.completion_ids
+        module.fixed.logprobs = -1.0 - 0.25 * (ids % 7).float()
     perturb_adapter(module)
     trainer = make_trainer(devices=world_of(strategy), strategy=make_strategy(strategy), max_steps=1)
     trainer.fit(module, train_dataloaders=prompt_loader(["1+1="] * world_of(strategy)))
@@ -185,7 +200,7 @@ def scenario_equivalence(strategy: str, workdir: Path) -> None:
     for case in EQUIVALENCE_CASES:
         module, trainer = equivalence_case(strategy, case)
         save_adapter(module, workdir / f"{case}.pt")
-        metrics[case] = logged(trainer)
+        metrics[case] = {**logged(trainer), "entropy_coef_next": module.entropy_coef}
     summed = module._sum_across_ranks(torch.tensor([rank() + 1.0]))
     write_json(workdir / f"equivalence-rank{rank()}.json", {"summed": float(summed), "metrics": metrics})
 
