@@ -181,9 +181,11 @@ CASES: dict[str, Case] = {
         {"process_turn2_rise": 0.04, "outcome_turn2_rise": 0.2},
         "docs/benchmarks.md (Process supervision), tests/process_supervision/test_process_estimator_fit.py",
     ),
+    # entropy_control: the adaptive coefficient engages in every run (rises above 0); its effect on the entropy and the
+    # reward differs in sign between seeds (docs/benchmarks.md, "Entropy control"): no claim on them.
     "entropy_control": Case(
         _entropy_control,
-        {"adaptive_entropy_last_min": 0.3},
+        {"adaptive_coef_max": 0.005},
         "docs/benchmarks.md (Entropy control), benchmarks/entropy_control.py",
     ),
 }
