@@ -182,8 +182,8 @@ class GRPOModule(LightningModule):
             update = self.prepare_update(rollout, advantages)  # 4 (timed inside: old_logprobs, reference)
             with timer("update"):
                 loss, metrics = self.update_policy(update)  # 5
-            if "entropy" in metrics:  # global over ranks: every rank's entropy control moves alike
-                self.entropy_coef = float(self.entropy_control(float(metrics["entropy"])))
+            if self.config.entropy_control != "constant" and "entropy" in metrics:  # one host sync, adaptive only
+                self.entropy_coef = float(self.entropy_control(float(metrics["entropy"])))  # global: alike on all ranks
         self._context = None
         self.log_dict({f"train/{name}": value for name, value in {"loss": loss, **metrics}.items()})  # global values
         return StepOutput(
