@@ -20,8 +20,11 @@ from lightning_grpo.algorithms.advantages import (
 from lightning_grpo.algorithms.aggregation import LossAggMode
 from lightning_grpo.algorithms.catalogue import IMPORT_PATH_PATTERN, is_import_path
 from lightning_grpo.algorithms.components import ComponentRole, ComponentSettingError, build_component
+from lightning_grpo.algorithms.entropy import EntropyControlKind
 from lightning_grpo.algorithms.kl import KL_ESTIMATOR, KLEstimator
+from lightning_grpo.algorithms.off_policy_checks import check_off_policy_settings
 from lightning_grpo.algorithms.policy_losses import POLICY_LOSS, PolicyLossKind, PolicyLossSettings, loss_settings
+from lightning_grpo.algorithms.rollout_correction import RolloutCorrection, RolloutRejection
 from lightning_grpo.rewards._validation import check_timeouts
 from lightning_grpo.rollout.generation import Sampler
 from lightning_grpo.settings_checks import SettingError, check_choice, check_number, literal_choices, named_errors
@@ -72,6 +75,12 @@ _NUMBER_RULES: dict[str, dict[str, Any]] = {
     "agent_call_timeout": {"minimum": 0.0, "exclusive_minimum": True},
     "agent_timeout": {"minimum": 0.0, "exclusive_minimum": True},
     "agent_batch_window": {"minimum": 0.0},
+    "top_entropy_quantile": {"minimum": 0.0, "maximum": 1.0, "exclusive_minimum": True},
+    "rollout_correction_min": {"minimum": 0.0, "allow_none": True},
+    "rollout_correction_max": {"minimum": 0.0, "exclusive_minimum": True, "allow_none": True},
+    "rollout_rejection_min": {"minimum": 0.0},
+    "rollout_rejection_max": {"minimum": 0.0, "exclusive_minimum": True},
+    "off_policy_mask_threshold": {"minimum": 0.0, "allow_none": True},
 }
 
 
@@ -267,6 +276,39 @@ class GRPOConfig:
     ``drop_finished``, on one process); ``True``: on, also for the default ``multinomial`` sampler (our loop draws as
     ``generate`` does), an error where it cannot be kept (the ``vllm`` backend, FSDP2, ``static_cache``); ``False``:
     every turn re-prefills its whole context."""
+    # entropy control, rollout correction, off-policy masking (docs/math.md; lightning_grpo.algorithms.entropy, ...)
+    entropy_control: EntropyControlKind | ImportPath = "constant"
+    """What sets the entropy bonus's coefficient each step: ``"constant"`` (``entropy_coef``), ``"adaptive"``
+    (Skywork-OR1: moved toward ``entropy_control_args.target``; TRL ``use_adaptive_entropy``; its coefficient is saved
+    in checkpoints), or the import path of your own (``f(entropy) -> coefficient``)."""
+    entropy_control_args: dict[str, Any] | None = None
+    """The entropy control's own settings; ``"adaptive"``: ``target`` (0.2 nats), ``delta`` (0.005), ``coef_min``
+    (0), ``coef_max`` (1), ``entropy_coef`` (the start; ``entropy_coef`` above unless given)."""
+    top_entropy_quantile: float = 1.0
+    """ρ of "Beyond the 80/20 Rule": only the loss tokens whose entropy is in the top ρ of the micro-batch's keep
+    their policy loss and entropy bonus (TRL ``top_entropy_quantile``; 0.2 is the paper's); 1 keeps all."""
+    rollout_correction: RolloutCorrection | None = None
+    """Importance weights for the sampler/trainer mismatch: ``"token_truncate"``, ``"token_mask"``,
+    ``"sequence_truncate"`` or ``"sequence_mask"`` (TRL ``vllm_importance_sampling_mode``, verl ``rollout_is``),
+    within ``[rollout_correction_min, rollout_correction_max]``; ``None``: off. ``tis_cap: C`` is
+    ``token_truncate`` with max ``C`` (set one of them). Needs the behaviour log-probs."""
+    rollout_correction_min: float | None = None
+    """Lower bound ``C_min`` of the weights (``None``: none; TRL ``vllm_importance_sampling_clip_min``)."""
+    rollout_correction_max: float | None = 3.0
+    """Upper bound ``C_max`` of the weights (``None``: none; TRL ``vllm_importance_sampling_clip_max``)."""
+    rollout_rejection: RolloutRejection | None = None
+    """Reject (no policy loss) the sequences whose ``"token_mean"`` or ``"geometric"`` mean importance ratio is
+    outside ``[rollout_rejection_min, rollout_rejection_max]`` (verl ``rollout_rs``); ``None``: off."""
+    rollout_rejection_min: float = 0.5
+    """Lower bound of the rejection band."""
+    rollout_rejection_max: float = 2.0
+    """Upper bound of the rejection band."""
+    off_policy_mask_threshold: float | None = None
+    """δ of DeepSeek-V3.2's off-policy sequence masking: negative-advantage sequences whose mean KL from the sampler
+    exceeds δ lose their policy loss (TRL ``off_policy_mask_threshold``, slime ``--use-opsm``); ``None``: off."""
+    importance_weighted_kl: bool = False
+    """Multiply the per-token KL by ``π_θ/π_old`` (DeepSeek-V3.2's unbiased KL; TRL ``use_bias_correction_kl``,
+    default there; slime ``--use-unbiased-kl``)."""
 
     def __post_init__(self) -> None:
         with named_errors(self):  # "GRPOConfig.num_generations=1: ...": the field, the value, why and the fix
@@ -275,6 +317,7 @@ class GRPOConfig:
             self._check_batches()
             self._check_faults()
             check_estimator_settings(self.advantage_estimator, self.advantage_estimator_args, self.num_generations)
+            check_off_policy_settings(self)
 
     def _check_faults(self) -> None:
         timeout = self.reward_timeout

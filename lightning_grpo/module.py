@@ -24,6 +24,7 @@ from lightning_grpo import distributed
 from lightning_grpo.agents import EnvironmentFactory, ToolCallParser
 from lightning_grpo.agents.trl_environment import with_environment_rewards
 from lightning_grpo.algorithms import compute_advantages
+from lightning_grpo.algorithms.entropy import entropy_controller
 from lightning_grpo.algorithms.objective import grpo_loss
 from lightning_grpo.backends import BackendRun, RolloutBackend, VLLMConfig, build_backend
 from lightning_grpo.callbacks.close_rollout_backend import CloseRolloutBackend
@@ -146,6 +147,9 @@ class GRPOModule(LightningModule):
         self.timer, self._warned = PhaseTimer(), set[str]()  # the run's warnings given: shared by every step's context
         self._context: StepContext | None = None  # the running training_step's context
         self.skipped_steps: list[int] = []  # steps skipped for non-finite values (GRPOConfig.on_nonfinite="skip")
+        self.entropy_control = entropy_controller(cfg.entropy_control, cfg.entropy_control_args, cfg.entropy_coef,
+                                                  shared=False)  # fmt: skip
+        self.entropy_coef = self.entropy_control(None)  # this step's; updated from each step's global entropy
         self.val_metrics = ValidationMetrics(self.config.val_num_generations, self.config.val_success_threshold)
         hparams = {"model": str(name), "grpo": asdict(self.config), "policy": asdict(self.policy_config), "seed": seed}
         self.save_hyperparameters(hparams)  # plain values only: checkpoints load with torch.load(weights_only=True)
@@ -181,6 +185,8 @@ class GRPOModule(LightningModule):
             update = self.prepare_update(rollout, advantages)  # 4 (timed inside: old_logprobs, reference)
             with timer("update"):
                 loss, metrics = self.update_policy(update)  # 5
+            if self.config.entropy_control != "constant" and "entropy" in metrics:  # one host sync, adaptive only
+                self.entropy_coef = float(self.entropy_control(float(metrics["entropy"])))  # global: alike on all ranks
         self._context = None
         self.log_dict({f"train/{name}": value for name, value in {"loss": loss, **metrics}.items()})  # global values
         return StepOutput(
@@ -315,7 +321,8 @@ class GRPOModule(LightningModule):
         """Keyword settings of :func:`~lightning_grpo.rollout.completion_logprobs`, from :attr:`config`."""
         cfg = self.config
         return {
-            "temperature": cfg.temperature, "entropy_grad": cfg.entropy_coef > 0, "chunk_size": cfg.logprob_chunk_size,
+            "temperature": cfg.temperature, "chunk_size": cfg.logprob_chunk_size,
+            "entropy_grad": cfg.entropy_coef > 0 or cfg.entropy_control != "constant",
             "share_prompt": cfg.share_prompt, "fused_head": cfg.fused_head, "packing": cfg.packing,
             "tile_bytes": None if cfg.fused_head_tile_mib is None else cfg.fused_head_tile_mib * 2**20,
         }  # fmt: skip
@@ -327,7 +334,7 @@ class GRPOModule(LightningModule):
         return grpo_loss(
             current.logprobs, current.entropy, batch.advantages, batch.loss_mask, self.config, aggregate,
             old_logprobs=batch.old_logprobs, ref_logprobs=batch.ref_logprobs, behaviour_logprobs=batch.rollout.logprobs,
-            at_sampling_weights=batch.at_sampling_weights, seed=self._step_seed(),
+            at_sampling_weights=batch.at_sampling_weights, seed=self._step_seed(), entropy_coef=self.entropy_coef,
         )  # fmt: skip
 
     def update_policy(self, batch: UpdateBatch) -> tuple[Tensor, dict[str, Tensor]]:
@@ -429,11 +436,17 @@ class GRPOModule(LightningModule):
         """Keep only the adapter weights in the checkpoint; record what it was trained on (docs/distributed.md)."""
         settings = getattr(self, "_optimizer_settings", None)  # set by configure_optimizers
         keep_adapter_only(checkpoint, self, {"policy": self._trained_on, "optimizer": settings})
+        state = getattr(self.entropy_control, "state_dict", dict)()  # the adaptive coefficient (docs/math.md)
+        checkpoint["entropy_control"] = {"coef": self.entropy_coef, "state": state}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse a checkpoint of another policy; changed settings take effect (docs/distributed.md, resuming)."""
         defaults = {"grpo": asdict(GRPOConfig())}  # settings an older checkpoint lacks compare as their defaults
         check_resume(self, checkpoint, self._trained_on, self._build_optimizer, defaults)
+        saved = checkpoint.get("entropy_control")
+        if saved is not None and type(saved["state"]) is dict and hasattr(self.entropy_control, "load_state_dict"):
+            self.entropy_control.load_state_dict(saved["state"])
+            self.entropy_coef = float(saved["coef"])
 
     def export_adapter(self, path: str | Path) -> Path:
         """Write the adapter in PEFT format (``PeftModel.from_pretrained``, vLLM); under FSDP2 every rank calls it."""

@@ -32,7 +32,7 @@ KLEstimator = Literal[
     "k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl", "k1+", "kl+", "abs+", "k2+", "mse+", "k3+", "low_var_kl+"
 ]
 
-__all__ = ["KL_ESTIMATOR", "KL_ESTIMATORS", "KLEstimator", "kl_penalty"]
+__all__ = ["KL_ESTIMATOR", "KL_ESTIMATORS", "KLEstimator", "importance_weighted_kl", "kl_penalty"]
 
 
 # Every estimator shares one signature: (d) -> per-token value, with d = ref_logprobs - logprobs.
@@ -109,3 +109,19 @@ def kl_penalty(
     estimator = build_component(KL_ESTIMATOR, kind, kind_args)
     check_same_shape(logprobs=logprobs, ref_logprobs=ref_logprobs)
     return estimator(ref_logprobs - logprobs)
+
+
+def importance_weighted_kl(kl: Tensor, logprobs: Tensor, old_logprobs: Tensor) -> Tensor:
+    """The ``(N, T)`` per-token KL times the ratio ``π_θ/π_old`` (with gradient): DeepSeek-V3.2's unbiased estimate.
+
+    Samples come from ``π_old``, so ``E_{π_old}[(π_θ/π_old) · k]`` is the KL under ``π_θ`` (DeepSeek-V3.2,
+    arXiv:2512.02556, §"Unbiased KL estimate"; TRL ``use_bias_correction_kl``, slime ``--use-unbiased-kl``). The
+    ratio is differentiable, so the gradient changes even where it is 1 (on-policy).
+
+    Example::
+
+        >>> importance_weighted_kl(torch.tensor([[0.5]]), torch.tensor([[-1.0]]), torch.tensor([[-1.5]]))
+        tensor([[0.8244]])
+    """
+    check_same_shape(kl=kl, logprobs=logprobs, old_logprobs=old_logprobs)
+    return kl * (logprobs - old_logprobs.detach()).exp()

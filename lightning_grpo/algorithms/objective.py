@@ -14,9 +14,12 @@ from typing import Any, Protocol
 
 from torch import Tensor
 
+from lightning_grpo.algorithms.entropy import top_entropy_mask
 from lightning_grpo.algorithms.importance import importance_weighted, rollout_agreement
-from lightning_grpo.algorithms.kl import kl_penalty
+from lightning_grpo.algorithms.kl import importance_weighted_kl, kl_penalty
+from lightning_grpo.algorithms.off_policy import off_policy_masked
 from lightning_grpo.algorithms.policy_losses import policy_loss
+from lightning_grpo.algorithms.rollout_correction import rollout_correct
 from lightning_grpo.algorithms.statistics import masked_mean
 
 __all__ = ["LossSettings", "grpo_loss"]
@@ -36,6 +39,15 @@ class LossSettings(Protocol):
     kl_estimator: str
     kl_estimator_args: dict[str, Any] | None
     entropy_coef: float
+    top_entropy_quantile: float
+    rollout_correction: str | None
+    rollout_correction_min: float | None
+    rollout_correction_max: float | None
+    rollout_rejection: str | None
+    rollout_rejection_min: float
+    rollout_rejection_max: float
+    off_policy_mask_threshold: float | None
+    importance_weighted_kl: bool
 
 
 def grpo_loss(
@@ -51,6 +63,7 @@ def grpo_loss(
     behaviour_logprobs: Tensor | None = None,
     at_sampling_weights: bool = False,
     seed: int | None = None,
+    entropy_coef: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The loss of one micro-batch and its metrics (``pg_loss``, the clip fractions, ``entropy``, ``kl``, ...).
 
@@ -68,6 +81,8 @@ def grpo_loss(
         at_sampling_weights: Whether ``logprobs`` are of the weights that sampled (the step's first mini-batch): only
             then are ``rollout_logprob_diff_*`` logged.
         seed: Seed of the policy loss's random choices (``clip_cov``): the step's seed; ``None``: torch's global one.
+        entropy_coef: The entropy bonus's coefficient of this step (the module's entropy control); ``None``:
+            ``settings.entropy_coef``.
     """
     old = old_logprobs if old_logprobs is not None else logprobs.detach()
     per_token, stats = policy_loss(
@@ -76,15 +91,56 @@ def grpo_loss(
         clip_high=settings.clip_high, dual_clip=settings.dual_clip, delta=settings.delta, seed=seed,
     )  # fmt: skip
     per_token, tis = importance_weighted(per_token, old, behaviour_logprobs, loss_mask, settings.tis_cap)
+    per_token, corrected = _off_policy_terms(
+        per_token, logprobs, old, advantages, loss_mask, settings, behaviour_logprobs
+    )
+    selected = _selected(entropy, loss_mask, settings.top_entropy_quantile)
+    if selected is not None:
+        per_token = per_token * selected
     pg_loss = aggregate(per_token)
-    metrics = {"pg_loss": pg_loss, **stats.as_metrics(), **tis, "entropy": masked_mean(entropy.detach(), loss_mask)}
+    metrics = {"pg_loss": pg_loss, **stats.as_metrics(), **tis, **corrected}
+    metrics["entropy"] = masked_mean(entropy.detach(), loss_mask)
     if at_sampling_weights:
         metrics.update(rollout_agreement(logprobs, behaviour_logprobs, loss_mask))
     loss = pg_loss
     if ref_logprobs is not None:
         kl = kl_penalty(logprobs, ref_logprobs, settings.kl_estimator, settings.kl_estimator_args)  # (n, T)
+        if settings.importance_weighted_kl:
+            kl = importance_weighted_kl(kl, logprobs, old)
         loss = loss + settings.kl_coef * aggregate(kl)
         metrics["kl"] = masked_mean(kl.detach(), loss_mask)
-    if settings.entropy_coef > 0:
-        loss = loss - settings.entropy_coef * aggregate(entropy)
+    coef = settings.entropy_coef if entropy_coef is None else entropy_coef
+    if coef > 0:
+        loss = loss - coef * aggregate(entropy if selected is None else entropy * selected)
+    if entropy_coef is not None or coef > 0:
+        metrics["entropy_coef"] = loss.new_tensor(float(coef)).detach()
+    if selected is not None:
+        metrics["entropy_selected_frac"] = masked_mean(selected, loss_mask)
     return loss, metrics
+
+
+def _off_policy_terms(
+    per_token: Tensor,
+    logprobs: Tensor,
+    old: Tensor,
+    advantages: Tensor,
+    loss_mask: Tensor,
+    settings: LossSettings,
+    behaviour_logprobs: Tensor | None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Rollout correction and rejection, then OPSM (``rollout_correction.py``, ``off_policy.py``)."""
+    correction = (settings.rollout_correction, settings.rollout_correction_min, settings.rollout_correction_max)
+    rejection = (settings.rollout_rejection, settings.rollout_rejection_min, settings.rollout_rejection_max)
+    per_token, metrics = rollout_correct(per_token, old, behaviour_logprobs, loss_mask, correction, rejection)
+    sampler = behaviour_logprobs if behaviour_logprobs is not None else old  # TRL's rule
+    per_token, opsm = off_policy_masked(
+        per_token, advantages, logprobs, sampler, loss_mask, settings.off_policy_mask_threshold
+    )
+    return per_token, {**metrics, **opsm}
+
+
+def _selected(entropy: Tensor, loss_mask: Tensor, quantile: float) -> Tensor | None:
+    """The ``(n, T)`` float mask of top-entropy selection (per micro-batch), ``None`` when it keeps all."""
+    if quantile >= 1.0:
+        return None
+    return top_entropy_mask(entropy, loss_mask, quantile).to(entropy.dtype)

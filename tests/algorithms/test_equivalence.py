@@ -189,3 +189,48 @@ def test_new_advantages_on_two_ranks_equal_one_process(estimator, args, seed):
     halves = _two_ranks(lambda rank, reduce: advantages(slice(rank * n // 2, (rank + 1) * n // 2), reduce))
     torch.testing.assert_close(torch.cat(halves), whole, rtol=1e-12, atol=1e-12)
     assert bool(whole.abs().sum() > 0)
+
+
+class _Settings:
+    """GRPOConfig's loss settings with the off-policy pieces of issue 38 on (every per-row piece at once)."""
+
+    loss_kind, loss_kind_args, clip_low, clip_high, dual_clip, delta, tis_cap = "clip", None, 0.2, 0.28, 3.0, None, None
+    kl_coef, kl_estimator, kl_estimator_args, entropy_coef = 0.1, "k3", None, 0.05
+    top_entropy_quantile, importance_weighted_kl, off_policy_mask_threshold = 1.0, True, 0.05
+    rollout_rejection, rollout_rejection_min, rollout_rejection_max = "geometric", 0.8, 1.25
+
+    def __init__(self, correction: str) -> None:
+        self.rollout_correction, self.rollout_correction_min, self.rollout_correction_max = correction, 0.5, 2.0
+
+
+@pytest.mark.parametrize("correction", ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"])
+@pytest.mark.parametrize("mode", MODES)
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batch=mini_batches())
+def test_rollout_correction_opsm_and_weighted_kl_are_micro_batch_independent(correction, mode, batch):
+    # Rollout weights, rejection and OPSM are per token or per row (sequence statistics over the row's own tokens),
+    # the importance-weighted KL per token: the row-sum argument holds for grpo_loss with all of them on.
+    from lightning_grpo.algorithms.objective import grpo_loss
+
+    mask = batch["mask"]
+    n, t = mask.shape
+    gen = torch.Generator().manual_seed(batch["seed"])
+    old = -3 * torch.rand(n, t, generator=gen, dtype=F64)
+    behaviour = old + 0.3 * torch.randn(n, t, generator=gen, dtype=F64)
+    ref = old + 0.5 * torch.randn(n, t, generator=gen, dtype=F64)
+    x = torch.randn(n, t, generator=gen, dtype=F64)
+    adv = torch.randn(n, generator=gen, dtype=F64)
+    w = (0.3 * torch.randn(t, generator=gen, dtype=F64)).requires_grad_()
+    cfg = _Settings(correction)
+
+    def loss_fn(rows, mode, counts):
+        logprobs = old[rows] + w * x[rows]
+        entropy = (1 + w.tanh() * x[rows]).abs()  # (n_k, T) with a gradient through w
+        aggregate = lambda v: aggregate_loss(v, mask[rows], mode, **counts)  # noqa: E731
+        loss, _ = grpo_loss(logprobs, entropy, adv[rows], mask[rows], cfg, aggregate, old_logprobs=old[rows],
+                            ref_logprobs=ref[rows], behaviour_logprobs=behaviour[rows])  # fmt: skip
+        return loss
+
+    (whole, whole_grads), (total, grads) = run_split(loss_fn, [w], batch, mode)
+    torch.testing.assert_close(total, whole, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(grads, whole_grads, rtol=1e-6, atol=1e-6)

@@ -48,7 +48,10 @@ def single_process() -> dict[str, dict]:
     results = {"start": {"adapter": _adapter(start)}}
     for case in EQUIVALENCE_CASES:
         module, trainer = equivalence_case("single", case)
-        results[case] = {"adapter": _adapter(module), "metrics": logged(trainer)}
+        results[case] = {
+            "adapter": _adapter(module),
+            "metrics": {**logged(trainer), "entropy_coef_next": module.entropy_coef},
+        }
     return results
 
 

@@ -46,7 +46,6 @@ EQUIVALENCE_CASES: dict[str, dict[str, Any]] = {
     "seq-mean-token-mean-whole": {"loss_agg_mode": "seq-mean-token-mean", "micro_batch_size": None},
     # Clipping normalises away a scale error, but catches a gradient norm taken over one rank's shard only.
     "token-mean-micro2-clipped": {"loss_agg_mode": "token-mean", "micro_batch_size": 2, "max_grad_norm": 0.1},
-    # Process supervision (grpo_process): the batch std of every step reward of the global batch, and an outcome step.
     # Packing (on by default where exact) and token budgets: the ranks' rows need 6 and 5 (17 tokens) or 4 and 3 (26
     # tokens) micro-batches, so the ranks must agree on the count; a padded twin of token-mean-micro2 to compare with.
     "token-mean-micro2-padded": {"loss_agg_mode": "token-mean", "micro_batch_size": 2, "packing": False},
@@ -71,6 +70,19 @@ EQUIVALENCE_CASES: dict[str, dict[str, Any]] = {
         "micro_batch_size": 2,
         "ppo_epochs": 2,
     },
+    # Issue 38's per-token and per-row pieces (rollout weights, OPSM, importance-weighted KL) and the adaptive entropy
+    # control, whose next coefficient comes from the step's global entropy: equal on both ranks and to one process.
+    "off-policy-adaptive-micro2": {
+        "micro_batch_size": 2,
+        "rollout_correction": "token_truncate",
+        "rollout_correction_min": 0.5,
+        "rollout_correction_max": 2.0,
+        "off_policy_mask_threshold": 2.5,
+        "importance_weighted_kl": True,
+        "entropy_control": "adaptive",
+        "entropy_control_args": {"target": 50.0, "delta": 0.01},
+    },
+    # Process supervision (grpo_process): the batch std of every step reward of the global batch, and an outcome step.
     "process-batch-std-micro2": {
         "micro_batch_size": 2,
         "advantage_estimator": "grpo_process",
@@ -171,6 +183,9 @@ def equivalence_case(strategy: str, case: str) -> tuple[GRPOModule, Any]:
     settings = {"kl_coef": 0.1, "max_grad_norm": None, **EQUIVALENCE_CASES[case]}
     module = build_module(RankSliceModule, lr=0.5, sgd=True, **settings)
     module.fixed = fixed_rollout(module.tokenizer, PROMPTS, COMPLETIONS, group_size=G)
+    if settings.get("rollout_correction"):  # behaviour log-probs of a sampler: fixed, uneven values
+        ids = module.fixed.completion_ids
+        module.fixed.logprobs = -1.0 - 0.25 * (ids % 7).float()
     perturb_adapter(module)
     trainer = make_trainer(devices=world_of(strategy), strategy=make_strategy(strategy), max_steps=1)
     trainer.fit(module, train_dataloaders=prompt_loader(["1+1="] * world_of(strategy)))
@@ -214,7 +229,7 @@ def scenario_equivalence(strategy: str, workdir: Path) -> None:
     for case in EQUIVALENCE_CASES:
         module, trainer = equivalence_case(strategy, case)
         save_adapter(module, workdir / f"{case}.pt")
-        metrics[case] = logged(trainer)
+        metrics[case] = {**logged(trainer), "entropy_coef_next": module.entropy_coef}
     summed = module._sum_across_ranks(torch.tensor([rank() + 1.0]))
     write_json(workdir / f"equivalence-rank{rank()}.json", {"summed": float(summed), "metrics": metrics})
 
