@@ -151,12 +151,13 @@ class GRPOConfig:
     max_grad_norm: float | None = 1.0
     """Clip the adapter's gradient norm to this before each optimizer step; ``None`` disables it."""
     old_logprobs: Literal["recompute", "rollout"] = "recompute"
-    """Where the old log-probs of a rollout that serves several updates (``ppo_epochs > 1`` or several mini-batches)
-    come from: ``"recompute"`` runs the policy over the rollout again before the first update (verl's default,
-    ``actor.recompute_log_prob``; exact: the first update's ratio is 1 to the last bit); ``"rollout"`` takes the
-    behaviour log-probs the sampler recorded (verl's rollout-correction *bypass* mode; TRL has no such switch), which
-    saves that forward and is exact up to the sampling/training kernel agreement logged as
-    ``train/rollout_logprob_diff_max`` (``docs/benchmarks.md``)."""
+    """Where the old log-probs come from: ``"recompute"`` runs the policy over the rollout again before the first
+    update when the rollout serves several (``ppo_epochs > 1`` or several mini-batches; verl's default,
+    ``actor.recompute_log_prob``; exact: the first update's ratio is 1 to the last bit), and with one update the old
+    log-probs are the current ones, detached; ``"rollout"`` takes the behaviour log-probs the sampler recorded, for
+    every update, one or several (verl's rollout-correction *bypass* mode; TRL has no such switch): it saves that
+    forward, and the ratio is ``π/μ`` from the first update on, exact up to the sampling/training kernel agreement
+    logged as ``train/rollout_logprob_diff_max`` (``docs/benchmarks.md``)."""
     logprob_chunk_size: int = 1024
     """Positions per chunk of the log-softmax (memory versus kernel launches)."""
     share_prompt: bool = True

@@ -81,18 +81,18 @@ def sampling_logprobs(
     device: torch.device,
     sum_across_ranks: Callable[[Tensor], Tensor] | None = None,
 ) -> Tensor | None:
-    """``(N, T)`` old log-probs of a rollout that serves several updates; ``None`` when it serves one.
+    """``(N, T)`` old log-probs of the rollout; ``None`` (the detached current ones) when it serves one update.
 
-    ``config.old_logprobs`` chooses: ``"recompute"`` runs :func:`fixed_logprobs` (timed as ``old_logprobs``),
-    ``"rollout"`` takes the behaviour log-probs the sampler recorded (``rollout.logprobs``), moved to ``device``.
+    ``config.old_logprobs`` chooses: ``"recompute"`` runs :func:`fixed_logprobs` (timed as ``old_logprobs``) for a
+    rollout that serves several updates; ``"rollout"`` takes the behaviour log-probs the sampler recorded
+    (``rollout.logprobs``), moved to ``device``, whatever the number of updates (verl's bypass mode: the ratio is
+    ``π/μ`` from the first update on, so the clip, DPPO's trust region and OPSM see the sampler mismatch).
     ``compute_logprobs``, ``policy`` and ``sum_across_ranks`` are as for :func:`fixed_logprobs`.
 
     Raises:
         ValueError: ``old_logprobs="rollout"`` and the rollout holds no log-probs (a ``generate`` override that does
             not fill ``Rollout.logprobs``).
     """
-    if config.ppo_epochs * len(rollout) // (config.mini_batch_size or len(rollout)) <= 1:
-        return None
     if config.old_logprobs == "rollout":
         if rollout.logprobs is None:
             raise ValueError(
@@ -100,6 +100,8 @@ def sampling_logprobs(
                 "fill Rollout.logprobs in your generate override, or use old_logprobs='recompute'"
             )
         return rollout.logprobs.to(device)
+    if config.ppo_epochs * len(rollout) // (config.mini_batch_size or len(rollout)) <= 1:
+        return None
     with timer("old_logprobs"):
         return fixed_logprobs(
             compute_logprobs, policy, rollout, config.micro_batch_size, reference=False,

@@ -54,3 +54,23 @@ def test_rollout_mode_needs_rollout_logprobs(make_module, tokenizer):
 def test_old_logprobs_names_its_choices():
     with pytest.raises(ValueError, match="'recompute', 'rollout'"):
         GRPOConfig(old_logprobs="sampler")
+
+
+def test_rollout_mode_with_one_update_takes_the_sampler_log_probs(make_module, tokenizer):
+    # verl's bypass mode: with one update per rollout the old log-probs are the sampler's too, so the ratio is pi/mu
+    # from the first update on (DPPO's paper setting); recompute keeps the ratio at exactly 1.
+    def shifted(module):
+        rollout = fixed_rollout(tokenizer, ["1+1="] * 6, ["2", "3", "4", "5", "6", "7"], group_size=6)
+        rollout.logprobs = torch.zeros(rollout.completion_ids.shape)  # mu = 1: the sampler was sure of every token
+        module.fixed = rollout
+        return module
+
+    kl = {}
+    for mode in ("rollout", "recompute"):
+        module = shifted(make_module(module_cls=FixedRolloutModule, reward_funcs=[length], old_logprobs=mode,
+                                     num_generations=6, kl_coef=0.0))  # fmt: skip
+        trainer = make_trainer(max_steps=1)
+        trainer.fit(module, PromptDataModule(prompt_records(6), batch_size=1))
+        kl[mode] = float(trainer.callback_metrics["train/approx_kl"])
+    assert kl["recompute"] == 0.0
+    assert kl["rollout"] > 0.5  # mean(log mu - log pi) = -mean(log pi) over the loss tokens of a random tiny model
