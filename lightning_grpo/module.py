@@ -214,7 +214,10 @@ class GRPOModule(LightningModule):
         rows = [{key: values[i] for key, values in batch.items()} for i in range(len(next(iter(batch.values()))))]
         cfg, backend = self.config, self.rollout_backend
         backend.sync(self.policy, self.global_step if self._trainer is not None else 0)  # no-op once synced
-        limits = agent_client.AgentLimits(cfg.agent_call_timeout, cfg.agent_timeout, cfg.agent_batch_window)
+        rank = self.global_rank if self._trainer is not None else 0
+        port = cfg.agent_http_port + rank if cfg.agent_http_port else 0  # each rank its own server
+        limits = agent_client.AgentLimits(cfg.agent_call_timeout, cfg.agent_timeout, cfg.agent_batch_window,
+                                          transport=cfg.agent_transport, port=port)  # fmt: skip
         with nonfinite_sampling(self.global_step), closing(backend.session(self.policy, settings)) as session:
             rollout, stats = agent_client.run_agents(
                 self.policy, self.tokenizer, self.agent_fn, rows, settings, self.agent.parser,  # type: ignore[arg-type]
