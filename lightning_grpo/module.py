@@ -411,7 +411,9 @@ class GRPOModule(LightningModule):
         """Time phases, score with reward models on the module's device, check the inputs, start the backend."""
         self.timer.device = self.device
         self.rewards.to(self.device, getattr(self.policy, "dtype", None))  # reward models are not in the policy
-        check_fit_inputs(self.config, self.rewards, self.trainer.datamodule, environment=self.agent.has_environment)
+        extra = agent_client.AGENT_COLUMNS if self.agent_fn is not None else ()  # an agent rollout's own columns
+        check_fit_inputs(self.config, self.rewards, self.trainer.datamodule, environment=self.agent.has_environment,
+                         rollout_columns=extra)  # fmt: skip
         self.rollout_backend.start(self.policy, self.seed, sharded=distributed.is_sharded(self.policy))
 
     def on_train_start(self) -> None:
