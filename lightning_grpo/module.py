@@ -363,10 +363,10 @@ class GRPOModule(LightningModule):
     def setup(self, stage: str) -> None:
         """Refuse strategies GRPO cannot run (FSDP1: :mod:`lightning_grpo.distributed`); on CPU, set a thread count."""
         distributed.check_strategy(self.trainer.strategy)
-        if self.agent_fn is not None and self.trainer.world_size > 1:
+        if self.agent_fn is not None and distributed.is_fsdp2(self.trainer.strategy):
             raise ValueError(
-                f"agent= with {self.trainer.world_size} processes: the ranks' agents give different numbers of rows "
-                "(one per branch), whose micro-batch counts the ranks do not agree on yet; train agents on one process"
+                "agent= under FSDP2: every rank must join every sampling call, but each rank's agents decide how many "
+                "calls they make; train agents under DDP (strategy='ddp': each rank runs its own rows and server)"
             )
         if distributed.is_fsdp2(self.trainer.strategy):
             check_shardable(self.policy)  # a bitsandbytes base cannot be sharded: use DDP (docs/quantization.md)
