@@ -175,6 +175,8 @@ CASES: dict[str, Case] = {
         {"process_turn2_rise": 0.04, "outcome_turn2_rise": 0.2},
         "docs/benchmarks.md (Process supervision), tests/process_supervision/test_process_estimator_fit.py",
     ),
+    # openai_agent: examples/openai_agent.py, the SDK agent over HTTP on tool_calling's task (issue 42: rise >= 0.2).
+    "openai_agent": Case(_example("openai_agent"), {"rise": 0.2}, "examples/openai_agent.py, docs/agents.md (openai)"),
 }
 
 

@@ -122,7 +122,7 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate")
     parser.add_argument("--warmup-steps", type=int, default=400, help="supervised steps on noisy traces")
     parser.add_argument("--call-fraction", type=float, default=0.2, help="fraction of warm-up traces calling add")
-    parser.add_argument("--transport", choices=("http", "in_process"), default="http", help="GRPOConfig.agent_transport")
+    parser.add_argument("--transport", choices=("http", "in_process"), default="http", help="agent_transport")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output-dir", default="runs")
     parser.add_argument("--no-progress-bar", dest="progress_bar", action="store_false")
