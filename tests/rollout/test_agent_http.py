@@ -178,3 +178,19 @@ def test_agent_env_refuses_the_in_process_client(tokenizer):
         RuntimeError, match=r"cannot be reached from another process: set GRPOConfig\(agent_transport='http'\)"
     ):
         _run(tokenizer, agent, AgentLimits(), rows=ROWS[:1], g=1)
+
+
+@pytest.mark.timeout(120)
+def test_256_concurrent_agents_on_loopback_complete_without_errors(tokenizer):
+    """256 agents calling at once (the scripted sampler: the HTTP path is what is loaded), bounded by timeouts."""
+    rows = [{"prompt": [{"role": "user", "content": f"q{i}"}], "n": i} for i in range(32)]
+
+    async def agent(client, row):
+        reply = await client.chat.completions.create(model="policy", messages=row["prompt"])
+        return float(reply.choices[0].message.content == "ok")
+
+    limits = AgentLimits(transport="http", call_timeout=30.0, timeout=60.0)  # a stuck call fails the run, not hangs
+    sample = _scripted(tokenizer, lambda context: "ok")
+    rollout, stats = _run(tokenizer, agent, limits, g=8, rows=rows, sample=sample)
+    assert not stats.failures and len(rollout) == 256 and stats.batches == [256]  # one batch: every agent waited
+    assert rollout.columns["agent_reward"] == [1.0] * 256

@@ -22,7 +22,7 @@ from openai.types.chat import ChatCompletion
 
 from lightning_grpo.rollout.agent_client.handling import TrajectoryEndpoint, answer
 
-__all__ = ["IN_PROCESS_URL", "PolicyClient"]
+__all__ = ["AGENTS_PER_POOL", "IN_PROCESS_URL", "PolicyClient", "http_client_for", "loopback_http_client"]
 
 #: The base URL of the in-process client: no request is sent there (``.invalid`` never resolves).
 IN_PROCESS_URL = "http://policy.invalid/v1"
@@ -110,11 +110,19 @@ def _request() -> Any:
 
 
 def loopback_http_client(connections: int) -> Any:
-    """The HTTP client the agents of one ``agent_transport="http"`` rollout share: a connection for each agent
-    (a small pool at high concurrency turns waits into timeouts and retries), no proxy from the environment."""
+    """An HTTP client for ``connections`` agents of an ``agent_transport="http"`` rollout: a connection for each
+    (a small pool at high concurrency turns waits into timeouts and retries), no TLS, no proxy from the environment.
+
+    The rollout gives each :data:`AGENTS_PER_POOL` agents one such client: httpcore's pool assigns requests to
+    connections in time quadratic in their number, and a client per agent costs a few milliseconds to build.
+    """
     httpx = _httpx()
     limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
-    return openai.DefaultAsyncHttpxClient(limits=limits, trust_env=False)
+    return openai.DefaultAsyncHttpxClient(limits=limits, trust_env=False, verify=False)
+
+
+#: Agents sharing one HTTP client (one connection pool) in an ``agent_transport="http"`` rollout.
+AGENTS_PER_POOL = 16
 
 
 def http_client_for(url: str, key: str, call_timeout: float, http_client: Any) -> openai.AsyncOpenAI:

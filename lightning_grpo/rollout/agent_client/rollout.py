@@ -224,13 +224,14 @@ async def _clients(endpoints: list[TrajectoryEndpoint], limits: AgentLimits) -> 
         return
     from lightning_grpo.rollout.agent_client.server import AgentServer  # starlette, uvicorn: the http extra
 
-    http = client.loopback_http_client(len(endpoints))
+    per = client.AGENTS_PER_POOL
+    pools = [client.loopback_http_client(per) for _ in range(0, len(endpoints), per)]
     try:
         async with AgentServer(limits.model, limits.port) as server:
-            yield [client.http_client_for(server.url, server.register(e), limits.call_timeout, http)
-                   for e in endpoints]  # fmt: skip
+            yield [client.http_client_for(server.url, server.register(e), limits.call_timeout, pools[i // per])
+                   for i, e in enumerate(endpoints)]  # fmt: skip
     finally:
-        await http.aclose()
+        await asyncio.gather(*(pool.aclose() for pool in pools))
 
 
 def _reward(value: Any) -> float | None:
