@@ -74,7 +74,7 @@ class _BrokenSession:
 
 
 def test_agent_transport_is_checked():
-    with pytest.raises(ValueError, match="agent_transport.*'in_process', 'http'"):
+    with pytest.raises(ValueError, match=r"agent_transport.*'in_process', 'http'"):
         GRPOConfig(agent_transport="tcp")
     with pytest.raises(ValueError, match="agent_http_port"):
         GRPOConfig(agent_http_port=70000)

@@ -101,7 +101,9 @@ class AgentServer:
         config = uvicorn.Config(self._app(), lifespan="off", log_level="warning", access_log=False,
                                 timeout_keep_alive=30, limit_concurrency=None)  # fmt: skip
         self._server = uvicorn.Server(config)
-        self._server.install_signal_handlers = lambda: None  # older uvicorn; newer ones leave non-main threads alone
+        # Ctrl-C and SIGTERM stay the trainer's: uvicorn would catch them for the rollout and re-raise them after it
+        self._server.install_signal_handlers = lambda: None  # uvicorn < 0.29
+        self._server.capture_signals = contextlib.nullcontext  # uvicorn >= 0.29
         self._task = asyncio.ensure_future(self._server.serve(sockets=[self._socket]))
         while not self._server.started:
             if self._task.done():  # it failed to start: raise why
