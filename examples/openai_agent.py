@@ -16,8 +16,8 @@ context (docs/agents.md, "Your own agent code", "Agents over HTTP")::
 As in ``tool_calling.py``, the tiny model (2 layers, 64 wide) is first warmed up for a few seconds on supervised
 traces of which a fifth call the tool, so it calls ``add`` now and then; the rise after that is GRPO's.
 
-    python examples/openai_agent.py                     # tiny model, CPU, offline: about a minute
-    python examples/openai_agent.py --max-steps 10      # shorter
+    python -m examples.openai_agent                     # tiny model, CPU, offline (timings: docs/benchmarks.md)
+    python -m examples.openai_agent --max-steps 10      # shorter
 
 The last line reads ``openai_agent: mean reward A -> B over N steps (S s)``: the mean reward of the first and the
 last tenth of the iterations (figures over seeds and CPU kernels: docs/benchmarks.md, "The openai SDK agent").
@@ -112,7 +112,7 @@ def build(options: argparse.Namespace) -> tuple[GRPOModule, PromptDataModule, Tr
 
 
 def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """Command-line flags; the defaults run in about a minute on two CPU cores."""
+    """Command-line flags (the defaults are ``tool_calling.py``'s)."""
     parser = argparse.ArgumentParser(
         description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
