@@ -81,8 +81,9 @@ class GRPOModule(LightningModule):
         vllm: Settings of the colocated vLLM engine of ``grpo.rollout_backend="vllm"`` (``docs/vllm.md``); ``None``:
             ``grpo.rollout_backend_args`` or the defaults. Any backend's settings: ``grpo.rollout_backend_args``.
         agent: Your own agent code as the rollout: ``async def agent(client, row) -> float | None`` (or its import
-            path), run G times per row with an in-process ``openai.AsyncOpenAI`` on the policy (docs/agents.md,
-            "Your own agent code"); without ``reward_funcs`` the reward is what it returns.
+            path), run G times per row with an ``openai.AsyncOpenAI`` on the policy, in process or over a loopback
+            HTTP server (``GRPOConfig.agent_transport``; docs/agents.md, "Your own agent code", "Agents over HTTP");
+            without ``reward_funcs`` the reward is what it returns.
 
     Example::
 
