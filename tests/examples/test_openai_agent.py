@@ -42,3 +42,10 @@ def test_the_example_trains_over_http_and_prints_its_line(tmp_path, capsys):
     assert steps == 2 and 0.0 <= first <= 1.0 and 0.0 <= last <= 1.0
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert re.fullmatch(r"openai_agent: mean reward \d\.\d\d -> \d\.\d\d over 2 steps \(\d+ s\)", line), line
+
+
+def test_help_shows_the_defaults_and_the_transports(capsys):
+    with pytest.raises(SystemExit):
+        load_example("openai_agent").parse(["--help"])
+    out = capsys.readouterr().out
+    assert "(default: http)" in out and "in_process" in out
