@@ -7,9 +7,12 @@ calls in one batched sampling call when every agent waits), the recorder and the
 is :func:`~lightning_grpo.rollout.multi_turn.generate_conversations` (which also shares each prompt's prefill across
 its G samples). A third path serialises the agents' calls (each sampled alone), which shows what gathering saves.
 Runs alternate (agent, ordinary, one at a time, agent, ...) so that contention hits both alike; medians are printed.
+``--http`` adds a fourth path: the same agents over the loopback HTTP server (``GRPOConfig.agent_transport="http"``:
+the ``openai`` SDK's real HTTP client, one key per trajectory), the load figure of docs/benchmarks.md.
 
     python -m benchmarks.agent_client                     # CUDA if available, else CPU
     python -m benchmarks.agent_client --repeats 1 --tokens 8
+    python -m benchmarks.agent_client --http --rows 32 --generations 8 --tokens 8   # 256 agents, also over HTTP
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--generations", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--http", action="store_true", help="also time the agents over the loopback HTTP server")
     args = parser.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     tokenizer = build_tiny_tokenizer()
@@ -66,6 +70,7 @@ def main(argv: list[str] | None = None) -> None:
         "agent client": [],
         "ordinary rollout": [],
         "agent client, calls one at a time": [],
+        **({"agent client over HTTP": []} if args.http else {}),
     }
     tokens: dict[str, int] = {}
     for _ in range(args.repeats):
@@ -86,6 +91,14 @@ def main(argv: list[str] | None = None) -> None:
                               max_prompt_length=64, limits=AgentLimits())  # fmt: skip
         times["agent client, calls one at a time"].append(time.perf_counter() - start)
         tokens["agent client, calls one at a time"] = int(alone.sampled_mask.sum())
+        if args.http:
+            start = time.perf_counter()
+            served, http_stats = run_agents(model, tokenizer, one_call, rows, settings, HermesToolCallParser(),
+                                            max_prompt_length=64, limits=AgentLimits(transport="http"))  # fmt: skip
+            times["agent client over HTTP"].append(time.perf_counter() - start)
+            tokens["agent client over HTTP"] = int(served.sampled_mask.sum())
+            if http_stats.failures:
+                raise RuntimeError(f"{len(http_stats.failures)} agents failed over HTTP: {http_stats.failures[0]}")
     print(f"device {device}, {calls} single-call agents, {args.tokens} tokens each, sampling batches {batches}")
     print("| path | median s | calls/s | sampled tokens/s | tokens |")
     print("|---|---|---|---|---|")

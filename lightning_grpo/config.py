@@ -81,6 +81,7 @@ _NUMBER_RULES: dict[str, dict[str, Any]] = {
     "rollout_rejection_min": {"minimum": 0.0},
     "rollout_rejection_max": {"minimum": 0.0, "exclusive_minimum": True},
     "off_policy_mask_threshold": {"minimum": 0.0, "allow_none": True},
+    "agent_http_port": {"integer": True, "minimum": 0, "maximum": 65535},
 }
 
 
@@ -310,6 +311,14 @@ class GRPOConfig:
     importance_weighted_kl: bool = False
     """Multiply the per-token KL by ``π_θ/π_old`` (DeepSeek-V3.2's unbiased KL; TRL ``use_bias_correction_kl``,
     default there; slime ``--use-unbiased-kl``)."""
+    agent_transport: Literal["in_process", "http"] = "in_process"
+    """How ``GRPOModule(agent=...)`` reaches the policy: ``"in_process"`` gives each run an in-process
+    ``openai.AsyncOpenAI``; ``"http"`` serves ``/v1/chat/completions`` on 127.0.0.1 for the rollout, and each run gets
+    an ``AsyncOpenAI`` on it with its trajectory's own key, for agent programs in other processes
+    (``agent_env(client)``: ``OPENAI_BASE_URL``/``OPENAI_API_KEY``; docs/agents.md, "Agents over HTTP")."""
+    agent_http_port: int = 0
+    """Port of the ``agent_transport="http"`` server on 127.0.0.1; 0 picks a free port each rollout (each rank its
+    own). A port in use is an error naming it; with several processes rank r listens on ``agent_http_port + r``."""
 
     def __post_init__(self) -> None:
         with named_errors(self):  # "GRPOConfig.num_generations=1: ...": the field, the value, why and the fix

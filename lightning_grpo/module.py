@@ -83,8 +83,9 @@ class GRPOModule(LightningModule):
         vllm: Settings of the colocated vLLM engine of ``grpo.rollout_backend="vllm"`` (``docs/vllm.md``); ``None``:
             ``grpo.rollout_backend_args`` or the defaults. Any backend's settings: ``grpo.rollout_backend_args``.
         agent: Your own agent code as the rollout: ``async def agent(client, row) -> float | None`` (or its import
-            path), run G times per row with an in-process ``openai.AsyncOpenAI`` on the policy (docs/agents.md,
-            "Your own agent code"); without ``reward_funcs`` the reward is what it returns.
+            path), run G times per row with an ``openai.AsyncOpenAI`` on the policy, in process or over a loopback
+            HTTP server (``GRPOConfig.agent_transport``; docs/agents.md, "Your own agent code", "Agents over HTTP");
+            without ``reward_funcs`` the reward is what it returns.
 
     Example::
 
@@ -223,7 +224,10 @@ class GRPOModule(LightningModule):
         rows = [{key: values[i] for key, values in batch.items()} for i in range(len(next(iter(batch.values()))))]
         cfg, backend = self.config, self.rollout_backend
         backend.sync(self.policy, self.global_step if self._trainer is not None else 0)  # no-op once synced
-        limits = agent_client.AgentLimits(cfg.agent_call_timeout, cfg.agent_timeout, cfg.agent_batch_window)
+        rank = self.global_rank if self._trainer is not None else 0
+        port = cfg.agent_http_port + rank if cfg.agent_http_port else 0  # each rank its own server
+        limits = agent_client.AgentLimits(cfg.agent_call_timeout, cfg.agent_timeout, cfg.agent_batch_window,
+                                          transport=cfg.agent_transport, port=port)  # fmt: skip
         with nonfinite_sampling(self.global_step), closing(backend.session(self.policy, settings)) as session:
             rollout, stats = agent_client.run_agents(
                 self.policy, self.tokenizer, self.agent_fn, rows, settings, self.agent.parser,  # type: ignore[arg-type]
@@ -375,10 +379,10 @@ class GRPOModule(LightningModule):
     def setup(self, stage: str) -> None:
         """Refuse strategies GRPO cannot run (FSDP1: :mod:`lightning_grpo.distributed`); on CPU, set a thread count."""
         distributed.check_strategy(self.trainer.strategy)
-        if self.agent_fn is not None and self.trainer.world_size > 1:
+        if self.agent_fn is not None and distributed.is_fsdp2(self.trainer.strategy):
             raise ValueError(
-                f"agent= with {self.trainer.world_size} processes: the ranks' agents give different numbers of rows "
-                "(one per branch), whose micro-batch counts the ranks do not agree on yet; train agents on one process"
+                "agent= under FSDP2: every rank must join every sampling call, but each rank's agents decide how many "
+                "calls they make; train agents under DDP (strategy='ddp': each rank runs its own rows and server)"
             )
         if distributed.is_fsdp2(self.trainer.strategy):
             check_shardable(self.policy)  # a bitsandbytes base cannot be sharded: use DDP (docs/quantization.md)
@@ -423,7 +427,9 @@ class GRPOModule(LightningModule):
         """Time phases, score with reward models on the module's device, check the inputs, start the backend."""
         self.timer.device = self.device
         self.rewards.to(self.device, getattr(self.policy, "dtype", None))  # reward models are not in the policy
-        check_fit_inputs(self.config, self.rewards, self.trainer.datamodule, environment=self.agent.has_environment)
+        extra = agent_client.AGENT_COLUMNS if self.agent_fn is not None else ()  # an agent rollout's own columns
+        check_fit_inputs(self.config, self.rewards, self.trainer.datamodule, environment=self.agent.has_environment,
+                         rollout_columns=extra)  # fmt: skip
         self.rollout_backend.start(self.policy, self.seed, sharded=distributed.is_sharded(self.policy))
 
     def on_train_start(self) -> None:

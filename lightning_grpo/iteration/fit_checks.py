@@ -15,7 +15,9 @@ __all__ = ["STEP_KEYWORDS", "check_fit_inputs", "check_reward_keywords"]
 STEP_KEYWORDS = ("completion_ids", "completion_lengths", "trainer_state")
 
 
-def check_reward_keywords(rewards: RewardFunctions, datamodule: Any, *, environment: bool) -> None:
+def check_reward_keywords(
+    rewards: RewardFunctions, datamodule: Any, *, environment: bool, rollout_columns: Any = ()
+) -> None:
     """Refuse reward functions whose parameters the data's columns cannot fill, naming the missing columns.
 
     Only a data module that holds its rows (:class:`~lightning_grpo.data.PromptDataModule`'s ``train_records``,
@@ -28,13 +30,16 @@ def check_reward_keywords(rewards: RewardFunctions, datamodule: Any, *, environm
     if environment or not isinstance(records, list) or not records:
         return
     columns = sorted({key for row in records if isinstance(row, dict) for key in row} - {"prompt"})
-    rewards.check_keywords([*columns, *STEP_KEYWORDS], where=f"the data (columns {columns})")
+    rewards.check_keywords([*columns, *rollout_columns, *STEP_KEYWORDS], where=f"the data (columns {columns})")
 
 
-def check_fit_inputs(config: GRPOConfig, rewards: RewardFunctions, datamodule: Any, *, environment: bool) -> None:
-    """Every fit-start check of the inputs: the reward functions' keywords against the data, a source of step rewards
-    for ``grpo_process``, and a data module that can give more prompts for ``dynamic_sampling``."""
-    check_reward_keywords(rewards, datamodule, environment=environment)
+def check_fit_inputs(
+    config: GRPOConfig, rewards: RewardFunctions, datamodule: Any, *, environment: bool, rollout_columns: Any = ()
+) -> None:
+    """Every fit-start check of the inputs: the reward functions' keywords against the data (and the columns the
+    rollout adds, e.g. an agent rollout's ``agent_reward``), a source of step rewards for ``grpo_process``, and a
+    data module that can give more prompts for ``dynamic_sampling``."""
+    check_reward_keywords(rewards, datamodule, environment=environment, rollout_columns=rollout_columns)
     check_step_sources(config, rewards, environment=environment)
     if config.dynamic_sampling:
         check_datamodule(datamodule)

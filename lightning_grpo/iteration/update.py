@@ -23,11 +23,13 @@ from lightning_grpo.config import GRPOConfig
 from lightning_grpo.iteration.context import StepContext
 from lightning_grpo.iteration.micro_batches import micro_batch_rows
 from lightning_grpo.iteration.nonfinite import gradient_flag, nonfinite_flags, step_is_finite
+from lightning_grpo.iteration.rank_rows import agreed_minibatches, idle_minibatch, ranks_differ
 from lightning_grpo.iteration.timing import PhaseTimer
 from lightning_grpo.iteration.types import LossCounts, UpdateBatch
 from lightning_grpo.metrics import MetricSums as _MetricSums
 from lightning_grpo.metrics import reduce_across_ranks
 from lightning_grpo.rollout import Rollout, TokenLogProbs
+from lightning_grpo.rollout.agent_client import is_agent_rollout
 from lightning_grpo.rollout.generation import eval_mode
 
 __all__ = ["LogProbsStep", "LossStep", "fixed_logprobs", "minibatch_indices", "run_updates", "sampling_logprobs"]
@@ -100,7 +102,11 @@ def sampling_logprobs(
                 "fill Rollout.logprobs in your generate override, or use old_logprobs='recompute'"
             )
         return rollout.logprobs.to(device)
-    if config.ppo_epochs * len(rollout) // (config.mini_batch_size or len(rollout)) <= 1:
+    if ranks_differ(is_agent_rollout(rollout)):  # the ranks decide alike (fixed_logprobs may hold collectives)
+        sums = sum_across_ranks or (lambda tensor: tensor)
+        if config.ppo_epochs * agreed_minibatches(len(rollout), config.mini_batch_size, sums, device) <= 1:
+            return None
+    elif config.ppo_epochs * len(rollout) // (config.mini_batch_size or len(rollout)) <= 1:
         return None
     with timer("old_logprobs"):
         return fixed_logprobs(
@@ -148,9 +154,10 @@ def run_updates(
     generator = torch.Generator().manual_seed(context.seed)
     norm = float(config.loss_agg_norm or config.max_new_tokens)
     sums, shares = _MetricSums(), []
-    epochs = [rows for _ in range(config.ppo_epochs) for rows in minibatch_indices(len(batch), mini, generator)]
+    epochs = [rows for _ in range(config.ppo_epochs) for rows in _pass_rows(batch, mini, generator, config, context)]
     for index, rows in enumerate(epochs):  # the mini-batches of every pass, each pass a fresh permutation
-        minibatch = replace(batch.select(rows), at_sampling_weights=index == 0)  # rows on the host: no sync
+        selected = batch.select(rows) if len(rows) else idle_minibatch(batch)  # an idle one: rows vary by rank
+        minibatch = replace(selected, at_sampling_weights=index == 0)  # rows on the host: no sync
         counts = LossCounts.of(minibatch.loss_mask, norm, context.sum_across_ranks)
         sizes = (micro, config.micro_batch_tokens)
         part, flags = _accumulate(minibatch, counts, sizes, sums, context, policy, compute_loss, backward, optimizer)
@@ -168,6 +175,16 @@ def run_updates(
     parts = torch.stack([torch.stack(list(s.values())) for s in shares]).mean(0)  # (loss, pg_loss), this rank
     loss, pg_loss = reduce_across_ranks(parts).float()  # the ranks' parts add up to the global values
     return loss, {"pg_loss": pg_loss, **sums.means(reduce_across_ranks)}
+
+
+def _pass_rows(batch: UpdateBatch, mini: int, generator: torch.Generator, config: GRPOConfig,
+               context: StepContext) -> list[Tensor]:  # fmt: skip
+    """The mini-batches of one pass; with rows that vary by rank, as many as the rank with the most (some empty)."""
+    parts = list(minibatch_indices(len(batch), mini, generator))
+    if not ranks_differ(is_agent_rollout(batch.rollout)):
+        return parts
+    agreed = agreed_minibatches(len(batch), config.mini_batch_size, context.sum_across_ranks, context.device)
+    return parts + [torch.zeros(0, dtype=torch.long)] * (agreed - len(parts))
 
 
 def _accumulate(

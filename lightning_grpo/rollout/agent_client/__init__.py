@@ -1,10 +1,13 @@
 """Train the agent code users already have: an in-process ``openai.AsyncOpenAI`` on the policy, token-exact.
 
 ``GRPOModule(..., agent=my_agent)`` runs ``async def my_agent(client, row) -> float | None`` G times per row; see
-``docs/agents.md``, "Your own agent code". The ``openai`` package (the ``openai`` extra) is imported only by
+``docs/agents.md``, "Your own agent code". ``GRPOConfig.agent_transport="http"`` serves the same calls on a loopback
+HTTP server instead (:mod:`~lightning_grpo.rollout.agent_client.server`, the ``http`` extra), for agents in other
+processes. The ``openai`` package (the ``openai`` extra) is imported only by
 :mod:`~lightning_grpo.rollout.agent_client.client`, when agents run.
 """
 
+from lightning_grpo.rollout.agent_client.env import agent_env
 from lightning_grpo.rollout.agent_client.messages import message_key, normalize_messages, same_messages
 from lightning_grpo.rollout.agent_client.recorder import Branch, CallPlan, TrajectoryRecorder
 from lightning_grpo.rollout.agent_client.rollout import (
@@ -28,6 +31,7 @@ __all__ = [
     "Branch",
     "CallPlan",
     "TrajectoryRecorder",
+    "agent_env",
     "agent_reward",
     "check_agent",
     "is_agent_rollout",

@@ -14,22 +14,18 @@ ignored. ``max_tokens`` (or ``max_completion_tokens``) caps the call within what
 
 from __future__ import annotations
 
-import asyncio
 import functools
-import json
-import time
-import uuid
 from typing import Any
 
 import openai
 from openai.types.chat import ChatCompletion
 
-from lightning_grpo.agents import ToolCallParser
-from lightning_grpo.rollout.agent_client.gather import CallGatherer
-from lightning_grpo.rollout.agent_client.messages import normalize_messages, normalize_tools
-from lightning_grpo.rollout.agent_client.recorder import TrajectoryRecorder
+from lightning_grpo.rollout.agent_client.handling import TrajectoryEndpoint, answer
 
-__all__ = ["PolicyClient"]
+__all__ = ["AGENTS_PER_POOL", "IN_PROCESS_URL", "PolicyClient", "http_client_for", "loopback_http_client"]
+
+#: The base URL of the in-process client: no request is sent there (``.invalid`` never resolves).
+IN_PROCESS_URL = "http://policy.invalid/v1"
 
 _NO_ROUTE = (
     "the in-process policy client serves the chat completions API only: call client.chat.completions.create(...) "
@@ -41,23 +37,21 @@ class PolicyClient(openai.AsyncOpenAI):
     """An ``AsyncOpenAI`` answering from the policy, for one trajectory (see the module docstring).
 
     Args:
-        recorder: The trajectory's recorder.
-        gatherer: The rollout's call gatherer.
-        owner: The trajectory's number (the gatherer counts waiting agents by it).
-        parser: Reads content and tool calls from sampled text.
-        decode: Token ids to text (special tokens removed).
-        model: The model name served (requests naming another are refused).
-        call_timeout: Seconds a call may wait for its answer; then ``openai.APITimeoutError`` is raised.
+        endpoint: The trajectory's recorder, the rollout's gatherer, the parser, model name and call timeout
+            (the semantics are :func:`~lightning_grpo.rollout.agent_client.handling.answer`'s, shared with the
+            HTTP server).
     """
 
-    def __init__(self, recorder: TrajectoryRecorder, gatherer: CallGatherer, owner: int, parser: ToolCallParser,
-                 decode: Any, *, model: str = "policy", call_timeout: float = 60.0) -> None:  # fmt: skip
-        super().__init__(api_key="in-process", base_url="http://policy.invalid/v1", max_retries=0,
+    def __init__(self, endpoint: TrajectoryEndpoint) -> None:
+        super().__init__(api_key="in-process", base_url=IN_PROCESS_URL, max_retries=0,
                          http_client=_unused_http_client())  # fmt: skip
-        self.recorder, self.gatherer, self.owner, self.parser = recorder, gatherer, owner, parser
-        self.decode, self.model, self.call_timeout = decode, model, call_timeout
-        self.calls = 0
+        self.endpoint, self.model = endpoint, endpoint.model
         self._chat = _Chat(self)
+
+    @property
+    def calls(self) -> int:
+        """Calls answered so far."""
+        return self.endpoint.calls
 
     @property
     def chat(self) -> Any:  # type: ignore[override]
@@ -76,27 +70,11 @@ class PolicyClient(openai.AsyncOpenAI):
 
     async def create(self, *, messages: Any, model: str, **options: Any) -> ChatCompletion:
         """One chat completion (``chat.completions.create``'s body)."""
-        max_tokens = _check_options(model, self.model, options)
-        normalized, tools = normalize_messages(messages), normalize_tools(options.get("tools"))
-        plan = self.recorder.plan(normalized, tools)
-        cap = plan.budget if max_tokens is None else min(plan.budget, max_tokens)
-        if cap <= 0:  # the trajectory's budget is spent: nothing is sampled or recorded
-            return _completion(self.model, "", [], "length", plan.context, [], [], self.decode, options)
         try:
-            tokens, logprobs, ended = await asyncio.wait_for(
-                self.gatherer.submit(plan.context, cap, plan.row, self.owner),
-                self.call_timeout,
-            )
+            body = await answer(self.endpoint, messages, model, options)
         except TimeoutError:
             raise openai.APITimeoutError(request=_request()) from None
-        turn = self.parser.parse(self.decode(tokens))
-        calls = [c for c in turn.tool_calls if c.error is None]
-        reply = _reply(turn.content, calls)
-        self.recorder.record(plan, tokens, logprobs, ended, normalize_messages([reply])[0])
-        self.calls += 1
-        reason = "length" if not ended else "tool_calls" if calls else "stop"
-        return _completion(self.model, turn.content, reply.get("tool_calls", []), reason, plan.context, tokens,
-                           logprobs, self.decode, options)  # fmt: skip
+        return ChatCompletion.model_validate(body)
 
 
 class _Completions:
@@ -112,62 +90,6 @@ class _Chat:
         self.completions = _Completions(client)
 
 
-def _check_options(model: str, served: str, options: dict[str, Any]) -> int | None:
-    """The call's ``max_tokens``; refuses a model not served, streaming and ``n > 1``."""
-    if model != served:
-        raise ValueError(f"model {model!r} is not served by the policy client; it serves {served!r} (client.model)")
-    if options.get("stream"):
-        raise ValueError("stream=True is not supported by the in-process policy client; call without stream")
-    if (options.get("n") or 1) != 1:
-        raise ValueError(f"n={options['n']} is not supported: make n separate calls (each is one sampled reply)")
-    limit = options.get("max_completion_tokens") or options.get("max_tokens")
-    if limit is not None and (not isinstance(limit, int) or limit < 1):
-        raise ValueError(f"max_tokens must be a positive integer, got {limit!r}")
-    return limit
-
-
-def _reply(content: str, calls: list[Any]) -> dict[str, Any]:
-    """The assistant message of a parsed turn in OpenAI form (arguments as a JSON string)."""
-    message: dict[str, Any] = {"role": "assistant", "content": content}
-    if calls:
-        message["tool_calls"] = [
-            {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-             "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
-            for c in calls
-        ]  # fmt: skip
-    return message
-
-
-def _completion(
-    model: str,
-    content: str,
-    calls: list[dict[str, Any]],
-    reason: str,
-    prompt: list[int],
-    tokens: list[int],
-    logprobs: list[float],
-    decode: Any,
-    options: dict[str, Any],
-) -> ChatCompletion:
-    """The ``ChatCompletion`` of one sampled reply, with token ids and log-probs when asked."""
-    message = {"role": "assistant", "content": content if content or not calls else None, "tool_calls": calls or None}
-    choice: dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": None, "message": message}
-    body: dict[str, Any] = {
-        "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()), "model": model,
-        "choices": [choice],
-        "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(tokens),
-                  "total_tokens": len(prompt) + len(tokens)},
-    }  # fmt: skip
-    if options.get("logprobs"):
-        choice["logprobs"] = {"content": [
-            {"token": decode([t]), "logprob": lp, "bytes": None, "top_logprobs": []}
-            for t, lp in zip(tokens, logprobs, strict=True)
-        ]}  # fmt: skip
-    if (options.get("extra_body") or {}).get("return_token_ids"):
-        choice["token_ids"], body["prompt_token_ids"] = list(tokens), list(prompt)
-    return ChatCompletion.model_validate(body)
-
-
 @functools.cache
 def _unused_http_client() -> Any:
     """One HTTP client for every policy client: never used (no request leaves the process), but the SDK builds one,
@@ -175,9 +97,35 @@ def _unused_http_client() -> Any:
     return openai.DefaultAsyncHttpxClient()
 
 
-def _request() -> Any:
+def _httpx() -> Any:
     try:
         import httpx2 as httpx  # the transport of recent openai releases
     except ImportError:  # pragma: no cover - older openai releases
         import httpx  # type: ignore[no-redef]
-    return httpx.Request("POST", "http://policy.invalid/v1/chat/completions")
+    return httpx
+
+
+def _request() -> Any:
+    return _httpx().Request("POST", "http://policy.invalid/v1/chat/completions")
+
+
+def loopback_http_client(connections: int) -> Any:
+    """An HTTP client for ``connections`` agents of an ``agent_transport="http"`` rollout: a connection for each
+    (a small pool at high concurrency turns waits into timeouts and retries), no TLS, no proxy from the environment.
+
+    The rollout gives each :data:`AGENTS_PER_POOL` agents one such client: httpcore's pool assigns requests to
+    connections in time quadratic in their number, and a client per agent costs a few milliseconds to build.
+    """
+    httpx = _httpx()
+    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+    return openai.DefaultAsyncHttpxClient(limits=limits, trust_env=False, verify=False)
+
+
+#: Agents sharing one HTTP client (one connection pool) in an ``agent_transport="http"`` rollout.
+AGENTS_PER_POOL = 16
+
+
+def http_client_for(url: str, key: str, call_timeout: float, http_client: Any) -> openai.AsyncOpenAI:
+    """The ``AsyncOpenAI`` a Python agent gets with ``agent_transport="http"``: the server's URL and the trajectory's
+    key; its timeout outlasts the server's own (``agent_call_timeout``, answered with 504), the SDK's retries on."""
+    return openai.AsyncOpenAI(base_url=url, api_key=key, timeout=call_timeout + 10.0, http_client=http_client)

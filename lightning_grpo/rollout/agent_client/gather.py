@@ -3,7 +3,8 @@
 **The rule**: a batch is sampled as soon as every live agent (one not finished) is waiting on at least one call, or,
 while calls wait, when ``window`` seconds pass with no new call and no agent finishing (the other agents are busy
 with their own work: a tool, a sleep). All calls waiting at that moment are sampled together, in one call of the
-rollout backend; calls that arrive meanwhile wait for the next batch. A call cancelled before its batch (a timeout)
+rollout backend, in trajectory order (not arrival order, which differs between the in-process client and HTTP);
+calls that arrive meanwhile wait for the next batch. A call cancelled before its batch (a timeout)
 is left out; one cancelled during it has its result dropped.
 """
 
@@ -76,7 +77,7 @@ class CallGatherer:
                     self.waiting = [r for r in self.waiting if not r.future.done()]
                     if not self.waiting:
                         continue
-            batch, self.waiting = self.waiting, []
+            batch, self.waiting = sorted(self.waiting, key=lambda r: r.owner), []  # trajectory order, not arrival
             self.batches.append(len(batch))
             results = await asyncio.to_thread(
                 self.sample, [r.context for r in batch], [r.max_tokens for r in batch], [r.row for r in batch]

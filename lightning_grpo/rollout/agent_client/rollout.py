@@ -8,11 +8,12 @@ the branches of every trajectory (one or more each); see ``docs/agents.md``, "Yo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import itertools
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -22,6 +23,7 @@ from transformers import PreTrainedTokenizerBase
 
 from lightning_grpo.agents import ToolCallParser
 from lightning_grpo.rollout.agent_client.gather import CallGatherer
+from lightning_grpo.rollout.agent_client.handling import TrajectoryEndpoint
 from lightning_grpo.rollout.agent_client.recorder import TrajectoryRecorder
 from lightning_grpo.rollout.batch import Rollout, left_pad
 from lightning_grpo.rollout.generation import SampleFn, SamplingSettings, eos_token_ids, eval_mode
@@ -42,12 +44,16 @@ AGENT_COLUMNS = ("agent_reward", "agent_trajectory", "agent_last", "agent_error"
 @dataclass(frozen=True)
 class AgentLimits:
     """Time limits and batching of agent runs (``GRPOConfig.agent_call_timeout``, ``agent_timeout``,
-    ``agent_batch_window``) and the model name the client serves."""
+    ``agent_batch_window``), the model name served, and the route: ``transport`` ``"in_process"`` (a
+    ``PolicyClient``) or ``"http"`` (a loopback server on ``port``, 0 for a free one; ``GRPOConfig.agent_transport``,
+    ``agent_http_port``)."""
 
     call_timeout: float = 60.0
     timeout: float = 600.0
     window: float = 0.01
     model: str = "policy"
+    transport: str = "in_process"
+    port: int = 0
 
 
 @dataclass
@@ -169,26 +175,31 @@ async def _run_all(
     parser: ToolCallParser,
     limits: AgentLimits,
 ) -> AgentStats:
-    from lightning_grpo.rollout.agent_client.client import PolicyClient  # openai: an extra
-
     gatherer, stats = CallGatherer(sampler, len(runs), limits.window), AgentStats()
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+    endpoints = [TrajectoryEndpoint(run.recorder, gatherer, i, parser, decode, limits.model, limits.call_timeout)
+                 for i, run in enumerate(runs)]  # fmt: skip
+    async with _clients(endpoints, limits) as clients:
 
-    async def one(index: int, run: AgentRun) -> None:
-        client = PolicyClient(run.recorder, gatherer, index, parser, decode, model=limits.model,
-                              call_timeout=limits.call_timeout)  # fmt: skip
-        try:
-            value = await asyncio.wait_for(agent(client, dict(rows[run.row])), limits.timeout)
-            run.reward = _reward(value)
-        except Exception as err:  # any failure of the user's agent: the run gets no reward
-            run.error = err if not isinstance(err, TimeoutError) else TimeoutError(
-                f"the agent ran past agent_timeout={limits.timeout} s")  # fmt: skip
-            stats.failures.append((index, run.error))
-        finally:
-            run.calls = client.calls
-            gatherer.finished()
+        async def one(index: int, run: AgentRun) -> None:
+            try:
+                value = await asyncio.wait_for(agent(clients[index], dict(rows[run.row])), limits.timeout)
+                run.reward = _reward(value)
+            except Exception as err:  # any failure of the user's agent: the run gets no reward
+                run.error = err if not isinstance(err, TimeoutError) else TimeoutError(
+                    f"the agent ran past agent_timeout={limits.timeout} s")  # fmt: skip
+                stats.failures.append((index, run.error))
+            finally:
+                run.calls = endpoints[index].calls
+                gatherer.finished()
 
-    tasks = [asyncio.ensure_future(one(i, run)) for i, run in enumerate(runs)]
+        await _drive([asyncio.ensure_future(one(i, run)) for i, run in enumerate(runs)], gatherer)
+    stats.batches = list(gatherer.batches)
+    return stats
+
+
+async def _drive(tasks: list[asyncio.Task], gatherer: CallGatherer) -> None:  # type: ignore[type-arg]
+    """Run the agents' tasks and the gatherer's sampling until all end; on any error every one is cancelled."""
     sampling = asyncio.ensure_future(gatherer.run())
     try:
         done, _ = await asyncio.wait([sampling, asyncio.gather(*tasks)], return_when=asyncio.FIRST_COMPLETED)
@@ -200,8 +211,27 @@ async def _run_all(
         for task in [*tasks, sampling]:
             task.cancel()
         await asyncio.gather(*tasks, sampling, return_exceptions=True)
-    stats.batches = list(gatherer.batches)
-    return stats
+
+
+@contextlib.asynccontextmanager
+async def _clients(endpoints: list[TrajectoryEndpoint], limits: AgentLimits) -> AsyncIterator[list[Any]]:
+    """The client each agent is given: in process, or an ``AsyncOpenAI`` on the loopback server (started here,
+    stopped on the way out, with the agents' shared HTTP connections, also on an error)."""
+    from lightning_grpo.rollout.agent_client import client  # openai: an extra
+
+    if limits.transport == "in_process":
+        yield [client.PolicyClient(endpoint) for endpoint in endpoints]
+        return
+    from lightning_grpo.rollout.agent_client.server import AgentServer  # starlette, uvicorn: the http extra
+
+    per = client.AGENTS_PER_POOL
+    pools = [client.loopback_http_client(per) for _ in range(0, len(endpoints), per)]
+    try:
+        async with AgentServer(limits.model, limits.port) as server:
+            yield [client.http_client_for(server.url, server.register(e), limits.call_timeout, pools[i // per])
+                   for i, e in enumerate(endpoints)]  # fmt: skip
+    finally:
+        await asyncio.gather(*(pool.aclose() for pool in pools))
 
 
 def _reward(value: Any) -> float | None:
