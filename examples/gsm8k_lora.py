@@ -1,7 +1,7 @@
 """The GSM8K recipe in Python: GRPO with a LoRA adapter on Qwen2.5-0.5B-Instruct, one GPU.
 
 The same run as ``configs/qwen2.5-0.5b/gsm8k-lora.yaml``, written out as code to read and adapt. It needs the model
-and the dataset from the Hugging Face hub (``pip install 'lightning-grpo[data]'``)::
+and the dataset from the Hugging Face hub (the ``data`` extra, checked first: ``pip install -e ".[data]"`` in a clone)::
 
     python examples/gsm8k_lora.py                                   # 500 iterations on one GPU
     python examples/gsm8k_lora.py --model Qwen/Qwen2.5-1.5B-Instruct --lr 1e-5 --gradient-checkpointing
@@ -31,6 +31,7 @@ from lightning.pytorch.loggers import CSVLogger
 
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig, PromptDataModule
 from lightning_grpo.callbacks import AdapterExport, default_callbacks
+from lightning_grpo.extras import exit_unless_installed
 from lightning_grpo.policy.hub import hub_endpoint, hub_reachable
 from lightning_grpo.rewards import FormatReward, math_answer
 
@@ -166,6 +167,8 @@ def check_hub(options: argparse.Namespace, timeout: float = 2.0) -> None:
 def main(argv: Sequence[str] | None = None) -> Trainer:
     """Train; returns the fitted trainer (its ``logger.log_dir`` holds metrics.csv and samples.csv)."""
     options = parse(argv)
+    if any(str(source).startswith("hf:") for source in (options.train_data, options.val_data)):
+        exit_unless_installed("gsm8k_lora", "data")
     check_hub(options)
     if options.num_threads:
         torch.set_num_threads(options.num_threads)

@@ -11,7 +11,8 @@ call goes over the session (one per process, reused every step); the server is c
     T: 7          <- from the MCP server
     A: 7
 
-Needs ``pip install 'lightning-grpo[mcp]'``. The tiny model is warmed up first (a fifth of its supervised traces call
+Needs the ``mcp`` extra: ``pip install -e ".[mcp]"`` in a clone (checked first). The tiny model is warmed up
+first (a fifth of its supervised traces call
 ``add``), so it calls the tool now and then; GRPO makes the right call a habit::
 
     python examples/mcp_tools.py                    # tiny model, CPU, offline: about a minute
@@ -58,6 +59,7 @@ from lightning.pytorch.loggers import CSVLogger  # noqa: E402
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig, PromptDataModule  # noqa: E402
 from lightning_grpo.callbacks import AgentStats, GroupRewardStats  # noqa: E402
 from lightning_grpo.demo import fit_and_report  # noqa: E402
+from lightning_grpo.extras import exit_unless_installed  # noqa: E402
 from lightning_grpo.testing import build_tiny_model  # noqa: E402
 from lightning_grpo.testing.agents import (  # noqa: E402
     add_records,
@@ -120,6 +122,7 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> tuple[float, float, int]:
     """Warm up, train, and print the mean reward of the first and last tenth of the iterations."""
     options = parse(argv)
+    exit_unless_installed("mcp_tools", "mcp")  # before the warm-up, not in the first rollout
     return fit_and_report("mcp_tools", lambda: build(options), seed=options.seed)
 
 

@@ -19,6 +19,9 @@ traces of which a fifth call the tool, so it calls ``add`` now and then; the ris
     python -m examples.openai_agent                     # tiny model, CPU, offline (timings: docs/benchmarks.md)
     python -m examples.openai_agent --max-steps 10      # shorter
 
+Needs the ``http`` extra (``openai``, ``starlette``, ``uvicorn``): ``pip install -e ".[http]"`` in a clone; with
+``--transport in_process`` the ``openai`` extra is enough (``pip install -e ".[openai]"``). Checked first.
+
 The last line reads ``openai_agent: mean reward A -> B over N steps (S s)``: the mean reward of the first and the
 last tenth of the iterations (figures over seeds and CPU kernels: docs/benchmarks.md, "The openai SDK agent").
 """
@@ -38,6 +41,7 @@ from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig, PromptDataModul
 from lightning_grpo.agents import ToolSet
 from lightning_grpo.callbacks import GroupRewardStats
 from lightning_grpo.demo import fit_and_report
+from lightning_grpo.extras import exit_unless_installed
 from lightning_grpo.testing import build_tiny_model
 from lightning_grpo.testing.agents import add, add_records, tool_name_tokenizer, warm_up_tool_use
 
@@ -132,6 +136,7 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> tuple[float, float, int]:
     """Warm up, train, and print the mean reward of the first and last tenth of the iterations."""
     options = parse(argv)
+    exit_unless_installed("openai_agent", "http" if options.transport == "http" else "openai")  # before the warm-up
     return fit_and_report("openai_agent", lambda: build(options), seed=options.seed)
 
 

@@ -13,7 +13,8 @@ listed with their JSON schemas, offered like Python tools and run by the same
 One session per server per process, on an event loop in a background thread, reused across steps; a pickled server
 (a spawned DDP rank) reconnects in its process on first use. ``GRPOModule`` closes its servers at the end of fit and
 on an exception (:class:`~lightning_grpo.callbacks.tool_servers.CloseToolServers`), an ``atexit`` hook any left open.
-``mcp`` is imported only when a server starts (``pip install 'lightning-grpo[mcp]'``); docs/agents.md has the details.
+``mcp`` is imported only when a server starts, and checked when one is built (the ``mcp`` extra:
+``pip install -e ".[mcp]"`` in a clone); docs/agents.md has the details.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from typing import Any, Literal
 
 from lightning_grpo.agents.execution import FatalToolError
 from lightning_grpo.agents.tools import Tool
+from lightning_grpo.extras import MissingExtraError, install_hint, require
 from lightning_grpo.settings_checks import check_number
 
 __all__ = [
@@ -111,6 +113,7 @@ class MCPToolServer:
         self.url, self.env, self.cwd = url, dict(env or {}), cwd
         self.startup_timeout, self.on_exit = float(startup_timeout), on_exit
         self.name = name or (" ".join(self.command) if self.command else str(url))
+        require("mcp", self.label)  # when the module is built, not in the first rollout
         self._reset_runtime()
 
     @classmethod
@@ -150,7 +153,7 @@ class MCPToolServer:
         try:
             import mcp  # noqa: F401 - the optional dependency, only when a server is used
         except ImportError as err:
-            raise ImportError(f"{self.label} needs the mcp package: pip install 'lightning-grpo[mcp]'.") from err
+            raise MissingExtraError(f"{self.label} needs mcp, which is not installed: {install_hint('mcp')}") from err
         self._pid = os.getpid()
         self._stderr = tempfile.TemporaryFile(mode="w+", encoding="utf-8")  # noqa: SIM115 - closed in close()
         self._loop = asyncio.new_event_loop()

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_grpo.agents.messages import validate_messages
+from lightning_grpo.extras import install_hint, require
 
 __all__ = ["SUFFIXES", "MissingDataError", "PromptSource", "check_source_path", "load_records"]
 
@@ -40,12 +41,17 @@ class MissingDataError(FileNotFoundError):
 def check_source_path(source: PromptSource, argument: str) -> None:
     """Refuse a path ``source`` that does not exist or cannot be read, before anything is loaded or built.
 
-    Sources that are not paths (lists, datasets, ``"hf:..."``) pass; their rows are checked when loaded.
+    Sources that are not paths (lists, datasets) pass; their rows are checked when loaded. An ``"hf:..."`` source
+    needs the ``datasets`` package, checked here.
 
     Raises:
         MissingDataError: Naming the argument, the path (and where it was looked for) and the fix.
+        MissingExtraError: An ``"hf:..."`` source without ``datasets`` (the ``data`` extra).
     """
-    if not isinstance(source, str | os.PathLike) or str(source).startswith(_HF_PREFIX):
+    if not isinstance(source, str | os.PathLike):
+        return
+    if str(source).startswith(_HF_PREFIX):
+        require("data", f"{argument}: {str(source)!r}")
         return
     path = Path(source)
     if not path.is_file():
@@ -154,9 +160,7 @@ def _load_hf(spec: str, hf_config: str | None, split: str | None) -> list[Any]:
     try:
         import datasets
     except ImportError as err:
-        raise ImportError(
-            f"Loading 'hf:{spec}' needs the `datasets` package: pip install 'lightning-grpo[data]'"
-        ) from err
+        raise ImportError(f"Loading 'hf:{spec}' needs the `datasets` package: {install_hint('data')}") from err
     return _hf_rows(datasets.load_dataset(name, hf_config, split=split), split, f"hf:{spec}")
 
 

@@ -27,6 +27,8 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from lightning_grpo.extras import install_hint
+
 __all__ = [
     "BLOCK_SIZE",
     "QUANTIZATIONS",
@@ -46,7 +48,6 @@ Quantization = Literal["nf4", "fp4", "int8"]
 QUANTIZATIONS: tuple[str, ...] = ("nf4", "fp4", "int8")
 #: bitsandbytes' 4-bit block size: each run of 64 consecutive weights of a row shares one scale (absmax).
 BLOCK_SIZE = 64
-_EXTRA = "pip install 'lightning-grpo[quant]'"
 
 
 def require_bitsandbytes() -> Any:
@@ -55,7 +56,7 @@ def require_bitsandbytes() -> Any:
         return importlib.import_module("bitsandbytes")
     except ImportError as error:
         raise ImportError(
-            f"policy.quantization needs bitsandbytes, which is not installed: {_EXTRA} "
+            f"policy.quantization needs bitsandbytes, which is not installed: {install_hint('quant')} "
             "(installs bitsandbytes and accelerate, never another torch)"
         ) from error
 

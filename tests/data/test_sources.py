@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from lightning_grpo.data import load_records
+from lightning_grpo.data.sources import check_source_path
 
 ROWS = [{"prompt": "1+1=", "answer": "2"}, {"prompt": "2+2=", "answer": "4", "level": 1}]
 
@@ -98,8 +99,10 @@ def test_hf_source_needs_a_name():
 
 def test_hf_source_without_datasets_says_how_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)  # makes `import datasets` raise ImportError
-    with pytest.raises(ImportError, match=r"pip install 'lightning-grpo\[data\]'"):
+    with pytest.raises(ImportError, match=r'pip install -e "\.\[data\]" in a clone'):
         load_records("hf:openai/gsm8k")
+    with pytest.raises(ImportError, match=r'train_data: .hf:openai/gsm8k. needs datasets.*pip install -e "\.\[data\]"'):
+        check_source_path("hf:openai/gsm8k", "train_data")  # when the data module is built
 
 
 def test_hf_dataset_object():

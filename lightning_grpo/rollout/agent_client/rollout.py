@@ -22,6 +22,7 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from lightning_grpo.agents import ToolCallParser
+from lightning_grpo.extras import require
 from lightning_grpo.rollout.agent_client.gather import CallGatherer
 from lightning_grpo.rollout.agent_client.handling import TrajectoryEndpoint
 from lightning_grpo.rollout.agent_client.recorder import TrajectoryRecorder
@@ -100,9 +101,11 @@ def module_agent(agent: Any, tools: Any, environment_factory: Any) -> Callable[.
     Raises:
         TypeError: It is not a coroutine function.
         ValueError: ``tools`` or ``environment_factory`` are given too (an agent runs its own tools).
+        MissingExtraError: ``openai`` is not installed (the ``openai`` extra): said when the module is built.
     """
     if agent is None:
         return None
+    require("openai", "GRPOModule(agent=...)")  # the agents' client; not first met in the first rollout
     if tools or environment_factory is not None:
         raise ValueError(
             "agent= runs your own agent code, which calls its own tools (pass their schemas as the chat call's "
