@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -37,15 +39,18 @@ class SaveOnInterrupt(Callback):
     ``ModelCheckpoint``'s folder (or ``dirpath``), and the adapter in PEFT format beside the
     :class:`~lightning_grpo.callbacks.AdapterExport` exports (or beside the checkpoint). Stopped while sampling or
     scoring, the module still holds the last completed iteration, which is what is saved: resuming from the file
-    repeats the interrupted iteration exactly. Stopped between two optimizer steps of one iteration (several
-    mini-batches or ``ppo_epochs``), the adapter is half-updated: nothing is saved then, and a warning says so.
+    repeats the interrupted iteration exactly. Once an iteration's first optimizer step has begun, Ctrl-C is only
+    noted (one line says so) and the iteration's update finishes first, then it is saved: an interrupt never loses
+    more than the current iteration. A second Ctrl-C stops at once; nothing is saved from a half-updated adapter
+    then, and the message names the newest checkpoint on disk and the command that resumes from it.
     Runs of several processes (DDP, FSDP2) are not saved on Ctrl-C: each rank stops at its own point, possibly inside
-    a collective, so they resume from their last periodic checkpoint (SIGTERM is saved: the ranks agree first).
+    a collective; the message names the last checkpoint and the command (SIGTERM is saved: the ranks agree first).
     Resume with ``--ckpt_path <the file>`` (docs/distributed.md).
 
     Args:
         dirpath: Folder of the checkpoint; ``None`` uses the ``ModelCheckpoint``'s folder, or ``checkpoints`` in the
-            run's log folder.
+            run's log folder; with neither (no logger, no checkpointing, no ``default_root_dir``), a new folder under
+            ``~/.cache/lightning_grpo/interrupted`` rather than the working directory.
         export_adapter: Also export the adapter.
 
     Example::
@@ -61,16 +66,37 @@ class SaveOnInterrupt(Callback):
         self._step_at_batch_start: int | None = None  # set while an iteration runs
         self._stopped = False  # SIGTERM handled at an iteration's end
         self._sigterm = False  # SIGTERM received, not yet acted on
+        self._fallback: Path | None = None  # the checkpoint folder when no run folder is known
+        self._updating = False  # an optimizer step of the current iteration has begun
+        self._sigint = False  # Ctrl-C received during an update, acted on at the iteration's end
 
     @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Note SIGTERM only; Lightning restores the handlers it found when fit ends."""
-        self._sigterm = False
+        self._sigterm = self._sigint = self._updating = False
         if threading.current_thread() is threading.main_thread():  # signal handlers live in the main thread
             signal.signal(signal.SIGTERM, self._note_sigterm)
+            if trainer.world_size == 1:  # several ranks each stop at their own point: no deferral there
+                signal.signal(signal.SIGINT, self._on_sigint)
 
     def _note_sigterm(self, signum: int, frame: Any) -> None:
         self._sigterm = True
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        """Ctrl-C: stop now, unless an update is under way (then once: finish the iteration, then save and stop)."""
+        if not self._updating or self._sigint:
+            raise KeyboardInterrupt
+        self._sigint = True
+        print(
+            "\nCtrl-C: finishing this GRPO iteration's update, then saving a checkpoint (Ctrl-C again stops now, "
+            "without saving this iteration)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    @override
+    def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
+        self._updating = True
 
     @override
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
@@ -81,6 +107,11 @@ class SaveOnInterrupt(Callback):
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         self._step_at_batch_start = None
+        self._updating = False
+        if self._sigint:  # Ctrl-C came during the update, which has now finished
+            self._stopped = True
+            self._save(trainer, pl_module, "Interrupted")
+            raise KeyboardInterrupt
         received = self._sigterm or trainer.received_sigterm
         if trainer.world_size > 1:  # a collective at the same point on every rank: they stop after the same step
             received = trainer.strategy.reduce_boolean_decision(received, all=False)
@@ -94,22 +125,29 @@ class SaveOnInterrupt(Callback):
         if isinstance(exception, SIGTERMException):
             self._on_sigterm(trainer, pl_module, exception)
             return
-        if not isinstance(exception, KeyboardInterrupt) or not trainer.training:
+        if not isinstance(exception, KeyboardInterrupt) or not trainer.training or self._stopped:
             return
         if trainer.world_size > 1:  # ranks stop at different points, possibly inside a collective: no safe save
             rank_zero_warn(
-                "Interrupted: SaveOnInterrupt saves single-process runs only; resume from the last checkpoint."
+                f"Interrupted: a run of several processes is not saved on Ctrl-C. {self._last_saved(trainer)}"
             )
             return
         started = self._step_at_batch_start
-        if started is not None and trainer.global_step != started:
+        if started is not None and (self._updating or trainer.global_step != started):
             rank_zero_warn(
-                f"Interrupted between two optimizer steps of one GRPO iteration (steps {started} to "
-                f"{trainer.global_step}): the adapter is partly updated, so no checkpoint was saved on interrupt; "
-                "resume from the last periodic checkpoint."
+                f"Interrupted inside the update of one GRPO iteration (from step {started}): the adapter is partly "
+                f"updated, so it was not saved. {self._last_saved(trainer)}"
             )
             return
         self._save(trainer, pl_module, "Interrupted")
+
+    def _last_saved(self, trainer: Trainer) -> str:
+        """The newest checkpoint in the run's checkpoint folder and the command that resumes from it."""
+        folder = self.checkpoint_path(trainer).parent
+        found = sorted(folder.glob("*.ckpt"), key=lambda path: path.stat().st_mtime) if folder.is_dir() else []
+        if not found:
+            return f"No checkpoint was saved yet (in {folder}); start again with: {resume_command(None)}"
+        return f"The last checkpoint is {found[-1]}; resume with: {resume_command(found[-1])}"
 
     def _on_sigterm(self, trainer: Trainer, pl_module: LightningModule, exception: SIGTERMException) -> None:
         """Lightning's own SIGTERM stop (the signal came after this iteration's check): exit non-zero all the same."""
@@ -137,10 +175,21 @@ class SaveOnInterrupt(Callback):
     def checkpoint_path(self, trainer: Trainer) -> Path:
         """``<folder>/interrupted-step=<global_step>.ckpt``."""
         folder = self.dirpath or getattr(trainer.checkpoint_callback, "dirpath", None)
+        if folder is None and not trainer.loggers and Path(trainer.default_root_dir).resolve() == Path.cwd().resolve():
+            folder = self._fallback_folder()  # no run folder is known: not the working directory
         if folder is None:
             run = trainer.log_dir if trainer.loggers else trainer.default_root_dir
             folder = Path(run or trainer.default_root_dir) / "checkpoints"
         return Path(folder) / f"interrupted-step={trainer.global_step}.ckpt"
+
+    def _fallback_folder(self) -> Path:
+        """``~/.cache/lightning_grpo/interrupted/<date>-<time>-<pid>`` (``XDG_CACHE_HOME`` honoured), chosen once."""
+        if self._fallback is None:
+            cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+            self._fallback = (
+                cache / "lightning_grpo" / "interrupted" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+            )
+        return self._fallback
 
     def _adapter_path(self, trainer: Trainer) -> Path:
         name = f"interrupted-step-{trainer.global_step}"
@@ -150,9 +199,9 @@ class SaveOnInterrupt(Callback):
         return self.checkpoint_path(trainer).with_name(name)
 
 
-def resume_command(checkpoint: Path, argv: list[str] | None = None) -> str:
+def resume_command(checkpoint: Path | None, argv: list[str] | None = None) -> str:
     """The command line that resumes from ``checkpoint``: this one (``argv``, default ``sys.argv``) with
-    ``--ckpt_path``, or the Python call for a run started from Python.
+    ``--ckpt_path``, or the Python call for a run started from Python; without a checkpoint, the command itself.
 
     Example::
 
@@ -163,11 +212,15 @@ def resume_command(checkpoint: Path, argv: list[str] | None = None) -> str:
     argv = list(sys.argv if argv is None else argv)
     program = Path(argv[0]).name if argv else ""
     if program not in ("lightning-grpo", "__main__.py") or argv[1:2] != ["fit"]:
-        return f"trainer.fit(module, data, ckpt_path={str(checkpoint)!r})"
+        return (
+            "trainer.fit(module, data)"
+            if checkpoint is None
+            else f"trainer.fit(module, data, ckpt_path={str(checkpoint)!r})"
+        )
     args, skip = [], False
     for arg in argv[1:]:  # without the checkpoint it may have resumed from
         if not skip and not arg.startswith("--ckpt_path"):
             args.append(arg)
         skip = arg == "--ckpt_path"
     name = "lightning-grpo" if program == "lightning-grpo" else "python -m lightning_grpo"
-    return f"{name} {shlex.join([*args, '--ckpt_path', str(checkpoint)])}"
+    return f"{name} {shlex.join(args if checkpoint is None else [*args, '--ckpt_path', str(checkpoint)])}"
