@@ -95,6 +95,7 @@ LAYERS = (
     (
         "lightning_grpo._moved",
         "lightning_grpo.settings_checks",
+        "lightning_grpo.extras",
         "lightning_grpo.algorithms",
         "lightning_grpo.distributed",
     ),

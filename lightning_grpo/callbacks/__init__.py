@@ -12,6 +12,7 @@ from lightning_grpo.callbacks.defaults import default_callbacks
 from lightning_grpo.callbacks.group_rewards import GroupRewardStats
 from lightning_grpo.callbacks.interrupt import SaveOnInterrupt
 from lightning_grpo.callbacks.progress_bar import GRPOProgressBar
+from lightning_grpo.callbacks.reward_curve import RewardCurve
 from lightning_grpo.callbacks.sample_logger import SampleLogger
 from lightning_grpo.callbacks.throughput import ThroughputMonitor
 
@@ -22,6 +23,7 @@ __all__ = [
     "CompletionStats",
     "GRPOProgressBar",
     "GroupRewardStats",
+    "RewardCurve",
     "SampleLogger",
     "SaveOnInterrupt",
     "ThroughputMonitor",

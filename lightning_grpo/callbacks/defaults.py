@@ -13,6 +13,7 @@ from lightning_grpo.callbacks.collapse_monitor import CollapseMonitor
 from lightning_grpo.callbacks.completion_stats import CompletionStats
 from lightning_grpo.callbacks.group_rewards import GroupRewardStats
 from lightning_grpo.callbacks.interrupt import SaveOnInterrupt
+from lightning_grpo.callbacks.reward_curve import RewardCurve
 from lightning_grpo.callbacks.sample_logger import SampleLogger
 from lightning_grpo.callbacks.throughput import ThroughputMonitor
 
@@ -25,7 +26,8 @@ def default_callbacks(
     export_adapter: bool = False,
     adapter_dirpath: str | Path | None = None,
 ) -> list[Callback]:
-    """One of each monitoring callback with its defaults, :class:`SaveOnInterrupt`; an :class:`AdapterExport` if asked.
+    """One of each monitoring callback with its defaults, :class:`RewardCurve`, :class:`SaveOnInterrupt`; an
+    :class:`AdapterExport` if asked.
 
     Args:
         sample_every_n_steps: Iterations between two sample tables of the :class:`SampleLogger`.
@@ -35,12 +37,13 @@ def default_callbacks(
     Example::
 
         >>> from lightning.pytorch import Trainer
-        >>> [type(cb).__name__ for cb in default_callbacks()][2:]
+        >>> [type(cb).__name__ for cb in default_callbacks()][3:]
         ['AgentStats', 'CollapseMonitor', 'ThroughputMonitor', 'SaveOnInterrupt', 'SampleLogger']
         >>> trainer = Trainer(callbacks=default_callbacks(export_adapter=True), logger=False)
     """
     callbacks: list[Callback] = [
         GroupRewardStats(),
+        RewardCurve(),  # after GroupRewardStats, whose train/reward_mean it draws; says so once without matplotlib
         CompletionStats(),
         AgentStats(),  # logs nothing for single-turn rollouts
         CollapseMonitor(),  # warns once when the reward falls to a floor with no signal left

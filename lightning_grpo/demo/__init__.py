@@ -10,8 +10,9 @@ reward of the first and the last tenth of the GRPO iterations. It works from an 
     lightning-grpo demo --rollout-backend vllm   # sampled by a colocated vLLM engine (docs/vllm.md)
     python -m lightning_grpo demo          # the same; so is python -m lightning_grpo.demo
 
-It writes ``metrics.csv`` (CSVLogger) and ``reward_curve.png`` (with matplotlib) in the run directory, prints their
-paths, and ends with one line such as ``demo: mean reward 0.35 -> 0.88 over 300 steps (61 s)``.
+It writes ``metrics.csv`` (CSVLogger) and, as every fit does (:class:`~lightning_grpo.callbacks.RewardCurve`, with
+matplotlib), ``reward_curve.png`` in the run directory, prints their paths, and ends with one line such as
+``demo: mean reward 0.35 -> 0.88 over 300 steps (61 s)``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from lightning_grpo.callbacks.reward_curve import curve_title  # the reward curve is drawn by that callback
 
 __all__ = ["DEFAULT_CONFIG", "curve_title", "fit_and_report", "main", "read_rewards", "summarize"]
 
@@ -77,41 +80,6 @@ def fit_and_report(name: str, build: Callable[[], tuple[Any, Any, Any]], seed: i
     seconds = time.perf_counter() - start
     print(f"{name}: mean reward {first:.2f} -> {last:.2f} over {len(rewards)} steps ({seconds:.0f} s)")
     return first, last, len(rewards)
-
-
-def plot_rewards(rewards: Sequence[float], path: Path, title: str = "") -> Path | None:
-    """Save the reward curve (per iteration and a moving average) as a PNG; ``None`` without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    window = max(1, len(rewards) // 20)
-    smooth = [sum(rewards[max(0, i - window + 1) : i + 1]) / len(rewards[max(0, i - window + 1) : i + 1])
-              for i in range(len(rewards))]  # fmt: skip
-    figure, axes = plt.subplots(figsize=(6, 3.5))
-    axes.plot(range(1, len(rewards) + 1), rewards, alpha=0.35, label="per iteration")
-    axes.plot(range(1, len(rewards) + 1), smooth, label=f"moving average ({window})")
-    axes.set(xlabel="GRPO iteration", ylabel="mean reward (exact answer)", ylim=(0, 1.02), title=title)
-    axes.legend(loc="lower right")
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-    return path
-
-
-def curve_title(task: str, model: str, num_generations: int, log_dir: Path) -> str:
-    """The reward curve's title: what was learned, by which model, and the run it comes from.
-
-    Example::
-
-        >>> curve_title("addition", "TinyModel", 8, Path("runs/tiny/version_0"))
-        'GRPO on addition: TinyModel, G=8 (run tiny/version_0)'
-    """
-    log_dir = Path(log_dir)
-    return f"GRPO on {task}: {model}, G={num_generations} (run {log_dir.parent.name}/{log_dir.name})"
 
 
 def _cli_args(
@@ -182,9 +150,5 @@ def main(argv: Sequence[str] | None = None, prog: str = "lightning-grpo demo") -
     rewards = read_rewards(log_dir / "metrics.csv")
     first, last = summarize(rewards)
     print(f"metrics: {log_dir / 'metrics.csv'}")
-    model = type(cli.model.policy.get_base_model()).__name__
-    title = curve_title(getattr(cli.datamodule, "task", "prompts"), model, cli.model.config.num_generations, log_dir)
-    png = plot_rewards(rewards, log_dir / "reward_curve.png", title=title)
-    print(f"reward curve: {png}" if png else "reward curve: skipped (pip install matplotlib to draw it)")
     print(f"demo: mean reward {first:.2f} -> {last:.2f} over {len(rewards)} steps ({seconds:.0f} s)")
     return first, last, len(rewards)

@@ -36,7 +36,7 @@ def test_a_short_demo_prints_its_line_and_writes_metrics_and_plot(tmp_path, warm
     assert f"metrics: {metrics}" in lines
     assert demo.read_rewards(metrics) and len(demo.read_rewards(metrics)) == 6
     plot = tmp_path / "tiny" / "version_0" / "reward_curve.png"
-    assert f"reward curve: {plot}" in lines and plot.stat().st_size > 1000
+    assert f"reward curve: {plot}" in result.stderr.splitlines() and plot.stat().st_size > 1000  # RewardCurve
 
 
 def test_the_demo_refuses_a_missing_config(tmp_path):
