@@ -22,6 +22,7 @@ from typing import Any
 
 from lightning_grpo.agents.messages import validate_messages
 from lightning_grpo.extras import install_hint, require
+from lightning_grpo.policy.hub import hub_endpoint, hub_reachable
 
 __all__ = ["SUFFIXES", "MissingDataError", "PromptSource", "check_source_path", "load_records"]
 
@@ -161,7 +162,25 @@ def _load_hf(spec: str, hf_config: str | None, split: str | None) -> list[Any]:
         import datasets
     except ImportError as err:
         raise ImportError(f"Loading 'hf:{spec}' needs the `datasets` package: {install_hint('data')}") from err
+    _check_hub(name, hf_config)
     return _hf_rows(datasets.load_dataset(name, hf_config, split=split), split, f"hf:{spec}")
+
+
+def _check_hub(name: str, hf_config: str | None, timeout: float = 2.0) -> None:
+    """Stop at once, saying how to download, when the hub does not answer (``datasets`` would retry for a minute).
+
+    Raises:
+        MissingDataError: Unless ``HF_HUB_OFFLINE`` is set (the cache is read then) or the hub answers.
+    """
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes") or hub_reachable(timeout):
+        return
+    config = f", {hf_config!r}" if hf_config else ""
+    raise MissingDataError(
+        f"'hf:{name}': the Hugging Face hub ({hub_endpoint()}) did not answer within {timeout:g} s. If the dataset "
+        "is in the local cache, set HF_HUB_OFFLINE=1; else, on a machine with network access, save it as files: "
+        f"python -c \"from datasets import load_dataset as d; d({name!r}{config}, split='train')"
+        ".to_json('train.jsonl')\" and pass train.jsonl"
+    )
 
 
 def _hf_rows(dataset: Any, split: str | None, name: str) -> list[Any]:

@@ -8,6 +8,7 @@ docs/troubleshooting.md lists the messages.
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import threading
@@ -37,13 +38,47 @@ def from_pretrained(load: Callable[..., T], name: str | Path, what: str = "model
         **kwargs: Passed to ``load``.
 
     Raises:
-        ModelLoadError: The folder does not exist, the id is not cached and the hub cannot be reached, or the
-            loader failed (its first line is quoted).
+        ModelLoadError: The folder does not exist, the id is not cached and the hub did not answer within 2 s
+            (one connection, instead of the loaders' minute of retries), or the loader failed (its first line is
+            quoted).
     """
+    kwargs = {**_unless_the_hub_answers(str(name), what), **kwargs}
     try:
         return load(str(name), **kwargs)
     except (OSError, ValueError) as error:  # huggingface_hub's HFValidationError is a ValueError
         raise ModelLoadError(load_error_message(str(name), what, error)) from error
+
+
+def _unless_the_hub_answers(name: str, what: str, timeout: float = 2.0) -> dict[str, Any]:
+    """``{}``, or ``{"local_files_only": True}`` for a cached hub id when the hub does not answer within ``timeout``.
+
+    Raises:
+        ModelLoadError: The id is not cached and the hub did not answer: the message gives the ``hf download`` lines.
+    """
+    if _is_offline() or Path(name).expanduser().exists() or _looks_like_a_path(name) or _hub_answers(timeout):
+        return {}
+    if _cached(name):
+        return {"local_files_only": True}  # the loaders would retry for a minute before they fell back to the cache
+    folder = f"models/{name.rsplit('/', 1)[-1]}"
+    raise ModelLoadError(
+        f"could not load the {what} {name!r}: the Hugging Face hub ({hub_endpoint()}) did not answer within "
+        f"{timeout:g} s and it is not in the local cache. On a machine with network access, download it once: "
+        f"hf download {name} (into the cache; then copy ~/.cache/huggingface over and set HF_HUB_OFFLINE=1), or "
+        f"hf download {name} --local-dir {folder} and give that folder as the model"
+    )
+
+
+@functools.cache
+def _hub_answers(timeout: float) -> bool:
+    """:func:`hub_reachable`, asked once per process (the model and the tokenizer share the answer)."""
+    return hub_reachable(timeout)
+
+
+def _cached(name: str) -> bool:
+    """Whether the hub id ``name`` has a ``config.json`` in the local Hugging Face cache."""
+    from huggingface_hub import try_to_load_from_cache
+
+    return isinstance(try_to_load_from_cache(name, "config.json"), str)
 
 
 def load_error_message(name: str, what: str, error: BaseException) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from lightning_grpo.data import load_records
-from lightning_grpo.data.sources import check_source_path
+from lightning_grpo.data.sources import MissingDataError, check_source_path
 
 ROWS = [{"prompt": "1+1=", "answer": "2"}, {"prompt": "2+2=", "answer": "4", "level": 1}]
 
@@ -239,3 +239,11 @@ def test_a_list_prompt_must_hold_chat_messages():
 def test_empty_prompt(value):
     with pytest.raises(ValueError, match=r"list row 1: prompt field 'prompt' is empty"):
         load_records([ROWS[0], {"prompt": value}])
+
+
+def test_an_hf_source_with_the_hub_unreachable_fails_fast_with_the_download_command(monkeypatch):
+    pytest.importorskip("datasets")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # refuses at once
+    with pytest.raises(MissingDataError, match=r"did not answer within 2 s.*HF_HUB_OFFLINE=1.*load_dataset as d"):
+        load_records("hf:openai/gsm8k@test", hf_config="main")
