@@ -4,6 +4,7 @@ Each reads the :class:`~lightning_grpo.iteration.StepOutput` that ``GRPOModule.t
 ``on_train_batch_end``, and logs with ``pl_module.log`` so every attached logger receives the metrics.
 """
 
+from lightning_grpo.callbacks import _quiet_lightning
 from lightning_grpo.callbacks.adapter_export import AdapterExport
 from lightning_grpo.callbacks.agent_stats import AgentStats
 from lightning_grpo.callbacks.collapse_monitor import CollapseMonitor
@@ -29,3 +30,5 @@ __all__ = [
     "ThroughputMonitor",
     "default_callbacks",
 ]
+
+_quiet_lightning.install()  # Lightning's lines that say nothing about a GRPO fit (Seed set, no GPU, the FLOPs table)

@@ -27,6 +27,7 @@ import json
 import os
 import random
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -252,6 +253,12 @@ def _warm_or_load(
         with _quiet_progress_bars():
             model.load_state_dict(Qwen2ForCausalLM.from_pretrained(str(path)).state_dict())
         return model.train()
+    print(
+        f"tiny model: warming up on {task} ({settings.steps} supervised steps; about a minute on 2 cores, once: cached "
+        f"in {path.parent})",
+        file=sys.stderr,
+        flush=True,
+    )  # the silence that follows has a reason
     warm_up(model, build_tiny_tokenizer(), records, settings)
     _save_atomically(model, path)
     return model.train()

@@ -90,3 +90,12 @@ def test_warmed_up_addition_model_is_right_about_a_third_of_the_time(warm_tiny_c
     accuracy = sum(math_answer([], completions, [r["answer"] for r in records])) / len(records)
     assert 0.15 <= accuracy <= 0.5
     assert all(c.isdigit() for c in completions[:50])  # the format: digits, then <eos>
+
+
+def test_a_warm_up_says_so_before_its_silence_and_a_cached_load_says_nothing(tmp_path, capsys):
+    load_tiny_model("successor", settings=QUICK, cache_dir=tmp_path)
+    err = capsys.readouterr().err
+    assert err.startswith(f"tiny model: warming up on successor ({QUICK.steps} supervised steps;"), err
+    assert f"cached in {tmp_path}" in err
+    load_tiny_model("successor", settings=QUICK, cache_dir=tmp_path)
+    assert "warming up" not in capsys.readouterr().err
