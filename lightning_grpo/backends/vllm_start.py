@@ -117,15 +117,25 @@ def _scalar_kernels_under_default_capability() -> None:
         inductor.cpp.simdlen = 1
 
 
+_KV_SPACE = "VLLM_CPU_KVCACHE_SPACE"
+#: The values this module put in the environment (so that a later engine replaces them, not the user's own).
+_SET_BY_US: dict[str, str] = {}
+
+
 def engine_environment(config: VLLMConfig) -> None:
     """The environment variables vLLM reads: an in-process engine, and the CPU KV cache (the user's value wins).
+
+    ``VLLM_CPU_KVCACHE_SPACE`` set by the user before the first engine is kept; one this function set for an
+    earlier engine of the process is replaced by this engine's ``cpu_kv_cache_gb``.
 
     Raises:
         ValueError: ``VLLM_CPU_KVCACHE_SPACE`` is set to something other than whole GiB (vLLM would fail on it with
             ``invalid literal for int()``).
     """
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in this process: no second copy, no re-imported script
-    space = os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.cpu_kv_cache_gb))
+    space = os.environ.get(_KV_SPACE)
+    if space is None or space == _SET_BY_US.get(_KV_SPACE):  # not the user's: this engine's setting
+        space = os.environ[_KV_SPACE] = _SET_BY_US[_KV_SPACE] = str(config.cpu_kv_cache_gb)
     if not space.strip().isdigit():
         raise ValueError(
             f"VLLM_CPU_KVCACHE_SPACE={space!r} in the environment is not valid: vLLM reads it as whole GiB (an "
