@@ -25,16 +25,19 @@ What :class:`TRLEnvironments` does, as TRL does it:
 
 from __future__ import annotations
 
+import importlib
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from lightning_grpo.agents.tools import Tool, ToolSet
+from lightning_grpo.settings_checks import SettingError
 
 __all__ = [
     "EMPTY_PROMPT",
     "TRLEnvironments",
     "is_trl_factory",
+    "resolve_factory",
     "tool_method_names",
     "trl_environments_of",
     "with_environment_rewards",
@@ -276,8 +279,39 @@ def with_environment_rewards(factory: Any, reward_funcs: Any, reward_weights: An
     Raises:
         ValueError: ``reward_funcs`` is a ``RewardFunctions``, or a mapping with a key named like an environment class.
     """
-    environments = trl_environments_of(factory)
+    environments = trl_environments_of(resolve_factory(factory))
     return (environments, *_add_rewards(reward_funcs, reward_weights, environments))
+
+
+def resolve_factory(factory: Any) -> Any:
+    """``factory`` with import paths (``"my_env.ReverseChecker"``, as YAML gives them) replaced by what they name.
+
+    A string is imported, not called: a class of either protocol stays a class (TRL-style ones are built without
+    arguments, ours with the row). A dict's values are resolved alike; anything else is returned unchanged.
+
+    Raises:
+        SettingError: A path that cannot be imported, naming it and why.
+    """
+    if isinstance(factory, str):
+        return _import_path(factory, "environment_factory")
+    if isinstance(factory, Mapping) and any(isinstance(value, str) for value in factory.values()):
+        return {name: _import_path(value, f"environment_factory[{name!r}]") if isinstance(value, str) else value
+                for name, value in factory.items()}  # fmt: skip
+    return factory
+
+
+def _import_path(path: str, setting: str) -> Any:
+    """The object at ``package.module.Name``."""
+    module, _, name = path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name) if module else importlib.import_module(name)
+    except (ImportError, AttributeError, ValueError) as error:
+        raise SettingError(
+            f"{setting}={path!r} cannot be imported ({type(error).__name__}: {error}); give the import path of a "
+            "class or function, e.g. my_env.ReverseChecker (a module of the current folder or installed)",
+            setting,
+            path,
+        ) from error
 
 
 def _add_rewards(reward_funcs: Any, reward_weights: Any, environments: Any) -> tuple[Any, Any]:
