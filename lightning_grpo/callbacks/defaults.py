@@ -61,6 +61,8 @@ def missing_callbacks(defaults: Iterable[Callback], present: Iterable[Callback])
 
     A default is left out when a present callback is of its type, of a subclass or of a base class (other than
     ``Callback``): Lightning replaces a trainer's callback by a module's one of a subclass, so the user's would lose.
+    A default whose class lists the present type in its ``replaces`` attribute is left out too
+    (:class:`~lightning_grpo.callbacks.ThroughputMonitor` and Lightning's).
 
     Example::
 
@@ -71,5 +73,9 @@ def missing_callbacks(defaults: Iterable[Callback], present: Iterable[Callback])
         ['GroupRewardStats']
     """
     kinds = {type(callback) for callback in present} - {Callback}
-    related = lambda cls: any(issubclass(cls, kind) or issubclass(kind, cls) for kind in kinds)  # noqa: E731
+
+    def related(cls: type) -> bool:  # of a kind present, or one it replaces (its ``replaces`` attribute)
+        own = (cls, *getattr(cls, "replaces", ()))
+        return any(issubclass(one, kind) or issubclass(kind, one) for one in own for kind in kinds)
+
     return [callback for callback in defaults if not related(type(callback))]

@@ -1,15 +1,16 @@
-"""Throughput, phase timings and peak memory of each GRPO iteration, on Lightning's ``ThroughputMonitor``."""
+"""Throughput, phase timings and peak memory of each GRPO iteration, with Lightning's ``Throughput`` meter."""
 
 from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from lightning.pytorch import LightningModule, Trainer
+from lightning.fabric.utilities.throughput import Throughput, get_available_flops
+from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ThroughputMonitor as LightningThroughputMonitor
-from lightning.pytorch.trainer.states import RunningStage
 from typing_extensions import override
 
 from lightning_grpo.callbacks._arguments import check_positive_int, check_prefix
@@ -23,14 +24,44 @@ __all__ = ["TOTALS", "ThroughputMonitor", "peak_memory_mib"]
 TOTALS = {"time": "total_time", "batches": "total_batches", "samples": "total_samples", "lengths": "total_tokens"}
 
 
-class ThroughputMonitor(LightningThroughputMonitor):
-    r"""Lightning's ``ThroughputMonitor`` over sampled completions, plus the phase timings and memory of GRPO.
+@dataclass
+class _Meter:
+    """Lightning's :class:`~lightning.fabric.utilities.throughput.Throughput` over one stage, with running totals."""
 
-    Lightning's part (:class:`lightning.fabric.utilities.throughput.Throughput`) counts a *batch* as one iteration,
+    throughput: Throughput
+    started: float = field(default_factory=time.perf_counter)
+    completions: int = 0
+    tokens: int = 0
+    iterations: int = 0
+
+    def start(self) -> None:
+        self.throughput.reset()
+        self.completions = self.tokens = self.iterations = 0
+        self.started = time.perf_counter()
+
+    def update(self, rollout: Rollout, device: torch.device, flops: int | None) -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # the clock must see the step's kernels
+        self.completions += len(rollout)
+        self.tokens += int(rollout.sampled_mask.sum())
+        self.iterations += 1
+        self.throughput.update(time=time.perf_counter() - self.started, batches=self.iterations,
+                               samples=self.completions, lengths=self.tokens, flops=flops)  # fmt: skip
+
+    def metrics(self, stage: str) -> dict[str, float]:
+        """``<stage>/<name>``, Lightning's running totals renamed (:data:`TOTALS`)."""
+        return {f"{stage}/{TOTALS.get(k, k)}": float(v) for k, v in self.throughput.compute().items()}
+
+
+class ThroughputMonitor(Callback):
+    r"""Throughput over sampled completions (Lightning's ``Throughput`` meter), plus GRPO's phase timings and memory.
+
+    The meter (:class:`lightning.fabric.utilities.throughput.Throughput`) counts a *batch* as one iteration,
     a *sample* as one sampled completion and an *item* as one token the policy sampled (``Rollout.sampled_mask``;
     tool and environment tokens of multi-turn trajectories are not counted), in training and in validation.
-    On rank zero, at the trainer's logging steps, it sends to the loggers (not to the progress bar) under ``train/``
-    (``validate/`` for validation), in training with the step's other metrics (one ``metrics.csv`` row per step):
+    Measured on rank zero, they go to the loggers (not to the progress bar) under ``train/`` with the step's other
+    metrics (one ``metrics.csv`` row per step), and under ``validate/`` once at the end of each validation. Given
+    to the trainer, Lightning's own ``ThroughputMonitor`` takes this one's place (:attr:`replaces`):
 
     * ``device/samples_per_sec``, ``device/items_per_sec``, ``device/batches_per_sec``: completions, completion
       tokens and iterations per second of wall-clock time on rank zero, averaged over the last ``window_size``
@@ -72,28 +103,34 @@ class ThroughputMonitor(LightningThroughputMonitor):
         >>> trainer = Trainer(callbacks=[ThroughputMonitor(window_size=5, log_memory=False)], logger=False)
     """
 
+    #: Lightning's own monitor, given to the trainer, takes this one's place (``missing_callbacks``).
+    replaces: tuple[type[Callback], ...] = (LightningThroughputMonitor,)
+
     def __init__(self, window_size: int = 10, log_memory: bool = True, prefix: str = "train/") -> None:
         if check_positive_int("window_size", window_size) < 2:
             raise ValueError(f"window_size must be an int >= 2 (a rate needs two points), got {window_size}")
-        super().__init__(batch_size_fn=self._completions, length_fn=self._completion_tokens, window_size=window_size)
+        self.window_size = window_size
         self.log_memory = log_memory
         self.prefix = check_prefix(prefix)
-        self._rollout: Rollout | None = None
+        self._meters: dict[str, _Meter] = {}
         self._step_started: float | None = None
-        self._pending: dict[str, Any] = {}  # Lightning's training part, logged with the step's other metrics
+        self._validation_started: float | None = None
 
-    def _completions(self, batch: Any) -> int:
-        """Lightning's ``batch_size_fn``: the samples of the step are the completions of its rollout."""
-        return len(self._latest_rollout())
+    @override
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        dtype = getattr(getattr(pl_module, "policy", None), "dtype", torch.float32)
+        flops = get_available_flops(trainer.strategy.root_device, dtype)
+        self._meters = {
+            name: _Meter(Throughput(flops, trainer.world_size, self.window_size)) for name in ("train", "validate")
+        }
 
-    def _completion_tokens(self, batch: Any) -> int:
-        """Lightning's ``length_fn``: the items of the step are the tokens the policy sampled in its rollout."""
-        return int(self._latest_rollout().sampled_mask.sum())
+    def _count(self, stage: str, rollout: Rollout, pl_module: LightningModule) -> None:
+        flops = getattr(pl_module, "flops_per_batch", None)  # a module may say what an iteration costs
+        self._meters[stage].update(rollout, pl_module.device, flops)
 
-    def _latest_rollout(self) -> Rollout:
-        if self._rollout is None:
-            raise TypeError("ThroughputMonitor counts the rollout of GRPOModule's training and validation steps")
-        return self._rollout
+    @override
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._meters["train"].start()
 
     @override
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
@@ -106,28 +143,19 @@ class ThroughputMonitor(LightningThroughputMonitor):
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         step = step_output(outputs, self, ("rollout", "loss_mask", "timings", "ppo_epochs"))
-        self._rollout = step["rollout"]
-        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)  # Lightning's part, rank zero
         self._log_phases(pl_module, step)
-        if trainer.world_size > 1:  # rank zero measured them: every rank logs the same values
-            self._pending = trainer.strategy.broadcast(self._pending, src=0)
-        if self._pending:  # in the step's row of the loggers (a logger call of its own would add a second row)
-            pl_module.log_dict(self._pending)
-            self._pending = {}
+        self._count("train", step["rollout"], pl_module)
+        totals = self._meters["train"].metrics("train") if trainer.is_global_zero else {}
+        if trainer.world_size > 1:  # rank zero's clock: every rank logs the same values
+            totals = trainer.strategy.broadcast(totals, src=0)
+        if totals:
+            pl_module.log_dict(totals)  # in the step's row of the loggers
 
     @override
-    def _compute(self, trainer: Trainer, iter_num: int | None = None) -> None:
-        """Lightning's, with the totals named as such; in training kept for ``pl_module.log_dict`` in the step's row."""
-        stage = trainer.state.stage
-        if stage is None or (stage != RunningStage.TRAINING and not trainer._logger_connector.should_update_logs):
-            return
-        throughput = self._throughputs[stage]  # Lightning's own state, filled by its on_*_batch_end
-        prefix = f"{stage.value}{throughput.separator}"
-        metrics = {f"{prefix}{TOTALS.get(k, k)}": v for k, v in throughput.compute().items()}
-        if stage != RunningStage.TRAINING:
-            trainer._logger_connector.log_metrics(metrics, step=iter_num)  # as Lightning's own _compute
-            return
-        self._pending = {name: float(value) for name, value in metrics.items()}
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if not trainer.sanity_checking:
+            self._validation_started = time.perf_counter()
+            self._meters["validate"].start()
 
     @override
     def on_validation_batch_end(
@@ -135,8 +163,18 @@ class ThroughputMonitor(LightningThroughputMonitor):
         dataloader_idx: int = 0,
     ) -> None:  # fmt: skip
         if not trainer.sanity_checking:
-            self._rollout = step_output(outputs, self, ("rollout",))["rollout"]
-        super().on_validation_batch_end(trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
+            self._count("validate", step_output(outputs, self, ("rollout",))["rollout"], pl_module)
+
+    @override
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Log the validation's rates and totals (rank zero), and leave its time out of the training rates."""
+        if trainer.sanity_checking or self._validation_started is None:
+            return
+        self._meters["train"].started += time.perf_counter() - self._validation_started
+        self._validation_started = None
+        if trainer.is_global_zero and self._meters["validate"].iterations:
+            for logger in trainer.loggers:
+                logger.log_metrics(self._meters["validate"].metrics("validate"), step=trainer.global_step)
 
     def _log_phases(self, pl_module: LightningModule, step: Any) -> None:
         """Token rates per phase (summed across ranks), phase seconds and peak memory (maxima across ranks)."""

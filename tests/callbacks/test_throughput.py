@@ -82,3 +82,12 @@ def test_cuda_fit_logs_the_peak_of_the_step(make_module):
 def test_bad_prefix_is_refused():
     with pytest.raises(TypeError, match="prefix must be a string"):
         ThroughputMonitor(prefix=["train/"])
+
+
+def test_it_uses_lightnings_public_meter_and_overrides_nothing_private():
+    from lightning.pytorch.callbacks import ThroughputMonitor as LightningThroughputMonitor
+
+    assert not issubclass(ThroughputMonitor, LightningThroughputMonitor)  # its private _compute is not ours to replace
+    lightning_private = {name for name in vars(LightningThroughputMonitor) if name.startswith("_") and name[1] != "_"}
+    assert not lightning_private & set(vars(ThroughputMonitor))
+    assert LightningThroughputMonitor in ThroughputMonitor.replaces  # given to the trainer, Lightning's wins

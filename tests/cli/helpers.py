@@ -93,3 +93,8 @@ def centred_advantages(stats: GroupStats, completion_mask: Tensor | None, settin
     """A user's own advantage estimator: reward minus the group mean (Dr. GRPO's, under another name)."""
     CALLS["advantages"] += 1
     return stats.rewards - stats.mean
+
+
+def string_reward(prompts: list[str], completions: list[str], **_: Any) -> list[str]:
+    """A user's mistake: a reward function that returns its numbers as strings."""
+    return ["1.0" for _ in completions]

@@ -1,0 +1,51 @@
+"""A new user's first commands: ``--help`` lists ``demo``; a mistake or a missing extra is named first."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from tests.cli.conftest import REPO, TINY, quiet_run_args
+from tests.cli.run_process import run_cli
+from tests.conftest import repo_pythonpath
+
+
+def test_help_lists_demo_among_the_available_subcommands(tmp_path):
+    result = run_cli("--help", cwd=tmp_path)
+    assert result.returncode == 0
+    section = result.stdout.split("Available subcommands:", 1)[1]
+    names = [line.split()[0] for line in section.splitlines() if line.startswith("    ") and line.split()]
+    assert names[:5] == ["demo", "fit", "validate", "test", "predict"], section
+
+
+def test_a_reward_returning_strings_is_named_on_the_first_lines(tmp_path):
+    args = ["fit", "--config", str(TINY), *quiet_run_args(tmp_path, max_steps=1)[:3],
+            "--model.init_args.reward_funcs=[tests.cli.helpers.string_reward]"]  # fmt: skip
+    result = run_cli(*args, cwd=REPO)
+    assert result.returncode == 1, result.stdout[-3000:]
+    lines = [line for line in result.stdout.splitlines() if line.strip()]
+    assert "reward function 'string_reward' returned a non-numeric value '1.0' (str)" in "\n".join(lines[:2]), lines
+
+
+def test_an_agent_without_openai_is_one_line_with_the_install_command_before_any_run(tmp_path):
+    code = "import sys; sys.modules['openai'] = None\nfrom lightning_grpo.__main__ import main\nmain(sys.argv[1:])\n"
+    args = ["fit", "--config", str(TINY), "--model.init_args.agent=tests.rollout.test_agent_client._async_agent",
+            "--model.init_args.reward_funcs=null", *quiet_run_args(tmp_path)]  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": repo_pythonpath()}
+    result = subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)  # fmt: skip
+    assert result.returncode == 1, result.stdout[-3000:]
+    assert result.stdout.splitlines()[0] == (
+        'lightning-grpo fit: error: GRPOModule(agent=...) needs openai, which is not installed: pip install -e '
+        '".[openai]" in a clone of lightning-grpo (or pip install "<the built wheel>[openai]")'
+    ), result.stdout[-3000:]
+
+
+def test_an_unknown_backend_setting_is_named_by_its_config_key(tmp_path):
+    args = ["fit", "--config", str(TINY), *quiet_run_args(tmp_path),
+            "--model.init_args.grpo.rollout_backend=vllm",
+            "--model.init_args.grpo.rollout_backend_args={gpu_memory_utilization: 2}"]  # fmt: skip
+    result = run_cli(*args, cwd=tmp_path)
+    assert result.returncode == 1
+    assert "error: model.init_args.grpo.rollout_backend_args.gpu_memory_utilization" in result.stdout, result.stdout
