@@ -23,7 +23,6 @@ import math
 import os
 import sys
 import time
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -138,8 +137,6 @@ def main(argv: Sequence[str] | None = None, prog: str = "lightning-grpo demo") -
     print(f"demo: GRPO trains a tiny model on single-digit addition, on CPU, offline ({options.config})", flush=True)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the demo never needs the network
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    warnings.filterwarnings("ignore", message=".*isinstance\\(treespec, LeafSpec\\).*")
-    warnings.filterwarnings("ignore", message="Total length of `list` across ranks is zero")
     from lightning_grpo.cli import GRPOCLI  # after the environment is set
 
     with _only_these_arguments():
