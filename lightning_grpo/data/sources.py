@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from lightning_grpo.agents.messages import validate_messages
+from lightning_grpo.agents.message_checks import validate_messages
 from lightning_grpo.extras import install_hint, require
 from lightning_grpo.policy.hub import hub_endpoint, hub_reachable
 
