@@ -68,7 +68,7 @@ class GRPOModule(LightningModule):
         lr_scheduler: Builds a scheduler from the optimizer; stepped once per ``training_step`` (one GRPO iteration).
         seed: Seeds sampling and mini-batch shuffling per step, so runs and resumed runs are reproducible.
         tools: Typed, documented Python functions and MCP servers the policy may call; chat prompts (docs/agents.md).
-        environment_factory: ``factory(row)`` of environments with ``step``, or TRL-style ones (no ``step``) or a dict.
+        environment_factory: ``factory(row)`` of environments with ``step``, or TRL-style ones, a dict, or import paths.
         tool_parser: Reads tool calls from the policy's turns; defaults to the ``<tool_call>{json}</tool_call>`` form.
         default_callbacks: Add the monitoring callbacks of :func:`~lightning_grpo.callbacks.default_callbacks` that
             the trainer lacks (:meth:`configure_callbacks`), so any ``Trainer`` logs ``train/reward_mean`` and the
@@ -106,7 +106,7 @@ class GRPOModule(LightningModule):
         lr_scheduler: LRSchedulerCallable | None = None,
         seed: int = 0,
         tools: Sequence[dict[str, Any] | Callable[..., Any]] | None = None,
-        environment_factory: EnvironmentFactory | Mapping[str, Callable[[], Any]] | None = None,
+        environment_factory: str | Mapping[str, str | Callable[[], Any]] | EnvironmentFactory | None = None,
         tool_parser: ToolCallParser | None = None,
         default_callbacks: bool = True,
         vllm: VLLMConfig | None = None,

@@ -32,7 +32,9 @@ uses 1 for models under 50M parameters and half the cores, at most 8, for larger
 from __future__ import annotations
 
 import os
+import re
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -54,9 +56,11 @@ from lightning_grpo.cli.errors import (
     setting_key,
     summarize_parse_error,
 )
+from lightning_grpo.cli.resume import ReplayMetrics, continue_in_checkpoint_folder, earlier_rows
 from lightning_grpo.cli.summary import fit_summary
 from lightning_grpo.data import MissingDataError, PromptDataModule
 from lightning_grpo.data.sources import check_source_path
+from lightning_grpo.extras import MissingExtraError
 from lightning_grpo.iteration.cpu_threads import set_cpu_threads
 from lightning_grpo.module import GRPOModule
 from lightning_grpo.policy import ModelLoadError
@@ -78,7 +82,7 @@ _SUBCOMMANDS = ("fit", "validate", "test", "predict")
 #: Errors whose message is the whole story: printed in one line, without a traceback (docs/troubleshooting.md).
 _USER_ERRORS = (
     ModelLoadError, UnreadableCheckpointError, CheckpointMismatchError, CheckpointWriteError, MissingDataError,
-    RewardInputError, RewardOutputError, SettingError,
+    RewardInputError, RewardOutputError, SettingError, MissingExtraError,
 )  # fmt: skip
 #: Opens ``fit --help`` (and the other subcommands'), before the Trainer's hundreds of lines.
 _GRPO_HELP = """GRPO settings only (the Trainer's options follow below):
@@ -132,8 +136,13 @@ class _SuggestingParser(LightningArgumentParser):
 
 
 def _with_demo(text: str) -> str:
-    """``text`` with ``demo`` among the subcommands it lists."""
+    """``text`` with ``demo`` among the subcommands it lists (the usage, the choices, "Available subcommands")."""
     text = text.replace("{fit,validate,test,predict}", "{demo,fit,validate,test,predict}")
+    fit = re.search(r"^( +)fit( +)Runs", text, re.MULTILINE)
+    if fit and "Available subcommands" in text:
+        pad = " " * (len(fit.group(2)) - 1)  # "demo" is one letter longer than "fit"
+        demo = f"{fit.group(1)}demo{pad}Trains a tiny model on CPU, offline, in about a minute ('demo --help').\n"
+        text = text[: fit.start()] + demo + text[fit.start() :]
     return text.replace("(choose from 'fit',", "(choose from 'demo', 'fit',")
 
 
@@ -182,11 +191,15 @@ class GRPOCLI(LightningCLI):
             # without a logger the config goes to default_root_dir: a rerun replaces it (with a logger, each run has
             # its own version_N folder); docs/troubleshooting.md
             "save_config_kwargs": {"overwrite": True},
+            # the table of a LoRA policy says little (FLOPs 0) and would push a first error below it
+            "trainer_defaults": {"enable_model_summary": False, **kwargs.pop("trainer_defaults", {})},
         }
         parser_kwargs = {"description": _DESCRIPTION, "allow_abbrev": False, **kwargs.pop("parser_kwargs", {})}
         # each setting's help is the docstring under its field (GRPOConfig, PolicyConfig, VLLMConfig): on before the
         # parser is built, as jsonargparse reads the docstrings when it adds a class's arguments
         set_parsing_settings(docstring_parse_attribute_docstrings=True)
+        # a function given by import path (agent:, a reward) is kept as its path in the saved config: nothing to say
+        warnings.filterwarnings("ignore", message=r"\s*Unable to serialize instance")
         super().__init__(**{**options, **kwargs}, parser_kwargs=parser_kwargs, args=args, run=run)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -233,7 +246,8 @@ class GRPOCLI(LightningCLI):
         chosen = any(isinstance(callback, ProgressBar) for callback in [*configured, *callbacks])
         if config.get("enable_progress_bar") is not False and not chosen:
             callbacks = [*callbacks, GRPOProgressBar()]  # last: it shows what the other callbacks logged in the step
-        return super()._instantiate_trainer(config, callbacks)
+        replay = [ReplayMetrics(self._replay)] if getattr(self, "_replay", None) else []
+        return super()._instantiate_trainer(config, [*replay, *callbacks])
 
     def after_fit(self) -> None:
         """Say where the run's metrics, checkpoint and adapter went (LightningCLI calls it after ``fit``)."""
@@ -244,6 +258,10 @@ class GRPOCLI(LightningCLI):
         """Apply ``torch_num_threads``, check the optimizers' settings and a PromptDataModule's files before the model
         is built."""
         config = self.config[self.subcommand] if self.subcommand else self.config
+        run_folder = continue_in_checkpoint_folder(config)  # a resumed run writes on in its version_N folder
+        self._replay = earlier_rows(run_folder) if run_folder else []
+        if run_folder:  # its rows are written again (ReplayMetrics), so Lightning's "will be deleted" is not true
+            warnings.filterwarnings("ignore", message="Experiment logs directory .* exists and is not empty")
         check_optimizers(config)  # a negative learning rate fails here, naming its key, not after the model loads
         if config.get("torch_num_threads"):
             set_cpu_threads(config.torch_num_threads)

@@ -192,6 +192,9 @@ def setting_key(config: Namespace, error: SettingError) -> str:
     keys = [key for key, _ in leaves]
     same = [key for key, value in leaves if value == error.value]
     chosen = same or keys
+    if not chosen:  # a key inside a dict setting (grpo.rollout_backend_args: {gpu_memory_utilization: 2})
+        chosen = [f"{key}.{field}" for key, value in config.items()
+                  if isinstance(value, dict) and field in value and value[field] == error.value]  # fmt: skip
     return chosen[0] if chosen else error.setting
 
 
