@@ -29,3 +29,19 @@ def test_first_run_names_a_gsm8k_range_from_a_labelled_peer_figure():
     assert "a peer's published figure, not measured here" in page
     assert "https://verl.readthedocs.io/en/latest/algo/baseline.html" in page
     assert "**36.4%**" in page and "**54.3%**" in page and "0.45-0.55" in page
+
+
+def test_no_install_line_names_the_package_on_the_index():
+    """``pip install "lightning-grpo[x]"`` does not resolve (the package is not on the index); only docs/vllm.md
+    quotes it, to say so."""
+    pattern = re.compile(r"pip install ['\"]?lightning-grpo\[")
+    folders = ("lightning_grpo", "docs", "examples", "configs", "benchmarks")
+    found = [
+        f"{path.relative_to(REPO)}:{number}"
+        for folder in folders
+        for path in sorted((REPO / folder).rglob("*"))
+        if path.suffix in (".py", ".md", ".yaml") and path.name != "vllm.md"
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1)
+        if pattern.search(line)
+    ]
+    assert found == [] and pattern.search((REPO / "README.md").read_text(encoding="utf-8")) is None, found
