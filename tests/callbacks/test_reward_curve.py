@@ -58,3 +58,9 @@ def test_nothing_is_drawn_without_a_logged_reward(tmp_path):
     trainer = make_trainer(max_steps=0, default_root_dir=tmp_path)
     RewardCurve().on_fit_end(trainer, None)
     assert not list(tmp_path.rglob("*.png"))
+
+
+def test_without_a_run_folder_nothing_is_drawn_into_the_working_directory(make_module, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    make_trainer(max_steps=1).fit(make_module(), prompt_loader(PROMPTS))  # logger=False, no default_root_dir
+    assert not list(tmp_path.rglob("*.png"))
