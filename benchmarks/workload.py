@@ -39,7 +39,10 @@ class Workload:
         micro_batch_size: Completions per forward/backward; 0 means the whole rollout.
         steps: Measured steps.
         warmup_steps: Steps run first and left out of the medians.
-        threads: ``torch.set_num_threads`` in each side's process.
+        threads: ``torch.set_num_threads`` in each side's process, pinned through ``OMP_NUM_THREADS`` before torch
+            starts; 0: the machine's default (no thread variable set; each side's process calls
+            ``torch.set_num_threads`` with the cores it may use, as a TRL script does, and our side applies its own
+            default, ``lightning_grpo.iteration.cpu_threads``).
         device: ``"cpu"``, ``"cuda"`` or ``"auto"`` (CUDA when available).
         gradient_checkpointing: Recompute activations in the update pass (both sides).
         share_prompt: Ours only: prefill each prompt once for its G samples.
