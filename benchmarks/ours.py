@@ -172,6 +172,7 @@ def _module(work: Workload, model_dir: Path) -> BenchModule:
         micro_batch_size=work.micro,
         kl_coef=work.kl_coef,
         old_logprobs=work.old_logprobs,
+        packing={"true": True, "false": False}.get(work.packing, work.packing),
         dual_clip=None,  # TRL has no dual clip
         loss_agg_mode="token-mean",  # TRL "dapo"
         max_grad_norm=1.0,

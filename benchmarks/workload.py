@@ -44,6 +44,7 @@ class Workload:
             ``torch.set_num_threads`` with the cores it may use, as a TRL script does, and our side applies its own
             default, ``lightning_grpo.iteration.cpu_threads``).
         device: ``"cpu"``, ``"cuda"`` or ``"auto"`` (CUDA when available).
+        packing: Ours only: ``GRPOConfig.packing`` (``"auto"``, ``"true"``, ``"false"``).
         gradient_checkpointing: Recompute activations in the update pass (both sides).
         share_prompt: Ours only: prefill each prompt once for its G samples.
         share_prompt_logprobs: Ours only: one forward per distinct prompt in the log-prob passes.
@@ -82,6 +83,7 @@ class Workload:
     sampler: str = "multinomial"
     drop_finished: bool = False
     static_cache: bool = False
+    packing: str = "auto"
     old_logprobs: str = "recompute"
     temperature: float = 1.0
     lr: float = 1e-5
@@ -145,7 +147,7 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default)
         else:
             choices = {"dtype": list(_DTYPES), "sampler": ["multinomial", "inverse_cdf"], "quantization": QUANTIZATIONS,
-                       "old_logprobs": ["recompute", "rollout"]}  # fmt: skip
+                       "old_logprobs": ["recompute", "rollout"], "packing": ["auto", "true", "false"]}  # fmt: skip
             choices = choices.get(f.name)
             parser.add_argument(flag, dest=f.name, type=type(default), default=default, choices=choices)
 
