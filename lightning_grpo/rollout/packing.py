@@ -18,7 +18,7 @@ cols`; :func:`unpack` puts per-token values back into the ``(N, T)`` layout (0 o
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -35,6 +35,7 @@ __all__ = [
     "packing_for",
     "packing_route",
     "padding_fraction",
+    "sharded_logprob_settings",
     "shared_prompt_mask",
     "unpack",
 ]
@@ -113,6 +114,19 @@ def packing_for(rollout: Rollout, packing: bool | str) -> bool | str:
     if packing == "auto" and padding_fraction(rollout) < AUTO_PACKING_MIN_PADDING:
         return False
     return packing
+
+
+def sharded_logprob_settings(model: nn.Module, settings: dict[str, Any]) -> dict[str, Any]:
+    """The log-prob settings of a model sharded by FSDP2: ``share_prompt`` off unless the shared prompt is packed.
+
+    FSDP2's hooks would miss a backward through the shared prompt's KV cache; the packed shared-prompt layout (one
+    row with a mask, :func:`packing_route` ``"mask"``) has none: one forward. Every pass takes the same path, so
+    that old, reference and current log-probs agree to the last bit.
+    """
+    packs = settings.get("share_prompt") and settings.get("packing") is not False
+    if packs and packing_route(model, True) == "mask":
+        return settings
+    return {**settings, "share_prompt": False}
 
 
 def pack_rollout(rollout: Rollout, *, share_prompt: bool) -> PackedRows:
