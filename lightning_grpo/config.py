@@ -205,8 +205,10 @@ class GRPOConfig:
     packing: bool | Literal["auto"] = "auto"
     """Run the log-prob passes and the update on packed rows: the sequences of a micro-batch concatenated without
     padding, positions restarting at each, attention kept inside each (docs/configuration.md, "Packing").
-    ``"auto"`` packs where the model's attention implementation takes packed rows (``sdpa``, ``eager``,
-    ``flash_attention_2``/``3``) and pads elsewhere; ``True`` raises there instead; ``False`` always pads. With
+    ``"auto"`` packs a rollout whose completion positions are at least 20 % padding (decided once per rollout,
+    ``rollout.packing.packing_for``: below that packing only adds its mask's cost) where the model's attention
+    implementation takes packed rows (``sdpa``, ``eager``, ``flash_attention_2``/``3``), and pads elsewhere; ``True``
+    always packs, raising where the implementation cannot; ``False`` always pads. With
     ``share_prompt`` (SDPA, eager) each distinct prompt is packed once, its completions attending to it through an
     explicit mask. Exact: per-token log-probs equal the padded ones within float rounding."""
     micro_batch_tokens: int | None = None
