@@ -46,9 +46,13 @@ from lightning_grpo.rollout.generation import (
 )
 from lightning_grpo.rollout.logprobs import position_ids_from_mask
 
-__all__ = ["CompiledDecoder", "compile_blocker"]
+__all__ = ["COMPILE_BACKEND", "CompiledDecoder", "compile_blocker"]
 
 _log = logging.getLogger(__name__)
+
+#: ``torch.compile``'s backend when none is given: inductor (tests set ``"eager"``: dynamo's tracing and guards, no
+#: code generation).
+COMPILE_BACKEND = "inductor"
 
 #: Graphs dynamo keeps per compiled function: one per bucket; torch's default (8) is too few for a run's buckets.
 _RECOMPILE_LIMIT = 64
@@ -142,7 +146,7 @@ class CompiledDecoder:
 
     Args:
         buckets: The run's length buckets (rows are rounded to powers of two).
-        backend: ``torch.compile``'s backend (``"inductor"``; tests use ``"eager"`` to trace without code generation).
+        backend: ``torch.compile``'s backend; ``None``: :data:`COMPILE_BACKEND` (``"inductor"``).
         mode: ``torch.compile``'s mode; ``None``: ``"reduce-overhead"`` (CUDA graphs) on CUDA, the default elsewhere.
 
     Example::
@@ -151,9 +155,9 @@ class CompiledDecoder:
         sampled = decoder.sample(policy, tokenizer, prompt_ids, prompt_mask, settings)  # as sample_tokens
     """
 
-    def __init__(self, buckets: DecodeBuckets, *, backend: str = "inductor", mode: str | None = None) -> None:
+    def __init__(self, buckets: DecodeBuckets, *, backend: str | None = None, mode: str | None = None) -> None:
         self.buckets = buckets
-        self.backend, self.mode = backend, mode
+        self.backend, self.mode = backend or COMPILE_BACKEND, mode
         self._buckets: dict[tuple[Any, ...], _Bucket] = {}
         self._compiled: dict[str | None, Any] = {}
         self._warned: set[str] = set()

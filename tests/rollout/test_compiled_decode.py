@@ -193,3 +193,23 @@ def test_a_model_that_cannot_compile_is_named(tokenizer, monkeypatch):
     assert compile_blocker(model) == ""
     monkeypatch.setattr(type(model.get_base_model()), "_can_compile_fullgraph", False)
     assert "Qwen2ForCausalLM does not support a static KV cache" in compile_blocker(model)
+
+
+def test_sampling_adapter_modes_are_honoured_without_recompiling(tokenizer):
+    """``base_dtype`` and ``merged`` sample what the eager loop samples under the same mode; each mode compiles once,
+    and entering it again (new weight storage each time) compiles nothing."""
+    from lightning_grpo.policy.sampling_adapter import sampling_adapter
+
+    model = _policy(tokenizer, torch.float64)  # base_dtype: the float32 LoRA weights cast to float64
+    decoder = _decoder()
+    settings = SamplingSettings(num_generations=2, max_new_tokens=8, sampler="inverse_cdf")
+    graphs = 0
+    for i, mode in enumerate(("merged", "base_dtype", "as_trained") * 2):
+        graphs = counters["stats"]["unique_graphs"] if i == 3 else graphs
+        with sampling_adapter(model, mode):
+            ours = _compiled(decoder, model, tokenizer, PROMPTS, settings, 5)
+            eager = _eager(model, tokenizer, PROMPTS, settings, 5)
+        assert torch.equal(ours.sequences, eager.sequences)
+        torch.testing.assert_close(ours.logprobs, eager.logprobs, atol=1e-10, rtol=0)
+    assert 1 <= graphs <= 3 and counters["stats"]["unique_graphs"] == graphs  # the second round compiles nothing
+    assert not counters["graph_break"]
