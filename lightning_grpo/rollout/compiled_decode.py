@@ -255,8 +255,10 @@ class CompiledDecoder:
         if key not in self._buckets:
             self._buckets[key] = _allocate(model, rows, length, vocab, spec.sampler, eos)
         bucket = self._buckets[key]
-        if not torch.equal(bucket.eos, eos):
-            bucket.eos.copy_(eos) if bucket.eos.shape == eos.shape else setattr(bucket, "eos", _static(eos.clone()))
+        if bucket.eos.shape != eos.shape:  # another tokenizer's EOS list: a new input (one more graph)
+            bucket.eos = _static(eos.clone())
+        elif not torch.equal(bucket.eos, eos):
+            bucket.eos.copy_(eos)
         return bucket
 
     @staticmethod
