@@ -132,8 +132,8 @@ def test_bad_decode_settings_are_refused(settings, match):
 
 
 def test_a_20_step_fit_compiles_once_per_bucket(make_module):
-    """Item 2: 20 steps, the adapter changing every step, prompt counts (rows 4-8: one bucket) and lengths varying:
-    the decode step compiles once, never again, without a graph break."""
+    """Item 2: 20 steps, the adapter changing every step, prompt counts (4, 6 or 8 rows: buckets of 4 and 8 rows) and
+    lengths varying: the decode step compiles once per bucket, never again, without a graph break."""
     words = ["1+2=", "33+4=", "x", "hello world", "7", "12+30=", "abc abc", "9+9="]
     rows = [{"prompt": w} for w in words * 8]
     sizes = [2 + step % 3 for step in range(20)]  # 2, 3 or 4 prompts x G=2
@@ -143,8 +143,8 @@ def test_a_20_step_fit_compiles_once_per_bucket(make_module):
     module = make_module(num_generations=2, decode="compiled", sampler="inverse_cdf", kl_coef=0.0)
     lora = [p for name, p in module.policy.named_parameters() if "lora_B" in name]
     before = [p.detach().clone() for p in lora]
-    with torch._dynamo.config.patch(error_on_recompile=True):
-        make_trainer(max_steps=20).fit(module, loader)
-    assert counters["stats"]["unique_graphs"] == 1
+    make_trainer(max_steps=20).fit(module, loader)
+    assert counters["stats"]["unique_graphs"] == 2  # one graph per bucket: nothing recompiled after its first step
+    assert not module.rollout_backend.decoder._buckets  # the static caches are freed when fit ends
     assert not counters["graph_break"]
     assert any(not torch.equal(a, b) for a, b in zip(before, lora, strict=True))  # the adapter did change
