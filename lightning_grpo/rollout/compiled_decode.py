@@ -196,7 +196,7 @@ class CompiledDecoder:
         b = self._bucket_of(model, n, length, spec, eos, vocab=logits.shape[-1])
         self._draw_noise(b, n, spec)
         _choose(logits, b, spec)  # the first token, from the prefill's logits (eager)
-        step = self._step_fn()
+        step = self._step_fn(prompt_ids.device.type)
         for _ in range(settings.max_new_tokens - 1):
             if bool(b.finished.all()):  # the step's one host sync (padding rows are finished from the start)
                 break
@@ -206,9 +206,10 @@ class CompiledDecoder:
         tokens, logprobs = b.tokens[:n, :width].clone(), b.logprobs[:n, :width].clone()
         return Sampled(torch.cat([prompt_ids.repeat_interleave(g, dim=0), tokens], dim=1), logprobs)
 
-    def _step_fn(self) -> Any:
+    def _step_fn(self, device_type: str) -> Any:
+        """The compiled step for a call on ``device_type`` (one ``torch.compile`` per mode; graphs per bucket)."""
         mode = self.mode
-        if mode is None and self.backend == "inductor" and torch.cuda.is_available():
+        if mode is None and self.backend == "inductor" and device_type == "cuda":
             mode = "reduce-overhead"
         if mode not in self._compiled:
             options = {"backend": self.backend, "fullgraph": True, "dynamic": False}
