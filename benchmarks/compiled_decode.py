@@ -2,7 +2,7 @@
 
 For each sampler (``multinomial``, ``inverse_cdf``) and each sampling adapter mode asked for, three figures per path:
 
-* **tokens/s** of a warmed call: the eager loop (:func:`~lightning_grpo.rollout.generation.decode_loop`, the same
+* **tokens/s** of a warmed call: the eager loop (:func:`~lightning_grpo.rollout.decode.decode_loop`, the same
   draws as the compiled path) and, for ``multinomial``, ``generate`` (the default route), against the compiled path
   (:class:`~lightning_grpo.rollout.compiled_decode.CompiledDecoder`, inductor);
 * the **compile time** apart (first call minus a warmed one) and the call amortised over a ``--run-steps`` run
@@ -43,13 +43,9 @@ from lightning_grpo.policy import load_policy
 from lightning_grpo.policy.sampling_adapter import sampling_adapter
 from lightning_grpo.rollout.buckets import DecodeBuckets
 from lightning_grpo.rollout.compiled_decode import CompiledDecoder
-from lightning_grpo.rollout.generation import (
-    SamplingSettings,
-    decode_loop,
-    eos_token_ids,
-    sample_tokens,
-    tokenize_prompts,
-)
+from lightning_grpo.rollout.decode import decode_loop
+from lightning_grpo.rollout.generation import sample_tokens, tokenize_prompts
+from lightning_grpo.rollout.sampling_settings import SamplingSettings, eos_token_ids
 
 __all__ = ["decode_flops", "main", "step_events"]
 

@@ -34,7 +34,8 @@ from lightning_grpo.policy import load_policy
 from lightning_grpo.policy.sampling_adapter import sampling_adapter
 from lightning_grpo.rollout.buckets import DecodeBuckets
 from lightning_grpo.rollout.compiled_decode import CompiledDecoder
-from lightning_grpo.rollout.generation import SamplingSettings, sample_tokens, tokenize_prompts
+from lightning_grpo.rollout.generation import sample_tokens, tokenize_prompts
+from lightning_grpo.rollout.sampling_settings import SamplingSettings
 
 __all__ = ["PATHS", "main", "time_path"]
 

@@ -25,7 +25,8 @@ from lightning_grpo.backends.protocol import OPTIONAL_SETTINGS, BackendRun
 from lightning_grpo.policy.sampling_adapter import sampling_adapter
 from lightning_grpo.rollout.buckets import DecodeBuckets, pick_decode_path
 from lightning_grpo.rollout.compiled_decode import CompiledDecoder, compile_blocker
-from lightning_grpo.rollout.generation import Sampled, SamplingSettings, sample_tokens
+from lightning_grpo.rollout.generation import sample_tokens
+from lightning_grpo.rollout.sampling_settings import Sampled, SamplingSettings
 from lightning_grpo.rollout.turn_cache import TurnCache
 
 __all__ = ["HFBackend", "HFSession"]

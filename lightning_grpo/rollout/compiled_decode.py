@@ -36,15 +36,10 @@ from transformers import PreTrainedTokenizerBase, StaticCache
 
 from lightning_grpo.rollout.buckets import DecodeBuckets
 from lightning_grpo.rollout.cache_keyword import cache_of, with_cache
-from lightning_grpo.rollout.generation import (
-    Sampled,
-    SamplingSettings,
-    _warpers,
-    eos_token_ids,
-    sample_tokens,
-    token_logprobs,
-)
+from lightning_grpo.rollout.decode import _warpers, token_logprobs
+from lightning_grpo.rollout.generation import sample_tokens
 from lightning_grpo.rollout.logprobs import position_ids_from_mask
+from lightning_grpo.rollout.sampling_settings import Sampled, SamplingSettings, eos_token_ids
 
 __all__ = ["COMPILE_BACKEND", "CompiledDecoder", "compile_blocker"]
 
@@ -89,7 +84,7 @@ class _Spec:
 
     @property
     def settings(self) -> SamplingSettings:
-        """Settings carrying the processors' values (for :func:`~lightning_grpo.rollout.generation._warpers`)."""
+        """Settings carrying the processors' values (for :func:`~lightning_grpo.rollout.decode._warpers`)."""
         return SamplingSettings(1, 1, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
 
 

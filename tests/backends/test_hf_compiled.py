@@ -16,7 +16,9 @@ from lightning_grpo.backends import HFBackend
 from lightning_grpo.backends.protocol import BackendRun
 from lightning_grpo.policy import load_policy
 from lightning_grpo.rollout import SamplingSettings, buckets, compiled_decode
+from lightning_grpo.rollout import decode as decode_module
 from lightning_grpo.rollout import generation as generation_module
+from lightning_grpo.rollout.sampling_settings import eos_token_ids
 from lightning_grpo.testing import build_tiny_model
 from tests.conftest import make_trainer
 
@@ -67,7 +69,7 @@ def test_compiled_sessions_share_one_decoder_and_its_caches(tokenizer):
     ids, mask = generation_module.tokenize_prompts(tokenizer, PROMPTS, 16, torch.device("cpu"))
     torch.manual_seed(0)
     with torch.no_grad():
-        eager = generation_module.decode_loop(policy, ids, mask, settings, generation_module.eos_token_ids(tokenizer),
+        eager = decode_module.decode_loop(policy, ids, mask, settings, eos_token_ids(tokenizer),
                                               tokenizer.pad_token_id)  # fmt: skip
     assert torch.equal(sampled.sequences, eager.sequences)
     backend.close()

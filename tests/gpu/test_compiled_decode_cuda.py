@@ -10,9 +10,11 @@ from peft import LoraConfig, get_peft_model
 from torch._dynamo.utils import counters
 
 from lightning_grpo.rollout import SamplingSettings, completion_logprobs, generate_rollout
+from lightning_grpo.rollout import decode as decode_module
 from lightning_grpo.rollout import generation as generation_module
 from lightning_grpo.rollout.buckets import DecodeBuckets
 from lightning_grpo.rollout.compiled_decode import CompiledDecoder
+from lightning_grpo.rollout.sampling_settings import eos_token_ids
 from lightning_grpo.testing import build_tiny_model
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -30,7 +32,7 @@ def test_cuda_graphs_sample_the_eager_tokens_and_follow_the_adapter(tokenizer, s
     decoder = CompiledDecoder(DecodeBuckets.for_run(None, max_prompt_length=16, max_new_tokens=12))
     settings = SamplingSettings(num_generations=3, max_new_tokens=12, sampler=sampler, top_k=20)
     ids, mask = generation_module.tokenize_prompts(tokenizer, PROMPTS, 16, torch.device("cuda"))
-    eos = generation_module.eos_token_ids(tokenizer)
+    eos = eos_token_ids(tokenizer)
     for step in range(3):
         with torch.no_grad():
             for name, parameter in model.named_parameters():
@@ -40,7 +42,7 @@ def test_cuda_graphs_sample_the_eager_tokens_and_follow_the_adapter(tokenizer, s
         ours = decoder.sample(model, tokenizer, ids, mask, settings)
         torch.manual_seed(step)
         with torch.no_grad():
-            eager = generation_module.decode_loop(model, ids, mask, settings, eos, tokenizer.pad_token_id)
+            eager = decode_module.decode_loop(model, ids, mask, settings, eos, tokenizer.pad_token_id)
         assert torch.equal(ours.sequences, eager.sequences)
         torch.testing.assert_close(ours.logprobs, eager.logprobs, atol=1e-9, rtol=0)
     assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]

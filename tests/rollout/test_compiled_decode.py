@@ -11,9 +11,11 @@ from peft import LoraConfig, get_peft_model
 from torch._dynamo.utils import counters
 
 from lightning_grpo.rollout import SamplingSettings, completion_logprobs, generate_rollout
+from lightning_grpo.rollout import decode as decode_module
 from lightning_grpo.rollout import generation as generation_module
 from lightning_grpo.rollout.buckets import DecodeBuckets, check_decode_lengths, pick_decode_path
 from lightning_grpo.rollout.compiled_decode import CompiledDecoder, compile_blocker
+from lightning_grpo.rollout.sampling_settings import eos_token_ids
 from lightning_grpo.testing import build_tiny_model
 
 PROMPTS = ["1+2=", "33+4=", "x", "hello world"]
@@ -49,9 +51,7 @@ def _eager(model, tokenizer, prompts, settings, seed):
     ids, mask = generation_module.tokenize_prompts(tokenizer, prompts, 16, torch.device("cpu"))
     torch.manual_seed(seed)
     with torch.no_grad():
-        return generation_module.decode_loop(
-            model, ids, mask, settings, generation_module.eos_token_ids(tokenizer), tokenizer.pad_token_id
-        )
+        return decode_module.decode_loop(model, ids, mask, settings, eos_token_ids(tokenizer), tokenizer.pad_token_id)
 
 
 def _compiled(decoder, model, tokenizer, prompts, settings, seed):

@@ -7,8 +7,12 @@ from dataclasses import replace
 import pytest
 import torch
 
-from lightning_grpo.rollout import SamplingSettings, completion_logprobs, generate_rollout
+from lightning_grpo.rollout import SamplingSettings, compiled_decode, completion_logprobs, generate_rollout
+from lightning_grpo.rollout import decode as decode_module
 from lightning_grpo.rollout import generation as generation_module
+from lightning_grpo.rollout.buckets import DecodeBuckets
+from lightning_grpo.rollout.compiled_decode import CompiledDecoder
+from lightning_grpo.rollout.sampling_settings import eos_token_ids
 from lightning_grpo.testing import build_tiny_model
 
 PROMPTS = ["1+2=", "33+4=", "x", "hello world"]
@@ -33,9 +37,7 @@ def test_shared_prefill_and_our_loop_draw_what_generate_draws(tokenizer, options
     ids, mask = generation_module.tokenize_prompts(tokenizer, PROMPTS, 16, torch.device("cpu"))
     torch.manual_seed(0)
     with torch.no_grad():
-        ours = generation_module.decode_loop(
-            model, ids, mask, plain, generation_module.eos_token_ids(tokenizer), tokenizer.pad_token_id
-        )
+        ours = decode_module.decode_loop(model, ids, mask, plain, eos_token_ids(tokenizer), tokenizer.pad_token_id)
     valid = reference.completion_mask.bool()
     assert torch.equal(ours.sequences[:, ids.shape[1] :][valid], reference.completion_ids[valid])
     # every path records the same behaviour log-probs, and training scores the tokens the same way
@@ -46,12 +48,24 @@ def test_shared_prefill_and_our_loop_draw_what_generate_draws(tokenizer, options
     assert (reference.logprobs[~valid] == 0).all()
 
 
-@pytest.mark.parametrize("settings", [{}, {"sampler": "inverse_cdf", "drop_finished": True}])
-def test_rollout_records_the_logprobs_training_computes(tokenizer, settings):
-    """Behaviour log-probs (softmax at the temperature, before top-k/top-p and min_new_tokens) equal training's."""
+@pytest.mark.parametrize(
+    "settings",
+    [{}, {"sampler": "inverse_cdf", "drop_finished": True}, {"decode": "compiled"},
+     {"decode": "compiled", "sampler": "inverse_cdf"}],
+)  # fmt: skip
+def test_rollout_records_the_logprobs_training_computes(tokenizer, settings, monkeypatch):
+    """Behaviour log-probs (softmax at the temperature, before top-k/top-p and min_new_tokens) equal training's, on
+    every decode path (``decode: compiled`` traced by dynamo without code generation, to stay fast)."""
     model = build_tiny_model(tokenizer).eval()
     base = SamplingSettings(num_generations=3, max_new_tokens=12, temperature=0.7, top_k=20, min_new_tokens=2)
-    rollout = _sample(model, tokenizer, replace(base, **settings))
+    settings = dict(settings)
+    sample = None
+    if settings.pop("decode", None) == "compiled":
+        monkeypatch.setattr(compiled_decode, "COMPILE_BACKEND", "eager")
+        sample = CompiledDecoder(DecodeBuckets.for_run(None, max_prompt_length=16, max_new_tokens=12)).sample
+    torch.manual_seed(0)
+    settings = replace(base, **settings)
+    rollout = generate_rollout(model, tokenizer, PROMPTS, settings, max_prompt_length=16, sample=sample)
     trained = completion_logprobs(model, rollout, temperature=0.7).logprobs
     mask = rollout.completion_mask.bool()
     torch.testing.assert_close(rollout.logprobs[mask], trained[mask], atol=1e-4, rtol=0)
@@ -89,14 +103,14 @@ def test_dropping_finished_rows_keeps_every_step_on_its_distribution(tokenizer, 
     """
     model = build_tiny_model(tokenizer).eval()
     recorded = []
-    draw = generation_module._draw
+    draw = decode_module._draw
 
     def recording_draw(scores, kind):
         chosen = draw(scores, kind)
         recorded.append(scores.log_softmax(-1).gather(-1, chosen[:, None]).squeeze(-1))
         return chosen
 
-    monkeypatch.setattr(generation_module, "_draw", recording_draw)
+    monkeypatch.setattr(decode_module, "_draw", recording_draw)
     options = {"temperature": 0.8, "sampler": sampler, "drop_finished": True}
     settings = SamplingSettings(num_generations=6, max_new_tokens=24, **options)
     rollout = _sample(model, tokenizer, settings, seed=3)
