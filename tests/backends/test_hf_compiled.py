@@ -150,3 +150,13 @@ def test_a_20_step_fit_compiles_once_per_bucket(make_module):
     assert not module.rollout_backend.decoder._buckets  # the static caches are freed when fit ends
     assert not counters["graph_break"]
     assert any(not torch.equal(a, b) for a, b in zip(before, lora, strict=True))  # the adapter did change
+
+
+def test_a_backend_without_decode_refuses_anything_but_auto():
+    from lightning_grpo.backends.build import check_supported
+    from lightning_grpo.backends.vllm import VLLMBackend
+
+    check_supported(VLLMBackend, BackendRun(GRPOConfig(), PolicyConfig()), "vllm")  # auto: nothing asked of it
+    run = BackendRun(GRPOConfig(decode="compiled"), PolicyConfig())
+    with pytest.raises(ValueError, match=r"GRPOConfig\.decode='compiled'.*'vllm' does not honour decode.*'auto'"):
+        check_supported(VLLMBackend, run, "vllm")
