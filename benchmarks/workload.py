@@ -52,6 +52,7 @@ class Workload:
         sampler: Ours only: ``"multinomial"`` (as ``generate``) or ``"inverse_cdf"`` (our decoding loop).
         drop_finished: Ours only: our decoding loop drops finished rows (needs EOS, so not with fixed lengths).
         static_cache: Ours only: static KV cache and compiled decode step (CUDA).
+        decode: Ours only: ``GRPOConfig.decode`` (``"auto"``, ``"eager"`` or ``"compiled"``).
         old_logprobs: Ours only: ``"recompute"`` (a forward before the first update) or ``"rollout"`` (the sampled
             log-probs); matters with several updates per rollout.
         temperature: Sampling temperature.
@@ -84,6 +85,7 @@ class Workload:
     drop_finished: bool = False
     static_cache: bool = False
     packing: str = "auto"
+    decode: str = "auto"
     old_logprobs: str = "recompute"
     temperature: float = 1.0
     lr: float = 1e-5
@@ -147,7 +149,8 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default)
         else:
             choices = {"dtype": list(_DTYPES), "sampler": ["multinomial", "inverse_cdf"], "quantization": QUANTIZATIONS,
-                       "old_logprobs": ["recompute", "rollout"], "packing": ["auto", "true", "false"]}  # fmt: skip
+                       "old_logprobs": ["recompute", "rollout"], "packing": ["auto", "true", "false"],
+                       "decode": ["auto", "eager", "compiled"]}  # fmt: skip
             choices = choices.get(f.name)
             parser.add_argument(flag, dest=f.name, type=type(default), default=default, choices=choices)
 

@@ -18,6 +18,7 @@ from lightning_grpo.algorithms.entropy import EntropyControlKind
 from lightning_grpo.algorithms.kl import KLEstimator
 from lightning_grpo.algorithms.policy_losses import PolicyLossKind, PolicyLossSettings, loss_settings
 from lightning_grpo.algorithms.rollout_correction import RolloutCorrection, RolloutRejection
+from lightning_grpo.rollout.buckets import DecodePath
 from lightning_grpo.rollout.sampling_settings import Sampler, SamplingSettings
 from lightning_grpo.settings_checks import SettingError
 
@@ -119,7 +120,20 @@ class GRPOConfig:
     drop_finished: bool = False
     """Drop finished samples from the batch and KV cache while sampling (our own decoding loop)."""
     static_cache: bool = False
-    """Sample with a static KV cache and a compiled decode step (CUDA only)."""
+    """Sample with Hugging Face ``generate`` over a static KV cache, which transformers compiles itself on CUDA only;
+    the prompt prefill is not shared and ``sampler``/``drop_finished`` are ignored. Not with ``decode: compiled``."""
+    decode: DecodePath = "auto"
+    """How the ``hf`` backend decodes: ``"eager"`` (``generate``, or our own loop as ``sampler``/``drop_finished``
+    choose), ``"compiled"`` (one compiled step per decode step over a static KV cache per shape bucket, reused for the
+    run: ``lightning_grpo.rollout.compiled_decode``; exact against the eager loop for a seed; not with
+    ``drop_finished`` or ``static_cache``), or ``"auto"``: eager on CUDA until a GPU has measured the compiled path,
+    on the CPU compiled only where it measured faster (``lightning_grpo.rollout.buckets.CPU_PREFERS_COMPILED``). A
+    model transformers cannot compile with a static cache is an error with ``"compiled"``, eager with ``"auto"``."""
+    decode_lengths: list[int] | None = None
+    """Static KV cache lengths (prompt + completion positions) of the compiled decode path, one compiled graph each;
+    rows are rounded up to a power of two. ``None``: one, ``max_prompt_length + max_new_tokens`` rounded up to a
+    multiple of 64; each must be at least ``max_prompt_length + max_new_tokens`` (longer ones serve later agent
+    turns; a call longer than every bucket is sampled eagerly)."""
     sampling_adapter: Literal["as_trained", "base_dtype", "merged"] = "as_trained"
     """How the adapter samples (Hugging Face sampling only; vLLM has its own). ``"as_trained"``: the LoRA weights as
     trained (float32 by default; exact, the documented semantics). ``"base_dtype"``: a copy of them in the base

@@ -20,6 +20,7 @@ from lightning_grpo.algorithms.kl import KL_ESTIMATOR
 from lightning_grpo.algorithms.off_policy_checks import check_off_policy_settings
 from lightning_grpo.algorithms.policy_losses import POLICY_LOSS
 from lightning_grpo.rewards._validation import check_timeouts
+from lightning_grpo.rollout.buckets import check_decode_lengths
 from lightning_grpo.settings_checks import SettingError, check_choice, check_number, literal_choices, named_errors
 
 __all__ = ["COMPONENTS", "NUMBER_RULES", "check_config", "check_rollout_size", "component"]
@@ -97,6 +98,22 @@ def check_config(config: Any) -> None:
         _check_faults(config)
         check_estimator_settings(config.advantage_estimator, config.advantage_estimator_args, config.num_generations)
         check_off_policy_settings(config)
+        _check_decode(config)
+
+
+def _check_decode(config: Any) -> None:
+    """``decode_lengths`` hold a first-turn sequence; ``decode: compiled`` is not asked with the eager paths' own
+    switches (``drop_finished``, ``static_cache``)."""
+    check_decode_lengths(config.decode_lengths, config.max_prompt_length, config.max_new_tokens)
+    if config.decode_lengths is not None:
+        config.decode_lengths = [int(n) for n in config.decode_lengths]
+    clash = [name for name in ("drop_finished", "static_cache") if getattr(config, name)]
+    if config.decode == "compiled" and clash:
+        raise ValueError(
+            f"decode='compiled' cannot be combined with {clash[0]}=True: the compiled path keeps every row in a "
+            f"fixed-shape batch (finished rows masked) over its own static cache; set {clash[0]} to false, or decode "
+            "to 'eager' or 'auto'"
+        )
 
 
 def _check_faults(config: Any) -> None:
