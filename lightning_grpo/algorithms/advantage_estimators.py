@@ -2,7 +2,8 @@
 
 * ``gdpo`` — GDPO (arXiv:2601.05242; TRL ``multi_objective_aggregation="normalize_then_sum"``, verl
   ``adv_estimator=gdpo``): each reward function's rewards normalised within the group, ``(r_k - mean_g) / (std_g +
-  eps)``, summed with the functions' weights, and the sum whitened over the (global) batch.
+  eps)``, summed with the functions' weights, and the sum whitened over the (global) batch: over its rows (the
+  paper, TRL; the default) or, with ``whiten="tokens"``, over its sampled tokens (verl).
 * ``grpo_passk`` — pass@k advantages. ``k=None``: verl's form (its docstring cites arXiv:2503.19595): the best
   response of a group gets ``r_max - r_second``, divided by the group std unless ``advantage_scale="none"``; the
   others 0. ``k`` set: the analytic pass@k advantage of Chen et al. (2025, "Pass@k

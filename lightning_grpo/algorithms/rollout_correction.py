@@ -1,8 +1,10 @@
 """Rollout correction: importance weights and rejection for a sampler whose log-probs differ from the trainer's.
 
 With ``d_t = log π_old(y_t) - log π_behaviour(y_t)`` over the loss tokens of a sequence (``π_behaviour``: the
-sampler, ``Rollout.logprobs``), every piece here is detached and multiplies the per-token policy loss (the
-normalisers of the loss aggregation are unchanged, as in TRL and verl):
+sampler, ``Rollout.logprobs``), every piece here is detached and multiplies the per-token policy loss. The
+normalisers of the loss aggregation are unchanged: a zero weight or a rejected sequence still counts in them (as
+TRL's ``*_mask`` modes do). verl's rejection instead removes the rejected tokens from ``response_mask``, so from the
+``token-mean`` normaliser: ours = verl × kept tokens / all tokens (tests/algorithms/test_verl_claims.py).
 
 **Importance weights** (``GRPOConfig.rollout_correction``, TRL ``vllm_importance_sampling_mode``; verl
 ``rollout_is``), bounds ``[C_min, C_max]`` (``rollout_correction_min``/``_max``; either may be ``None``):
@@ -19,7 +21,8 @@ The log-ratios are clamped to ±20 before ``exp`` (verl's safety bound).
 ``[rollout_rejection_min, rollout_rejection_max]`` loses its policy loss:
 
 * ``token_mean``: ``s = mean_t exp(d_t)`` (the arithmetic mean of the token ratios);
-* ``geometric``: ``s = exp(mean_t d_t)`` (verl ``seq_mean_k1`` with bounds on the ratio).
+* ``geometric``: ``s = exp(mean_t d_t)``. verl's ``seq_mean_k1`` bounds the inverse, ``π_rollout/π_old``: its
+  ``rollout_rs_threshold="lo_hi"`` is ``[1/hi, 1/lo]`` here.
 """
 
 from __future__ import annotations
