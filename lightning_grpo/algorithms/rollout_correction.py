@@ -33,13 +33,32 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from lightning_grpo.algorithms.statistics import masked_mean
+from lightning_grpo.algorithms.statistics import masked_mean, sequence_fraction
 
-__all__ = ["RolloutCorrection", "RolloutRejection", "rejection_keep", "rollout_correct", "rollout_weights"]
+__all__ = [
+    "RolloutCorrection", "RolloutRejection", "behaviour_logprob_settings", "rejection_keep", "rollout_correct",
+    "rollout_weights",
+]  # fmt: skip
 
 RolloutCorrection = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
 RolloutRejection = Literal["token_mean", "geometric"]
 _SAFETY = 20.0
+
+
+def behaviour_logprob_settings(config: object) -> dict[str, object]:
+    """The settings of ``config`` (a ``GRPOConfig``) that are on and read the sampler's log-probs, by name.
+
+    OPSM is not among them: without the sampler's log-probs it compares with the old ones (TRL's rule).
+
+    Example::
+
+        >>> from types import SimpleNamespace
+        >>> behaviour_logprob_settings(SimpleNamespace(tis_cap=None, rollout_correction="token_mask",
+        ...                                            rollout_rejection=None))
+        {'rollout_correction': 'token_mask'}
+    """
+    names = ("tis_cap", "rollout_correction", "rollout_rejection")
+    return {name: getattr(config, name) for name in names if getattr(config, name, None) is not None}
 
 
 @torch.no_grad()
@@ -117,9 +136,12 @@ def rollout_correct(
         rejection: ``(statistic, low, high)``; statistic ``None``: no rejection.
 
     Returns:
-        The loss and ``rollout_is_weight_mean``/``_max``, ``rollout_is_masked_frac`` (``*_mask`` modes: the share
-        of loss tokens whose weight is 0), ``rollout_rs_rejected_frac`` (the share of loss tokens in rejected
-        sequences).
+        The loss and ``rollout_is_weight_mean``/``_max``/``_min`` (over the loss tokens, after truncation or
+        masking), ``rollout_is_masked_frac`` and ``rollout_is_seq_masked_frac`` (``*_mask`` modes: the share of loss
+        tokens whose weight is 0, and of sequences with such a token), ``rollout_rs_rejected_frac`` and
+        ``rollout_rs_seq_rejected_frac`` (the share of loss tokens in rejected sequences, and of sequences rejected).
+        The ``*_seq_frac`` values are ``[count, sequences]`` pairs (``MetricSums`` sums both over micro-batches and
+        ranks).
     """
     (mode, low, high), (statistic, rs_low, rs_high) = correction, rejection
     if mode is None and statistic is None:
@@ -136,10 +158,13 @@ def rollout_correct(
         per_token = per_token * weights
         metrics["rollout_is_weight_mean"] = masked_mean(weights, mask)
         metrics["rollout_is_weight_max"] = torch.where(mask, weights, torch.zeros_like(weights)).amax()
+        metrics["rollout_is_weight_min"] = torch.where(mask, weights, torch.full_like(weights, math.inf)).amin()
         if mode.endswith("_mask"):
             metrics["rollout_is_masked_frac"] = masked_mean((weights == 0).float(), mask)
+            metrics["rollout_is_seq_masked_frac"] = sequence_fraction(weights == 0, mask)
     if statistic is not None:
         keep = rejection_keep(old, behaviour, loss_mask, statistic, rs_low, rs_high)  # (n, 1)
         per_token = per_token * keep.to(per_token.dtype)
         metrics["rollout_rs_rejected_frac"] = masked_mean((1 - keep).expand_as(per_token), mask)
+        metrics["rollout_rs_seq_rejected_frac"] = sequence_fraction(keep == 0, mask)
     return per_token, metrics
