@@ -53,13 +53,13 @@ def off_policy_masked(
     threshold: float | None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """``per_token`` times the OPSM mask, ``opsm_masked_frac`` (the share of loss tokens dropped) and
-    ``opsm_seq_masked_frac`` (``[sequences with a dropped token, sequences]``); ``None``: off."""
+    ``opsm_masked_seq_frac`` (``[sequences with a dropped token, sequences]``); ``None``: off."""
     if threshold is None:
         return per_token, {}
     keep = off_policy_mask(advantages, logprobs, sampler_logprobs.to(per_token.device), loss_mask, threshold)
     dropped = (1 - keep).expand_as(per_token)
     metrics = {
         "opsm_masked_frac": masked_mean(dropped, loss_mask.bool()),
-        "opsm_seq_masked_frac": sequence_fraction(keep == 0, loss_mask),
+        "opsm_masked_seq_frac": sequence_fraction(keep == 0, loss_mask),
     }
     return per_token * keep.to(per_token.dtype), metrics

@@ -137,9 +137,9 @@ def rollout_correct(
 
     Returns:
         The loss and ``rollout_is_weight_mean``/``_max``/``_min`` (over the loss tokens, after truncation or
-        masking), ``rollout_is_masked_frac`` and ``rollout_is_seq_masked_frac`` (``*_mask`` modes: the share of loss
+        masking), ``rollout_is_masked_frac`` and ``rollout_is_masked_seq_frac`` (``*_mask`` modes: the share of loss
         tokens whose weight is 0, and of sequences with such a token), ``rollout_rs_rejected_frac`` and
-        ``rollout_rs_seq_rejected_frac`` (the share of loss tokens in rejected sequences, and of sequences rejected).
+        ``rollout_rs_rejected_seq_frac`` (the share of loss tokens in rejected sequences, and of sequences rejected).
         The ``*_seq_frac`` values are ``[count, sequences]`` pairs (``MetricSums`` sums both over micro-batches and
         ranks).
     """
@@ -161,10 +161,10 @@ def rollout_correct(
         metrics["rollout_is_weight_min"] = torch.where(mask, weights, torch.full_like(weights, math.inf)).amin()
         if mode.endswith("_mask"):
             metrics["rollout_is_masked_frac"] = masked_mean((weights == 0).float(), mask)
-            metrics["rollout_is_seq_masked_frac"] = sequence_fraction(weights == 0, mask)
+            metrics["rollout_is_masked_seq_frac"] = sequence_fraction(weights == 0, mask)
     if statistic is not None:
         keep = rejection_keep(old, behaviour, loss_mask, statistic, rs_low, rs_high)  # (n, 1)
         per_token = per_token * keep.to(per_token.dtype)
         metrics["rollout_rs_rejected_frac"] = masked_mean((1 - keep).expand_as(per_token), mask)
-        metrics["rollout_rs_seq_rejected_frac"] = sequence_fraction(keep == 0, mask)
+        metrics["rollout_rs_rejected_seq_frac"] = sequence_fraction(keep == 0, mask)
     return per_token, metrics

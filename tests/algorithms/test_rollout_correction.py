@@ -117,8 +117,8 @@ def test_metrics():
     assert metrics["rollout_is_weight_mean"].item() == pytest.approx(3 / 4)
     assert metrics["rollout_rs_rejected_frac"].item() == pytest.approx(3 / 4)  # row 0: e^(1/3) = 1.40 is out
     assert metrics["rollout_is_weight_min"].item() == 0.0  # the masked token
-    assert metrics["rollout_is_seq_masked_frac"].tolist() == [1.0, 2.0]  # 1 of 2 sequences has a masked token
-    assert metrics["rollout_rs_seq_rejected_frac"].tolist() == [1.0, 2.0]  # row 0 rejected
+    assert metrics["rollout_is_masked_seq_frac"].tolist() == [1.0, 2.0]  # 1 of 2 sequences has a masked token
+    assert metrics["rollout_rs_rejected_seq_frac"].tolist() == [1.0, 2.0]  # row 0 rejected
 
 
 def test_sequence_metrics_count_sequences_with_tokens_and_the_minimum_weight_is_over_loss_tokens():
@@ -129,9 +129,9 @@ def test_sequence_metrics_count_sequences_with_tokens_and_the_minimum_weight_is_
         torch.ones(4, 3), old, behaviour, mask, ("token_truncate", None, 2.0), ("token_mean", 0.9, 1.1)
     )
     assert metrics["rollout_is_weight_min"].item() == pytest.approx(math.exp(-0.5))  # not row 3's e^-9
-    assert "rollout_is_seq_masked_frac" not in metrics  # truncation masks nothing
+    assert "rollout_is_masked_seq_frac" not in metrics  # truncation masks nothing
     # row 0: (1 + e^-0.5 + 1)/3 = 0.87 is out; rows 1, 2 are 1 (row 2's e^3 is not a loss token)
-    assert metrics["rollout_rs_seq_rejected_frac"].tolist() == [1.0, 3.0]
+    assert metrics["rollout_rs_rejected_seq_frac"].tolist() == [1.0, 3.0]
 
 
 def test_needs_behaviour_logprobs():

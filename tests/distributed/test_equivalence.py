@@ -114,6 +114,6 @@ def test_dist_adaptive_entropy_and_off_policy_metrics_agree(request, single_proc
     assert ranks[1]["metrics"][case]["entropy_coef_next"] == got["entropy_coef_next"] == pytest.approx(0.01)
     assert expected["entropy_coef_next"] == pytest.approx(0.01)
     names = ("rollout_is_weight_mean", "rollout_is_weight_max", "rollout_is_weight_min", "opsm_masked_frac",
-             "opsm_seq_masked_frac")  # fmt: skip
+             "opsm_masked_seq_frac")  # fmt: skip
     for name in (f"train/{n}" for n in names):
         assert got[name] == pytest.approx(expected[name], rel=1e-5, abs=1e-7), name
