@@ -13,6 +13,8 @@ import types
 import pytest
 import torch
 
+from lightning_grpo.algorithms.corrections import ImportanceWeightedKL
+from lightning_grpo.algorithms.kl import kl_penalty
 from lightning_grpo.algorithms.objective import grpo_loss
 
 trl = pytest.importorskip("trl")
@@ -143,3 +145,15 @@ def test_entropy_bonus_under_top_entropy_divides_by_all_loss_tokens_trl_by_the_s
     assert abs(ours - theirs) > 1e-3
     on_all = _value(_ours(x, _settings(entropy_coef=coef), _token_mean))  # without selection the two agree
     assert on_all == pytest.approx(_value(_trl_loss(x, loss_type="bnpo", level="token", beta=0.0, entropy_coef=coef)))
+
+
+def test_weighted_kl_at_sequence_level_is_trls_sequence_level_kl():
+    """``kl_weighting: importance`` with ``level: sequence`` is TRL's GSPO KL (value and gradient)."""
+    x = _inputs(0, [6, 2, 1, 5, 3, 6])
+    mask, weighting = x["mask"], ImportanceWeightedKL(level="sequence")
+    pg = _ours(x, _settings(loss_kind="gspo"), _seq_mean_token_mean)
+    kl = weighting(kl_penalty(x["logprobs"], x["ref"], "k3"), x["logprobs"], x["old"], mask)
+    ours = _value_and_grad(pg + 0.1 * _seq_mean_token_mean(kl, mask), x)
+    theirs = _value_and_grad(_trl_loss(x, loss_type="grpo", level="sequence", beta=0.1), x)
+    assert ours[0] == pytest.approx(theirs[0], rel=1e-10)
+    torch.testing.assert_close(ours[1], theirs[1], rtol=1e-8, atol=1e-12)
