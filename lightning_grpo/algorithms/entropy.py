@@ -170,7 +170,7 @@ def top_entropy_mask(entropy: Tensor, loss_mask: Tensor, quantile: float) -> Ten
         tensor([[False,  True, False, False,  True]])
     """
     if not (0.0 < quantile <= 1.0):
-        raise ValueError(f"top_entropy_quantile must be in (0, 1], got {quantile!r}; 0.2 is the paper's choice")
+        raise ValueError(f"top_entropy: quantile must be in (0, 1], got {quantile!r}; 0.2 is the paper's choice")
     mask = loss_mask.bool()
     values = entropy.detach()[mask].double()
     if values.numel() == 0:

@@ -7,18 +7,18 @@ TRL's ``*_mask`` modes do). verl's rejection instead removes the rejected tokens
 ``token-mean`` normaliser: ours = verl × kept tokens / all tokens (tests/algorithms/test_verl_claims.py).
 
 **Importance weights** (``GRPOConfig.rollout_correction``, TRL ``vllm_importance_sampling_mode``; verl
-``rollout_is``), bounds ``[C_min, C_max]`` (``rollout_correction_min``/``_max``; either may be ``None``):
+``rollout_is``), bounds ``[C_min, C_max]`` (``rollout_correction_args: {min, max}``; either may be ``None``):
 
-* ``token_truncate``: ``w_t = clip(exp(d_t), C_min, C_max)`` (truncated IS, Yao et al. 2025; ``tis_cap: C`` is this
-  mode with ``C_max = C``, ``C_min = None``);
+* ``token_truncate``: ``w_t = clip(exp(d_t), C_min, C_max)`` (truncated IS, Yao et al. 2025);
 * ``token_mask``: ``w_t = exp(d_t)`` inside the band, 0 outside (IcePop-style masking);
 * ``sequence_truncate``: ``w = clip(exp(Σ_t d_t), C_min, C_max)`` on every token of the sequence;
 * ``sequence_mask``: ``w = exp(Σ_t d_t)`` inside the band, 0 outside (TRL's default mode).
 
-The log-ratios are clamped to ±20 before ``exp`` (verl's safety bound).
+The log-ratios are clamped to ±20 before ``exp`` (verl's safety bound). The components that apply these from the
+settings are in :mod:`~lightning_grpo.algorithms.corrections`.
 
 **Rejection** (``rollout_rejection``; verl ``rollout_rs``): a sequence whose statistic ``s`` is outside
-``[rollout_rejection_min, rollout_rejection_max]`` loses its policy loss:
+``[min, max]`` (``rollout_rejection_args``) loses its policy loss:
 
 * ``token_mean``: ``s = mean_t exp(d_t)`` (the arithmetic mean of the token ratios);
 * ``geometric``: ``s = exp(mean_t d_t)``. verl's ``seq_mean_k1`` bounds the inverse, ``π_rollout/π_old``: its
@@ -53,11 +53,10 @@ def behaviour_logprob_settings(config: object) -> dict[str, object]:
     Example::
 
         >>> from types import SimpleNamespace
-        >>> behaviour_logprob_settings(SimpleNamespace(tis_cap=None, rollout_correction="token_mask",
-        ...                                            rollout_rejection=None))
+        >>> behaviour_logprob_settings(SimpleNamespace(rollout_correction="token_mask", rollout_rejection=None))
         {'rollout_correction': 'token_mask'}
     """
-    names = ("tis_cap", "rollout_correction", "rollout_rejection")
+    names = ("rollout_correction", "rollout_rejection")
     return {name: getattr(config, name) for name in names if getattr(config, name, None) is not None}
 
 

@@ -129,7 +129,7 @@ def check_turn_cache(cls: type, run: BackendRun, name: str) -> None:
 
 
 def check_behaviour_logprobs(cls: type, run: BackendRun, name: str) -> None:
-    """Refuse a rollout correction or rejection (or ``tis_cap``) with a backend that does not record the sampler's
+    """Refuse a rollout correction or rejection with a backend that does not record the sampler's
     log-probs (its ``records_logprobs`` is not true): the correction would have nothing to compare with.
 
     A ``generate`` override may fill ``Rollout.logprobs`` itself; it is checked at the first loss instead.

@@ -67,12 +67,17 @@ def _trl_loss(x: dict[str, torch.Tensor], *, loss_type: str, level: str, beta: f
 def _settings(**overrides) -> types.SimpleNamespace:
     base = {
         "loss_kind": "clip", "loss_kind_args": None, "clip_low": 0.2, "clip_high": 0.2, "dual_clip": None,
-        "delta": None, "tis_cap": None, "kl_coef": 0.0, "kl_estimator": "k3", "kl_estimator_args": None,
-        "entropy_coef": 0.0, "top_entropy_quantile": 1.0, "rollout_correction": None, "rollout_correction_min": None,
-        "rollout_correction_max": None, "rollout_rejection": None, "rollout_rejection_min": 0.5,
-        "rollout_rejection_max": 2.0, "off_policy_mask_threshold": None, "importance_weighted_kl": False,
+        "delta": None, "kl_coef": 0.0, "kl_estimator": "k3", "kl_estimator_args": None, "entropy_coef": 0.0,
+        **{name: None for name in ("rollout_correction", "rollout_rejection", "off_policy_mask", "kl_weighting",
+                                   "token_selection")},
+        **{f"{name}_args": None for name in ("rollout_correction", "rollout_rejection", "off_policy_mask",
+                                             "kl_weighting", "token_selection")},
     }  # fmt: skip
     return types.SimpleNamespace(**{**base, **overrides})
+
+
+def _top(quantile: float) -> dict[str, object]:
+    return {"token_selection": "top_entropy", "token_selection_args": {"quantile": quantile}}
 
 
 def _token_mean(per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -107,7 +112,7 @@ def test_weighted_kl_under_gspo_is_trls_token_level_kl_not_its_sequence_level_on
     """Our weighted KL multiplies by the token ratio whatever the loss; TRL at ``importance_sampling_level=
     "sequence"`` multiplies by the sequence ratio. No row is empty here, so TRL's ``grpo`` row mean is ours."""
     x = _inputs(0, [6, 2, 1, 5, 3, 6])
-    settings = _settings(loss_kind="gspo", kl_coef=0.1, importance_weighted_kl=True)
+    settings = _settings(loss_kind="gspo", kl_coef=0.1, kl_weighting="importance")
     ours = _value_and_grad(_ours(x, settings, _seq_mean_token_mean), x)
     sequence_kl = _value_and_grad(_trl_loss(x, loss_type="grpo", level="sequence", beta=0.1), x)
     pg_only = _value_and_grad(_trl_loss(x, loss_type="grpo", level="sequence", beta=0.0), x)
@@ -129,11 +134,11 @@ def test_entropy_bonus_under_top_entropy_divides_by_all_loss_tokens_trl_by_the_s
     selected tokens, ours (``token-mean``) by all loss tokens: ours = TRL + coef·(H_sel/n_sel − H_sel/n_all)."""
     x = _inputs(1)
     coef = 0.05
-    settings = _settings(entropy_coef=coef, top_entropy_quantile=quantile)
+    settings = _settings(entropy_coef=coef, **_top(quantile))
     ours = _value(_ours(x, settings, _token_mean))
     theirs = _value(_trl_loss(x, loss_type="bnpo", level="token", beta=0.0, entropy_coef=coef, quantile=quantile))
     no_bonus = _value(_trl_loss(x, loss_type="bnpo", level="token", beta=0.0, quantile=quantile))
-    our_no_bonus = _value(_ours(x, _settings(top_entropy_quantile=quantile), _token_mean))
+    our_no_bonus = _value(_ours(x, _settings(**_top(quantile)), _token_mean))
     assert our_no_bonus == pytest.approx(no_bonus, rel=1e-10)  # the selected policy loss is TRL's
     selected = trl.GRPOTrainer.get_high_entropy_mask(
         types.SimpleNamespace(accelerator=types.SimpleNamespace(pad_across_processes=lambda t, **_: t,

@@ -225,8 +225,7 @@ class LogprobRecordingBackend(RecordingBackend):
 
 
 @pytest.mark.parametrize(
-    ("setting", "value"),
-    [("rollout_correction", "token_truncate"), ("rollout_rejection", "geometric"), ("tis_cap", 2.0)],
+    ("setting", "value"), [("rollout_correction", "token_truncate"), ("rollout_rejection", "geometric")]
 )
 def test_a_correction_needs_a_backend_that_records_the_sampler_logprobs(make_module, setting, value):
     """Refused when the module is built, naming the setting, the backend and what provides the log-probs."""
@@ -237,4 +236,5 @@ def test_a_correction_needs_a_backend_that_records_the_sampler_logprobs(make_mod
     declared = make_module(rollout_backend=f"{__name__}.LogprobRecordingBackend", **{setting: value})
     assert getattr(declared.config, setting) == value
     assert make_module(**{setting: value}).rollout_backend.records_logprobs  # the built-in hf backend records them
-    assert make_module(rollout_backend=PATH, off_policy_mask_threshold=0.5)  # OPSM falls back to the old log-probs
+    opsm = {"off_policy_mask": "opsm", "off_policy_mask_args": {"threshold": 0.5}}
+    assert make_module(rollout_backend=PATH, **opsm)  # OPSM falls back to the old log-probs
