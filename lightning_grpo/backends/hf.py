@@ -103,6 +103,7 @@ class HFBackend:
     settings_class: ClassVar[type | None] = None
     supported_settings: ClassVar[frozenset[str]] = frozenset(OPTIONAL_SETTINGS)
     keeps_turn_cache: ClassVar[bool] = True
+    records_logprobs: ClassVar[bool] = True
 
     def __init__(self, settings: None, run: BackendRun) -> None:
         self.adapter_mode = run.grpo.sampling_adapter
