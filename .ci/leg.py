@@ -25,8 +25,12 @@ import re
 import shutil
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    raise SystemExit("python3 .ci/leg.py needs Python >= 3.11 (tomllib)") from None
 
 REPO = Path(__file__).resolve().parent.parent
 CORE = ("torch", "transformers", "peft", "lightning", "torchmetrics", "jsonargparse")
@@ -83,8 +87,11 @@ def requirements(leg: str, project: dict | None = None) -> list[str]:
 def resolve(reqs: list[str]) -> list[str]:
     """``name==version`` of every distribution pip would install for ``reqs`` into an empty venv (a dry run)."""
     command = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet"]
-    report = subprocess.run([*command, "--report", "-", *reqs], check=True, capture_output=True, text=True).stdout
-    install = json.loads(report)["install"]
+    done = subprocess.run([*command, "--report", "-", *reqs], capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.stderr.write(done.stderr)
+        raise SystemExit(f"pip could not resolve {' '.join(reqs)}")
+    install = json.loads(done.stdout)["install"]
     return sorted(f"{i['metadata']['name'].lower()}=={i['metadata']['version']}" for i in install)
 
 
@@ -100,7 +107,7 @@ def build(target: Path, pins: list[str]) -> None:
     partial = target.with_name(target.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     subprocess.run([sys.executable, "-m", "venv", str(partial)], check=True)
-    pip = [str(partial / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-deps"]
+    pip = [str(partial / "bin" / "python"), "-m", "pip", "install", "-qq", "--no-deps"]  # -qq: errors only
     subprocess.run([*pip, *pins], check=True, stdout=sys.stderr)
     for old in target.parent.glob(f"{target.name.rsplit('-', 1)[0]}-*"):
         if old.is_dir() and old != partial:
