@@ -27,8 +27,8 @@ import torch
 from lightning_grpo.agents import HermesToolCallParser
 from lightning_grpo.rollout.agent import AgentSettings
 from lightning_grpo.rollout.agent_client import AgentLimits, run_agents
-from lightning_grpo.rollout.generation import SamplingSettings
 from lightning_grpo.rollout.multi_turn import generate_conversations
+from lightning_grpo.rollout.sampling_settings import SamplingSettings
 from lightning_grpo.testing import build_tiny_tokenizer
 from lightning_grpo.testing.agents import short_turn_model
 

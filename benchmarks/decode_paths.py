@@ -29,7 +29,8 @@ from benchmarks.workload import make_prompts
 from lightning_grpo import PolicyConfig
 from lightning_grpo.policy import load_policy
 from lightning_grpo.policy.sampling_adapter import sampling_adapter
-from lightning_grpo.rollout.generation import SamplingSettings, sample_tokens, tokenize_prompts
+from lightning_grpo.rollout.generation import sample_tokens, tokenize_prompts
+from lightning_grpo.rollout.sampling_settings import SamplingSettings
 
 __all__ = ["PATHS", "main", "time_path"]
 

@@ -32,8 +32,9 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from lightning_grpo.backends.hf import HFSession
-from lightning_grpo.rollout.generation import SamplingSettings
-from lightning_grpo.rollout.multi_turn import AgentSettings, generate_conversations
+from lightning_grpo.rollout.agent import AgentSettings
+from lightning_grpo.rollout.multi_turn import generate_conversations
+from lightning_grpo.rollout.sampling_settings import SamplingSettings
 from lightning_grpo.testing import build_tiny_model, build_tiny_tokenizer
 from lightning_grpo.testing.agents import add
 

@@ -21,7 +21,8 @@ from benchmarks.decode_paths import _policy
 from benchmarks.models import PRESETS
 from benchmarks.workload import make_prompts
 from lightning_grpo.rollout import completion_logprobs
-from lightning_grpo.rollout.generation import SamplingSettings, generate_rollout
+from lightning_grpo.rollout.generation import generate_rollout
+from lightning_grpo.rollout.sampling_settings import SamplingSettings
 
 __all__ = ["main"]
 

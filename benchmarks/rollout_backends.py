@@ -25,7 +25,8 @@ import torch
 
 from benchmarks.models import load_tokenizer, prepare_model
 from lightning_grpo.policy import PolicyConfig, load_policy
-from lightning_grpo.rollout.generation import SamplingSettings, eval_mode, sample_tokens
+from lightning_grpo.rollout.generation import eval_mode, sample_tokens
+from lightning_grpo.rollout.sampling_settings import SamplingSettings
 
 __all__ = ["main", "measure"]
 

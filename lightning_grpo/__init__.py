@@ -2,10 +2,6 @@
 
 import logging
 
-from lightning_grpo import _moved
-
-_moved.install()  # old import paths (lightning_grpo.step.update, ...) answer with their new modules, warning once
-
 
 def _drop_hub_kernel_hint(record: logging.LogRecord) -> bool:
     """bitsandbytes, imported by peft whether or not a model is quantized, warns on CPUs with AVX-512 BF16 that its

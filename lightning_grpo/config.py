@@ -5,84 +5,27 @@ Names follow verl and TRL where they agree; ``docs/coming-from.md`` maps the res
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from jsonargparse.typing import restricted_string_type
 
-from lightning_grpo.algorithms.advantage_estimators import check_estimator_settings
-from lightning_grpo.algorithms.advantages import (
-    ADVANTAGE_ESTIMATOR,
-    AdvantageEstimator,
-    AdvantageScale,
-    estimator_needs,
-)
+from lightning_grpo import config_checks
+from lightning_grpo.algorithms.advantages import AdvantageEstimator, AdvantageScale
 from lightning_grpo.algorithms.aggregation import LossAggMode
-from lightning_grpo.algorithms.catalogue import IMPORT_PATH_PATTERN, is_import_path
-from lightning_grpo.algorithms.components import ComponentRole, ComponentSettingError, build_component
+from lightning_grpo.algorithms.catalogue import IMPORT_PATH_PATTERN
 from lightning_grpo.algorithms.entropy import EntropyControlKind
-from lightning_grpo.algorithms.kl import KL_ESTIMATOR, KLEstimator
-from lightning_grpo.algorithms.off_policy_checks import check_off_policy_settings
-from lightning_grpo.algorithms.policy_losses import POLICY_LOSS, PolicyLossKind, PolicyLossSettings, loss_settings
+from lightning_grpo.algorithms.kl import KLEstimator
+from lightning_grpo.algorithms.policy_losses import PolicyLossKind, PolicyLossSettings, loss_settings
 from lightning_grpo.algorithms.rollout_correction import RolloutCorrection, RolloutRejection
-from lightning_grpo.rewards._validation import check_timeouts
-from lightning_grpo.rollout.generation import Sampler
-from lightning_grpo.settings_checks import SettingError, check_choice, check_number, literal_choices, named_errors
+from lightning_grpo.rollout.sampling_settings import Sampler, SamplingSettings
+from lightning_grpo.settings_checks import SettingError
 
 __all__ = ["GRPOConfig", "ImportPath"]
 
 #: The import path of a user's function (``my_project.losses.my_loss``): for the command line's type checks, a name
 #: that is neither a built-in nor dotted fails when the config is parsed. Stored as a plain ``str``.
 ImportPath = restricted_string_type("ImportPath", IMPORT_PATH_PATTERN)
-#: Components chosen from an open catalogue (a built-in name or an import path), each with its settings' field
-#: (``<name>_args``) and its role (``lightning_grpo.algorithms.components``).
-_COMPONENTS: dict[str, ComponentRole] = {
-    "loss_kind": POLICY_LOSS,
-    "kl_estimator": KL_ESTIMATOR,
-    "advantage_estimator": ADVANTAGE_ESTIMATOR,
-}
-
-_INT: dict[str, Any] = {"integer": True, "minimum": 1}  # a count or size: an int >= 1
-_OPTIONAL_INT: dict[str, Any] = {**_INT, "allow_none": True}
-#: Every numeric setting and its allowed range (``check_number``'s arguments); a new numeric field adds a line here.
-_NUMBER_RULES: dict[str, dict[str, Any]] = {
-    "num_generations": _INT,
-    "max_prompt_length": _INT,
-    "max_new_tokens": _INT,
-    "temperature": {"minimum": 0.0, "exclusive_minimum": True},
-    "top_p": {"minimum": 0.0, "maximum": 1.0, "exclusive_minimum": True},
-    "top_k": {"integer": True, "minimum": 0},
-    "ppo_epochs": _INT,
-    "mini_batch_size": _OPTIONAL_INT,
-    "micro_batch_size": _OPTIONAL_INT,
-    "kl_coef": {"minimum": 0.0},
-    "loss_agg_norm": _OPTIONAL_INT,
-    "advantage_eps": {"minimum": 0.0},
-    "process_outcome_weight": {},
-    "entropy_coef": {"minimum": 0.0},
-    "max_grad_norm": {"minimum": 0.0, "exclusive_minimum": True, "allow_none": True},
-    "logprob_chunk_size": _INT,
-    "fused_head_tile_mib": _OPTIONAL_INT,
-    "val_num_generations": _INT,
-    "val_temperature": {"minimum": 0.0, "exclusive_minimum": True, "allow_none": True},
-    "val_success_threshold": {},
-    "max_sampling_rounds": _INT,
-    "max_skipped_steps": {"integer": True, "minimum": 0},
-    "micro_batch_tokens": _OPTIONAL_INT,
-    "tis_cap": {"minimum": 1.0, "allow_none": True},
-    "max_turns": _INT,
-    "tool_timeout": {"minimum": 0.0, "exclusive_minimum": True},
-    "agent_call_timeout": {"minimum": 0.0, "exclusive_minimum": True},
-    "agent_timeout": {"minimum": 0.0, "exclusive_minimum": True},
-    "agent_batch_window": {"minimum": 0.0},
-    "top_entropy_quantile": {"minimum": 0.0, "maximum": 1.0, "exclusive_minimum": True},
-    "rollout_correction_min": {"minimum": 0.0, "allow_none": True},
-    "rollout_correction_max": {"minimum": 0.0, "exclusive_minimum": True, "allow_none": True},
-    "rollout_rejection_min": {"minimum": 0.0},
-    "rollout_rejection_max": {"minimum": 0.0, "exclusive_minimum": True},
-    "off_policy_mask_threshold": {"minimum": 0.0, "allow_none": True},
-    "agent_http_port": {"integer": True, "minimum": 0, "maximum": 65535},
-}
 
 
 @dataclass
@@ -321,29 +264,7 @@ class GRPOConfig:
     own). A port in use is an error naming it; with several processes rank r listens on ``agent_http_port + r``."""
 
     def __post_init__(self) -> None:
-        with named_errors(self):  # "GRPOConfig.num_generations=1: ...": the field, the value, why and the fix
-            self._check_names()
-            self._check_ranges()
-            self._check_batches()
-            self._check_faults()
-            check_estimator_settings(self.advantage_estimator, self.advantage_estimator_args, self.num_generations)
-            check_off_policy_settings(self)
-
-    def _check_faults(self) -> None:
-        timeout = self.reward_timeout
-        try:
-            check_timeouts(timeout, tuple(timeout) if isinstance(timeout, dict) else ("every reward",))
-        except SettingError as error:  # timeout['judge'] -> reward_timeout['judge']; one number: reward_timeout
-            key = error.setting.removeprefix("timeout")
-            raise error.renamed("reward_timeout" + ("" if key == "['every reward']" else key)) from None
-
-    def _check_names(self) -> None:
-        for setting, choices in _CHOICES.items():
-            check_choice(setting, getattr(self, setting), choices)
-        for setting in _COMPONENTS:  # a built-in name, or an import path that imports, with settings it takes
-            self.component(setting)
-            setattr(self, setting, str(getattr(self, setting)))  # a plain string in hyperparameters and checkpoints
-        self._check_backend()
+        config_checks.check_config(self)  # every setting; an error names the field, the value, why and the fix
 
     def component(self, setting: str) -> Any:
         """The component chosen by ``setting`` (``"loss_kind"``, ...) with its settings (``<setting>_args``) bound.
@@ -353,27 +274,7 @@ class GRPOConfig:
                 settings hold a key the component does not take (its settings listed), or the object is not a
                 component of its kind (the call it misses named).
         """
-        name, args_name = getattr(self, setting), f"{setting}_args"
-        args = getattr(self, args_name)
-        if args is not None and not (isinstance(args, dict) and all(isinstance(key, str) for key in args)):
-            raise SettingError(
-                f"{args_name} must be a mapping of setting names to values, got {args!r}", args_name, args
-            )
-        role = _COMPONENTS[setting]
-        if not isinstance(name, str) or (name not in role.catalogue and not is_import_path(name)):
-            options = ", ".join(repr(v) for v in role.catalogue)
-            raise SettingError(
-                f"{setting}={name!r} is not valid; choose one of {options}, or the import path of a function of the "
-                "same signature such as 'my_project.module.function'",
-                setting, name,
-            )  # fmt: skip
-        defaults = vars(self.policy_loss_settings()) if setting == "loss_kind" else None
-        try:
-            return build_component(role, name, args, defaults)
-        except ValueError as error:
-            culprit = args_name if isinstance(error, ComponentSettingError) else setting
-            value = getattr(self, culprit)
-            raise SettingError(f"{culprit}={value!r} is not valid: {error}", culprit, value) from None
+        return config_checks.component(self, setting)
 
     def policy_loss_settings(self) -> PolicyLossSettings:
         """The clip settings in effect: ``clip_low``, ... with those ``loss_kind_args`` gives instead."""
@@ -385,63 +286,9 @@ class GRPOConfig:
                 raise error.renamed(f"loss_kind_args.{error.setting}") from None
             raise
 
-    def _check_backend(self) -> None:
-        """The backend's name reads as one (it is imported when the module is built: ``lightning_grpo.backends``)."""
-        backend, args = self.rollout_backend, self.rollout_backend_args
-        if backend not in ("hf", "vllm") and not is_import_path(backend):
-            raise ValueError(
-                f"rollout_backend={backend!r} is not valid; choose one of 'hf', 'vllm', or the import path of a "
-                "RolloutBackend class such as 'my_project.backends.MyBackend'"
-            )
-        if args is not None and not (isinstance(args, dict) and all(isinstance(key, str) for key in args)):
-            raise TypeError(f"rollout_backend_args must be a mapping of setting names to values, got {args!r}")
-        self.rollout_backend_args = None if args is None else dict(args)
-
-    def _check_ranges(self) -> None:
-        for setting, bounds in _NUMBER_RULES.items():
-            check_number(setting, getattr(self, setting), **bounds)
-        for field in fields(self):
-            value = getattr(self, field.name)
-            if isinstance(field.default, bool) and not isinstance(value, bool):
-                raise TypeError(f"{field.name} must be true or false, got {value!r} ({type(value).__name__})")
-        needs = estimator_needs(self.advantage_estimator)  # what the estimator declares (declare_needs)
-        if needs.groups and self.num_generations < 2:
-            raise SettingError(
-                f"num_generations={self.num_generations}: the group estimator {self.advantage_estimator!r} needs "
-                "num_generations >= 2 (a group of one has no baseline); set num_generations to 2 or more (8 is usual)",
-                "num_generations",
-                self.num_generations,
-            )
-        if needs.step_rewards and self.dynamic_sampling:
-            raise ValueError(
-                "dynamic_sampling keeps groups whose outcome rewards differ, which says nothing of their step rewards: "
-                f"it cannot be combined with advantage_estimator={self.advantage_estimator!r}, which reads step "
-                "rewards; turn one of them off"
-            )
-        self.policy_loss_settings()  # the clip settings in effect are in range (the loss checks the same)
-
-    def _check_batches(self) -> None:
-        mini, micro = self.mini_batch_size, self.micro_batch_size
-        if self.micro_batch_tokens is None and mini is not None and micro is not None and mini % micro:
-            raise ValueError(f"mini_batch_size={mini} must be a multiple of micro_batch_size={micro}")
-
     def check_rollout_size(self, rollout_size: int) -> None:
         """Check the batch sizes against a rollout of ``rollout_size`` completions (prompts per step × G)."""
-        mini = self.mini_batch_size or rollout_size
-        if self.micro_batch_tokens is not None:  # micro-batches by tokens: any number of rows each
-            if rollout_size % mini:
-                raise ValueError(
-                    f"the rollout has {rollout_size} completions (prompts per step × G={self.num_generations}); it "
-                    f"must be a multiple of mini_batch_size={mini} (micro-batches are formed by "
-                    f"micro_batch_tokens={self.micro_batch_tokens})"
-                )
-            return
-        micro = self.micro_batch_size or mini
-        if rollout_size % mini or mini % micro:
-            raise ValueError(
-                f"the rollout has {rollout_size} completions (prompts per step × G={self.num_generations}); "
-                f"it must be a multiple of mini_batch_size={mini}, itself a multiple of micro_batch_size={micro}"
-            )
+        config_checks.check_rollout_size(self, rollout_size)
 
     @property
     def sampling_kwargs(self) -> dict[str, Any]:
@@ -449,6 +296,29 @@ class GRPOConfig:
         names = ("max_new_tokens", "top_p", "top_k", "share_prompt", "sampler", "drop_finished", "static_cache")
         return {name: getattr(self, name) for name in names}
 
+    def sampling_settings(
+        self, num_generations: int | None = None, temperature: float | None = None, *, synced_gpus: bool = False
+    ) -> SamplingSettings:
+        """The sampling settings of training (``None`` arguments take this config's), or of validation."""
+        return SamplingSettings(
+            num_generations=num_generations or self.num_generations, temperature=temperature or self.temperature,
+            synced_gpus=synced_gpus, **self.sampling_kwargs,
+        )  # fmt: skip
 
-#: The allowed values of each ``Literal`` field (``typing.get_args``): the type is the one place they are written.
-_CHOICES = literal_choices(GRPOConfig)
+    @property
+    def advantage_kwargs(self) -> dict[str, Any]:
+        """Settings of the advantage estimator (:func:`~lightning_grpo.algorithms.compute_advantages`)."""
+        return {
+            "estimator": self.advantage_estimator, "estimator_args": self.advantage_estimator_args,
+            "scale": self.advantage_scale, "eps": self.advantage_eps,
+        }  # fmt: skip
+
+    @property
+    def logprob_kwargs(self) -> dict[str, Any]:
+        """Settings of the log-prob passes (:func:`~lightning_grpo.rollout.completion_logprobs`)."""
+        return {
+            "temperature": self.temperature, "chunk_size": self.logprob_chunk_size,
+            "entropy_grad": self.entropy_coef > 0 or self.entropy_control != "constant",
+            "share_prompt": self.share_prompt, "fused_head": self.fused_head, "packing": self.packing,
+            "tile_bytes": None if self.fused_head_tile_mib is None else self.fused_head_tile_mib * 2**20,
+        }  # fmt: skip

@@ -41,6 +41,7 @@ __all__ = [
     "is_fsdp2",
     "is_sharded",
     "keep_trainable_in_state_dict",
+    "shard_module",
     "shard_policy",
 ]
 
@@ -187,6 +188,14 @@ def shard_policy(policy: PeftModel, mesh: Any, *, gather_for_generation: bool = 
 
         model.generate = generate_gathered  # an instance attribute: PeftModel.generate reaches it through LoraModel
     return model
+
+
+def shard_module(module: nn.Module, mesh: Any, gather_for_generation: bool = True) -> None:
+    """Shard a ``GRPOModule``'s ``policy`` with FSDP2 (:func:`shard_policy`) and keep only its trainable parameters
+    in its state dict (:func:`keep_trainable_in_state_dict`: adapter-only checkpoints in
+    ``torch.distributed.checkpoint`` too)."""
+    shard_policy(module.policy, mesh, gather_for_generation=gather_for_generation)  # type: ignore[arg-type]
+    keep_trainable_in_state_dict(module)
 
 
 @contextmanager

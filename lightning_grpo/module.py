@@ -7,7 +7,7 @@ Each step of the iteration (docs/index.md) is one overridable method: :meth:`GRP
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import closing, nullcontext
 from dataclasses import asdict
 from functools import partial
@@ -22,42 +22,35 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from lightning_grpo import distributed
 from lightning_grpo.agents import EnvironmentFactory, ToolCallParser
-from lightning_grpo.agents.trl_environment import with_environment_rewards
 from lightning_grpo.algorithms import compute_advantages
-from lightning_grpo.algorithms.entropy import entropy_controller
+from lightning_grpo.algorithms.entropy import controller_state, entropy_controller, restore_controller
 from lightning_grpo.algorithms.objective import grpo_loss
 from lightning_grpo.backends import BackendRun, RolloutBackend, VLLMConfig, build_backend
-from lightning_grpo.callbacks.close_rollout_backend import CloseRolloutBackend
-from lightning_grpo.callbacks.defaults import default_callbacks as monitoring_callbacks
-from lightning_grpo.callbacks.defaults import missing_callbacks
-from lightning_grpo.callbacks.progress_bar import readable_progress_bar
-from lightning_grpo.callbacks.tool_servers import CloseToolServers
+from lightning_grpo.callbacks.defaults import module_callbacks
 from lightning_grpo.checkpoint import check_resume, describe_policy, install_checked_io, keep_adapter_only, settings_of
 from lightning_grpo.config import GRPOConfig
 from lightning_grpo.iteration import LossCounts, PhaseTimer, StepContext, StepOutput, UpdateBatch
 from lightning_grpo.iteration.context import any_rank
 from lightning_grpo.iteration.cpu_threads import apply_default_cpu_threads
 from lightning_grpo.iteration.dynamic_sampling import dynamic_sample
-from lightning_grpo.iteration.fit_checks import check_fit_inputs
+from lightning_grpo.iteration.fit_checks import check_fit_inputs, check_loader_batch_size
 from lightning_grpo.iteration.function_rewards import check_function_rewards, function_reward_inputs
 from lightning_grpo.iteration.nonfinite import nonfinite_sampling
 from lightning_grpo.iteration.process_supervision import advantage_inputs, gather_step_rewards
 from lightning_grpo.iteration.seeding import seeded, step_seed
-from lightning_grpo.iteration.update import fixed_logprobs, run_updates, sampling_logprobs
+from lightning_grpo.iteration.update import run_updates, update_batch
 from lightning_grpo.iteration.zero_signal import check_signal
 from lightning_grpo.metrics import ValidationMetrics
 from lightning_grpo.policy import PolicyConfig, export_adapter, load_policy, load_tokenizer, reference_mode
+from lightning_grpo.policy.optimizer import LRSchedulerCallable, OptimizerCallable, adapter_optimizer
 from lightning_grpo.policy.quantization import check_shardable
 from lightning_grpo.rewards import RewardFunctions, RewardScores, TrainerState
-from lightning_grpo.rollout import Rollout, SamplingSettings, TokenLogProbs, agent_client, completion_logprobs
+from lightning_grpo.rollout import Rollout, TokenLogProbs, agent_client, agent_wiring, completion_logprobs
 from lightning_grpo.rollout.agent import AgentSettings
-from lightning_grpo.rollout.packing import packing_route
-from lightning_grpo.rollout.sampling import sample_rollout
+from lightning_grpo.rollout.packing import sharded_logprob_settings
+from lightning_grpo.rollout.sampling_settings import SamplingSettings
 
 __all__ = ["GRPOModule", "StepOutput"]  # StepOutput is defined in lightning_grpo.iteration
-
-OptimizerCallable = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
-LRSchedulerCallable = Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler]
 
 
 class GRPOModule(LightningModule):
@@ -124,13 +117,11 @@ class GRPOModule(LightningModule):
         self.strict_loading = False  # checkpoints hold the adapter only, not the base weights
         self.config = cfg = grpo or GRPOConfig()
         self.policy_config = policy or PolicyConfig()
-        self.agent_fn = agent_client.module_agent(agent, tools, environment_factory)
-        if self.agent_fn is not None and cfg.dynamic_sampling:
-            raise ValueError("agent= cannot be combined with dynamic_sampling=True yet (rounds of branch rows)")
-        if self.agent_fn is not None and reward_funcs is None:
-            reward_funcs = [agent_client.agent_reward]  # the reward each agent returned
-        factory, funcs, weights = with_environment_rewards(environment_factory, reward_funcs, reward_weights)
-        self.rewards = RewardFunctions.of(funcs, weights, timeout=cfg.reward_timeout)
+        self.agent_fn = agent_wiring.agent_code(agent, tools, environment_factory,
+                                                dynamic_sampling=cfg.dynamic_sampling)  # fmt: skip
+        factory, self.rewards = agent_wiring.agent_rewards(
+            self.agent_fn, environment_factory, reward_funcs, reward_weights, timeout=cfg.reward_timeout
+        )
         check_function_rewards(cfg, self.rewards, agent=self.agent_fn is not None)  # gdpo: two functions or more
         name = model if isinstance(model, str | Path) else None
         self.tokenizer = load_tokenizer(tokenizer, name, trust_remote_code=self.policy_config.trust_remote_code)
@@ -140,6 +131,7 @@ class GRPOModule(LightningModule):
             self.tokenizer, tools=tools, tool_parser=tool_parser, environment_factory=factory,
             max_turns=cfg.max_turns, tool_timeout=cfg.tool_timeout, env_reward=cfg.env_reward,
         )  # fmt: skip
+        self.agent_limits = agent_client.AgentLimits.of(cfg)  # agent code's (agent=): time limits, transport
         self.optimizer_factory, self.scheduler_factory, self.seed = optimizer, lr_scheduler, seed
         self.use_default_callbacks = default_callbacks
         run = BackendRun(cfg, self.policy_config, None if name is None else str(name),
@@ -205,50 +197,25 @@ class GRPOModule(LightningModule):
     ) -> Rollout:
         """Step 1: G completions (trajectories) per prompt of ``batch["prompt"]``; other keys become row columns."""
         settings = self.sampling_settings(num_generations=num_generations, temperature=temperature)
-        if self.agent_fn is not None:
-            return self._run_agents(batch, settings)
-        prompts = self.agent.prompts_of(batch)  # KeyError without "prompt" (unless TRL-style environments fill it)
-        columns = {key: list(values) for key, values in batch.items() if key != "prompt"}
         sync = partial(any_rank, sum_across_ranks=self._sum_across_ranks, device=self.device)
-        sync = sync if settings.synced_gpus else None
-        backend = self.rollout_backend
+        backend, rank = self.rollout_backend, self.global_rank if self._trainer is not None else 0
         backend.sync(self.policy, self.global_step if self._trainer is not None else 0)  # no-op once synced
         with nonfinite_sampling(self.global_step), closing(backend.session(self.policy, settings)) as session:
-            return sample_rollout(
-                self.policy, self.tokenizer, prompts, settings, self.agent,
-                max_prompt_length=self.config.max_prompt_length, columns=columns, any_rank_active=sync, sample=session,
+            rollout, stats = agent_wiring.sample_batch(
+                self.policy, self.tokenizer, batch, settings, self.agent, self.agent_fn, session=session,
+                max_prompt_length=self.config.max_prompt_length, limits=self.agent_limits, rank=rank,
+                any_rank_active=sync if settings.synced_gpus else None,
             )  # fmt: skip
-
-    def _run_agents(self, batch: Mapping[str, Sequence[Any]], settings: SamplingSettings) -> Rollout:
-        """The rollout of ``agent=``: each row's agent G times, concurrently; logs failures and branch counts."""
-        rows = [{key: values[i] for key, values in batch.items()} for i in range(len(next(iter(batch.values()))))]
-        cfg, backend = self.config, self.rollout_backend
-        backend.sync(self.policy, self.global_step if self._trainer is not None else 0)  # no-op once synced
-        rank = self.global_rank if self._trainer is not None else 0
-        port = cfg.agent_http_port + rank if cfg.agent_http_port else 0  # each rank its own server
-        limits = agent_client.AgentLimits(cfg.agent_call_timeout, cfg.agent_timeout, cfg.agent_batch_window,
-                                          transport=cfg.agent_transport, port=port)  # fmt: skip
-        with nonfinite_sampling(self.global_step), closing(backend.session(self.policy, settings)) as session:
-            rollout, stats = agent_client.run_agents(
-                self.policy, self.tokenizer, self.agent_fn, rows, settings, self.agent.parser,  # type: ignore[arg-type]
-                max_prompt_length=cfg.max_prompt_length, limits=limits, sample=session,
-            )  # fmt: skip
-        if self._trainer is not None and self._context is not None:
-            runs = len(rows) * settings.num_generations
-            self.log_dict({"rollout/agent_failed": float(len(stats.failures)), "rollout/agent_sequences_per_run":
-                           len(rollout) / runs}, batch_size=runs)  # fmt: skip
+        if stats is not None and self._trainer is not None and self._context is not None:  # agent code's runs
+            self.log_dict(stats.metrics(len(rollout)), batch_size=stats.runs)
         return rollout
 
     def sampling_settings(
         self, *, num_generations: int | None = None, temperature: float | None = None
     ) -> SamplingSettings:
         """The sampling settings of :meth:`generate`, from :attr:`config` (``None`` arguments take its values)."""
-        return SamplingSettings(
-            num_generations=num_generations or self.config.num_generations,
-            temperature=temperature or self.config.temperature,
-            synced_gpus=self._trainer is not None and distributed.is_fsdp2(self.trainer.strategy),  # all ranks step
-            **self.config.sampling_kwargs,
-        )
+        fsdp2 = self._trainer is not None and distributed.is_fsdp2(self.trainer.strategy)  # all ranks step together
+        return self.config.sampling_settings(num_generations, temperature, synced_gpus=fsdp2)
 
     def score(self, rollout: Rollout) -> RewardScores:
         """Step 2: every reward function, weighted; ``NaN`` where every function returned ``None``."""
@@ -272,64 +239,36 @@ class GRPOModule(LightningModule):
 
         ``function_rewards`` and ``function_weights`` (each reward function's raw rewards and weight) are given only
         to an estimator that reads them (``gdpo``)."""
-        cfg = self.config  # token-level estimators whiten over the policy's tokens (rollout.sampled_mask)
         agents = agent_client.is_agent_rollout(rollout)  # one reward per trajectory (its last branch), shared
         rewards = agent_client.trajectory_rewards_nan(rewards, rollout) if agents else rewards
         advantages = compute_advantages(
-            rewards, rollout.group_ids, estimator=cfg.advantage_estimator, estimator_args=cfg.advantage_estimator_args,
-            scale=cfg.advantage_scale, eps=cfg.advantage_eps, completion_mask=rollout.sampled_mask,
+            rewards, rollout.group_ids, **self.config.advantage_kwargs, completion_mask=rollout.sampled_mask,
             sum_across_ranks=self._sum_across_ranks, step_rewards=step_rewards, function_rewards=function_rewards,
-            function_weights=function_weights,
+            function_weights=function_weights,  # token-level estimators whiten over rollout.sampled_mask
         )  # fmt: skip
         return agent_client.spread_to_branches(advantages, rollout) if agents else advantages
 
     def prepare_update(self, rollout: Rollout, advantages: Tensor) -> UpdateBatch:
         """Step 4: the loss mask, old log-probs (only if the rollout serves several updates), reference log-probs."""
-        cfg = self.config
         if not agent_client.is_agent_rollout(rollout):  # an agent rollout has a variable number of rows
             self.config.check_rollout_size(len(rollout))
         self.rollout_backend.release()  # e.g. vllm.sleep_mode: the engine's memory goes to the update
-        loss_mask = rollout.sampled_mask  # tool and environment tokens are context: no loss, KL, entropy or count
-        if cfg.mask_truncated_completions:
-            loss_mask = loss_mask * (~rollout.truncated)[:, None]
-        sums = self._sum_across_ranks
-        old = sampling_logprobs(self.compute_logprobs, self.policy, rollout, cfg, self.timer, self.device, sums)
-        ref = None
-        if cfg.kl_coef > 0:
-            with self.timer("reference"):
-                ref = fixed_logprobs(
-                    self.compute_logprobs, self.policy, rollout, cfg.micro_batch_size, reference=True,
-                    micro_batch_tokens=cfg.micro_batch_tokens, sum_across_ranks=sums,
-                )  # fmt: skip
-        return UpdateBatch(rollout, advantages, loss_mask, old, ref)
+        return update_batch(self.compute_logprobs, self.policy, rollout, advantages, self.config, self.timer,
+                            self.device, self._sum_across_ranks)  # fmt: skip
 
     def compute_logprobs(
         self, rollout: Rollout, *, reference: bool = False, with_entropy: bool = False
     ) -> TokenLogProbs:
         """Per-token log-probs ``(N, T)`` of the completions, of the reference if ``reference``; step 4 uses it too."""
         settings = self.logprob_settings()
-        if distributed.is_sharded(self.policy) and not self._packs_shared_prompt():
-            # FSDP2's hooks would miss a backward through the shared prompt's KV cache (the packed shared-prompt
-            # layout has none: one forward); every pass takes the same path so that old, reference and current
-            # log-probs agree to the last bit
-            settings["share_prompt"] = False
+        if distributed.is_sharded(self.policy):  # every pass (old, reference, current) takes the same path
+            settings = sharded_logprob_settings(self.policy, settings)
         with reference_mode(self.policy) if reference else nullcontext():
             return completion_logprobs(self.policy, rollout, with_entropy=with_entropy, **settings)
 
-    def _packs_shared_prompt(self) -> bool:
-        """Whether the log-prob passes run the shared prompt as one packed row with a mask (no KV cache)."""
-        cfg = self.config
-        return cfg.share_prompt and cfg.packing is not False and packing_route(self.policy, True) == "mask"
-
     def logprob_settings(self) -> dict[str, Any]:
         """Keyword settings of :func:`~lightning_grpo.rollout.completion_logprobs`, from :attr:`config`."""
-        cfg = self.config
-        return {
-            "temperature": cfg.temperature, "chunk_size": cfg.logprob_chunk_size,
-            "entropy_grad": cfg.entropy_coef > 0 or cfg.entropy_control != "constant",
-            "share_prompt": cfg.share_prompt, "fused_head": cfg.fused_head, "packing": cfg.packing,
-            "tile_bytes": None if cfg.fused_head_tile_mib is None else cfg.fused_head_tile_mib * 2**20,
-        }  # fmt: skip
+        return self.config.logprob_kwargs
 
     def compute_loss(self, batch: UpdateBatch, counts: LossCounts) -> tuple[Tensor, dict[str, Tensor]]:
         """Step 5 (per micro-batch): ``policy loss + β·KL − c_ent·entropy``, global counts (``grpo_loss``)."""
@@ -365,12 +304,8 @@ class GRPOModule(LightningModule):
         cfg = self.config
         with seeded(self._step_seed(offset=batch_idx + 1), self.device):
             rollout = self.generate(batch, num_generations=cfg.val_num_generations, temperature=cfg.val_temperature)
-        scores, rewards = self.score(rollout), None
-        if agent_client.is_agent_rollout(rollout):  # one reward per agent run (its last branch), in batch order
-            rewards = agent_client.per_trajectory(
-                scores.rewards, rollout, len(batch["prompt"]) * cfg.val_num_generations
-            )
-        rewards = scores.rewards if rewards is None else rewards
+        scores = self.score(rollout)
+        rewards = agent_wiring.run_rewards(scores.rewards, rollout, runs=len(batch["prompt"]) * cfg.val_num_generations)
         self.log_dict(self.val_metrics.update(rewards), batch_size=len(batch["prompt"]))  # exact, all ranks
         return {"rollout": rollout, "rewards": scores}
 
@@ -379,11 +314,7 @@ class GRPOModule(LightningModule):
     def setup(self, stage: str) -> None:
         """Refuse strategies GRPO cannot run (FSDP1: :mod:`lightning_grpo.distributed`); on CPU, set a thread count."""
         distributed.check_strategy(self.trainer.strategy)
-        if self.agent_fn is not None and distributed.is_fsdp2(self.trainer.strategy):
-            raise ValueError(
-                "agent= under FSDP2: every rank must join every sampling call, but each rank's agents decide how many "
-                "calls they make; train agents under DDP (strategy='ddp': each rank runs its own rows and server)"
-            )
+        agent_wiring.check_agent_strategy(self.agent_fn, fsdp2=distributed.is_fsdp2(self.trainer.strategy))
         if distributed.is_fsdp2(self.trainer.strategy):
             check_shardable(self.policy)  # a bitsandbytes base cannot be sharded: use DDP (docs/quantization.md)
         install_checked_io(self.trainer.strategy)  # an unreadable checkpoint file gets an error naming it
@@ -392,11 +323,8 @@ class GRPOModule(LightningModule):
     def configure_model(self) -> None:
         """Under FSDP2 (``ModelParallelStrategy``) only: shard each decoder layer, then the HF model under PeftModel."""
         strategy = self.trainer.strategy if self._trainer is not None else None
-        if not distributed.is_fsdp2(strategy) or distributed.is_sharded(self.policy):
-            return
-        mesh, gather = self.device_mesh["data_parallel"], self.config.fsdp_gather_for_generation
-        distributed.shard_policy(self.policy, mesh, gather_for_generation=gather)
-        distributed.keep_trainable_in_state_dict(self)  # adapter-only checkpoints in torch.distributed.checkpoint too
+        if distributed.is_fsdp2(strategy) and not distributed.is_sharded(self.policy):
+            distributed.shard_module(self, self.device_mesh["data_parallel"], self.config.fsdp_gather_for_generation)
 
     @property
     def export_adapter_all_ranks(self) -> bool:
@@ -416,12 +344,8 @@ class GRPOModule(LightningModule):
 
         A trainer's callback of the same or a related type wins; Lightning's default bar becomes ``GRPOProgressBar``.
         """
-        close = [CloseRolloutBackend()]  # the one place the backend is closed: end of fit, or an exception
-        close += [CloseToolServers()] if self.agent.servers else []  # MCP sessions end with the fit
-        if not self.use_default_callbacks:
-            return close
-        missing = missing_callbacks(monitoring_callbacks(), present=self.trainer.callbacks)
-        return [*close, *missing, *readable_progress_bar(self.trainer)]  # the bar last: it shows what they logged
+        servers, monitoring = bool(self.agent.servers), self.use_default_callbacks
+        return module_callbacks(self.trainer, tool_servers=servers, monitoring=monitoring)
 
     def on_fit_start(self) -> None:
         """Time phases, score with reward models on the module's device, check the inputs, start the backend."""
@@ -434,25 +358,20 @@ class GRPOModule(LightningModule):
 
     def on_train_start(self) -> None:
         """Check the batch sizes against the data's before the first rollout is sampled."""
-        batch_size = getattr(self.trainer.train_dataloader, "batch_size", None)
-        if isinstance(batch_size, int):
-            self.config.check_rollout_size(batch_size * self.config.num_generations)
+        check_loader_batch_size(self.config, self.trainer.train_dataloader)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Keep only the adapter weights in the checkpoint; record what it was trained on (docs/distributed.md)."""
         settings = getattr(self, "_optimizer_settings", None)  # set by configure_optimizers
         keep_adapter_only(checkpoint, self, {"policy": self._trained_on, "optimizer": settings})
-        state = getattr(self.entropy_control, "state_dict", dict)()  # the adaptive coefficient (docs/math.md)
-        checkpoint["entropy_control"] = {"coef": self.entropy_coef, "state": state}
+        checkpoint["entropy_control"] = controller_state(self.entropy_control, self.entropy_coef)  # docs/math.md
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse a checkpoint of another policy; changed settings take effect (docs/distributed.md, resuming)."""
         defaults = {"grpo": asdict(GRPOConfig())}  # settings an older checkpoint lacks compare as their defaults
         check_resume(self, checkpoint, self._trained_on, self._build_optimizer, defaults)
-        saved = checkpoint.get("entropy_control")
-        if saved is not None and type(saved["state"]) is dict and hasattr(self.entropy_control, "load_state_dict"):
-            self.entropy_control.load_state_dict(saved["state"])
-            self.entropy_coef = float(saved["coef"])
+        coef = restore_controller(self.entropy_control, checkpoint.get("entropy_control"))
+        self.entropy_coef = self.entropy_coef if coef is None else coef
 
     def export_adapter(self, path: str | Path) -> Path:
         """Write the adapter in PEFT format (``PeftModel.from_pretrained``, vLLM); under FSDP2 every rank calls it."""
@@ -464,9 +383,7 @@ class GRPOModule(LightningModule):
 
     def _build_optimizer(self) -> tuple[torch.optim.Optimizer, Any]:
         """A new optimizer over the adapter's parameters and its scheduler (``None`` without ``lr_scheduler``)."""
-        params = [p for p in self.policy.parameters() if p.requires_grad]
-        optimizer = self.optimizer_factory(params) if self.optimizer_factory else torch.optim.AdamW(params, lr=1e-5)
-        return optimizer, None if self.scheduler_factory is None else self.scheduler_factory(optimizer)
+        return adapter_optimizer(self.policy, self.optimizer_factory, self.scheduler_factory)
 
     def _sum_across_ranks(self, tensor: Tensor) -> Tensor:
         """Sum over ranks (one all-reduce, mid-step) of what enters the loss and advantages; not logged metrics."""

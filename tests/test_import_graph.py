@@ -93,18 +93,23 @@ def test_the_package_has_no_import_cycle():
 #: The layers, bottom up (README, "Layout"): a module imports its own layer and those below, never one above.
 LAYERS = (
     (
-        "lightning_grpo._moved",
         "lightning_grpo.settings_checks",
         "lightning_grpo.algorithms",
         "lightning_grpo.distributed",
     ),
     ("lightning_grpo.metrics", "lightning_grpo.rewards", "lightning_grpo.agents"),
     ("lightning_grpo.rollout", "lightning_grpo.policy"),
-    ("lightning_grpo.data", "lightning_grpo.config", "lightning_grpo.checkpoint", "lightning_grpo.backends"),
-    ("lightning_grpo.iteration", "lightning_grpo.step"),  # step: the old name, a shim (lightning_grpo._moved)
+    (
+        "lightning_grpo.data",
+        "lightning_grpo.config_checks",
+        "lightning_grpo.config",
+        "lightning_grpo.checkpoint",
+        "lightning_grpo.backends",
+    ),
+    ("lightning_grpo.iteration",),
     ("lightning_grpo.callbacks",),
     ("lightning_grpo.module",),
-    ("lightning_grpo.cli", "lightning_grpo.cli_errors", "lightning_grpo.cli_summary"),
+    ("lightning_grpo.cli",),
     ("lightning_grpo.testing",),
     ("lightning_grpo.demo",),
     ("lightning_grpo.__main__", "lightning_grpo"),

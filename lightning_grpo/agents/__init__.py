@@ -28,7 +28,7 @@ from lightning_grpo.agents.environment import (
     step_episodes,
 )
 from lightning_grpo.agents.execution import ToolExecutor, ToolResult, ToolStatus, execute_tool_calls, format_tool_output
-from lightning_grpo.agents.messages import ALLOWED_ROLES, check_chat_template_supports_tools, validate_messages
+from lightning_grpo.agents.message_checks import ALLOWED_ROLES, check_chat_template_supports_tools, validate_messages
 from lightning_grpo.agents.parsing import (
     HermesToolCallParser,
     ParsedTurn,

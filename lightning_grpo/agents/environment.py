@@ -39,7 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from lightning_grpo.agents.messages import validate_messages
+from lightning_grpo.agents.message_checks import validate_messages
 from lightning_grpo.settings_checks import check_number
 
 __all__ = [
@@ -99,7 +99,7 @@ def normalize_observation(observation: Observation, *, name: str = "observation"
 
     Raises:
         ValueError: The observation is of another type, or its messages are invalid (see
-            :func:`~lightning_grpo.agents.messages.validate_messages`).
+            :func:`~lightning_grpo.agents.message_checks.validate_messages`).
     """
     if observation is None:
         return []

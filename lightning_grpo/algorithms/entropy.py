@@ -135,6 +135,20 @@ def entropy_controller(
     return build_component(ENTROPY_CONTROL, kind, args, {"entropy_coef": entropy_coef})
 
 
+def controller_state(control: Callable[[float | None], float], coef: float) -> dict[str, Any]:
+    """What a checkpoint holds of the entropy control: the coefficient in use and the control's own state."""
+    return {"coef": coef, "state": getattr(control, "state_dict", dict)()}
+
+
+def restore_controller(control: Callable[[float | None], float], saved: Mapping[str, Any] | None) -> float | None:
+    """Load :func:`controller_state`'s ``saved`` into ``control``; the saved coefficient, or ``None`` when the
+    checkpoint has none for this control (then the coefficient stays as built)."""
+    if saved is None or type(saved["state"]) is not dict or not hasattr(control, "load_state_dict"):
+        return None
+    control.load_state_dict(saved["state"])  # type: ignore[attr-defined]
+    return float(saved["coef"])
+
+
 def _init_parameters(target: type) -> set[str]:
     import inspect
 

@@ -21,7 +21,8 @@ from transformers import PreTrainedTokenizerBase
 
 from lightning_grpo.backends.protocol import OPTIONAL_SETTINGS, BackendRun
 from lightning_grpo.policy.sampling_adapter import sampling_adapter
-from lightning_grpo.rollout.generation import Sampled, SamplingSettings, sample_tokens
+from lightning_grpo.rollout.generation import sample_tokens
+from lightning_grpo.rollout.sampling_settings import Sampled, SamplingSettings
 from lightning_grpo.rollout.turn_cache import TurnCache
 
 __all__ = ["HFBackend", "HFSession"]

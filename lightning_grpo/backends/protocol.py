@@ -15,7 +15,7 @@ from peft import PeftModel
 
 from lightning_grpo.config import GRPOConfig
 from lightning_grpo.policy import PolicyConfig
-from lightning_grpo.rollout.generation import SamplingSettings
+from lightning_grpo.rollout.sampling_settings import SamplingSettings
 from lightning_grpo.rollout.session import RolloutSession
 
 __all__ = ["OPTIONAL_SETTINGS", "BackendRun", "RolloutBackend", "RolloutSession"]

@@ -16,7 +16,7 @@ from transformers import PreTrainedTokenizerBase
 from lightning_grpo.backends.protocol import BackendRun
 from lightning_grpo.backends.vllm_settings import VLLMConfig, check_installed, check_sampling, engine_lora_rank
 from lightning_grpo.distributed import full_adapter_state_dict, is_sharded
-from lightning_grpo.rollout.generation import Sampled, SamplingSettings
+from lightning_grpo.rollout.sampling_settings import Sampled, SamplingSettings
 
 __all__ = ["VLLMBackend", "VLLMSession"]
 

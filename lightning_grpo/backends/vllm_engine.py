@@ -24,7 +24,7 @@ from lightning_grpo.backends.vllm_files import bytes_needed, make_work_dir, save
 from lightning_grpo.backends.vllm_settings import VLLMConfig, check_installed
 from lightning_grpo.backends.vllm_start import build_llm, engine_environment
 from lightning_grpo.policy.weights import merged_weights
-from lightning_grpo.rollout.generation import Sampled, SamplingSettings, eos_token_ids
+from lightning_grpo.rollout.sampling_settings import Sampled, SamplingSettings, eos_token_ids
 
 __all__ = ["VLLMEngine"]
 

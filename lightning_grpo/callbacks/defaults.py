@@ -1,22 +1,26 @@
-"""The callbacks a GRPO run usually wants, and which of them a trainer lacks (:func:`missing_callbacks`)."""
+"""The callbacks a GRPO run usually wants, which of them a trainer lacks (:func:`missing_callbacks`), and those a
+``GRPOModule`` brings to its trainer (:func:`module_callbacks`)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
 
-from lightning.pytorch import Callback
+from lightning.pytorch import Callback, Trainer
 
 from lightning_grpo.callbacks.adapter_export import AdapterExport
 from lightning_grpo.callbacks.agent_stats import AgentStats
+from lightning_grpo.callbacks.close_rollout_backend import CloseRolloutBackend
 from lightning_grpo.callbacks.collapse_monitor import CollapseMonitor
 from lightning_grpo.callbacks.completion_stats import CompletionStats
 from lightning_grpo.callbacks.group_rewards import GroupRewardStats
 from lightning_grpo.callbacks.interrupt import SaveOnInterrupt
+from lightning_grpo.callbacks.progress_bar import readable_progress_bar
 from lightning_grpo.callbacks.sample_logger import SampleLogger
 from lightning_grpo.callbacks.throughput import ThroughputMonitor
+from lightning_grpo.callbacks.tool_servers import CloseToolServers
 
-__all__ = ["default_callbacks", "missing_callbacks"]
+__all__ = ["default_callbacks", "missing_callbacks", "module_callbacks"]
 
 
 def default_callbacks(
@@ -70,3 +74,19 @@ def missing_callbacks(defaults: Iterable[Callback], present: Iterable[Callback])
     kinds = {type(callback) for callback in present} - {Callback}
     related = lambda cls: any(issubclass(cls, kind) or issubclass(kind, cls) for kind in kinds)  # noqa: E731
     return [callback for callback in defaults if not related(type(callback))]
+
+
+def module_callbacks(trainer: Trainer, *, tool_servers: bool, monitoring: bool) -> list[Callback]:
+    """The callbacks a ``GRPOModule`` adds to its trainer (``configure_callbacks``).
+
+    Always :class:`CloseRolloutBackend` (the one place the backend is closed: end of fit, or an exception) and, with
+    MCP ``tool_servers``, :class:`CloseToolServers`; with ``monitoring``, the :func:`default_callbacks` of types the
+    trainer lacks (a trainer's callback of the same or a related type wins), then ``GRPOProgressBar`` in place of
+    Lightning's default bar, last: it shows what they logged.
+    """
+    close: list[Callback] = [CloseRolloutBackend()]
+    close += [CloseToolServers()] if tool_servers else []  # MCP sessions end with the fit
+    if not monitoring:
+        return close
+    missing = missing_callbacks(default_callbacks(), present=trainer.callbacks)
+    return [*close, *missing, *readable_progress_bar(trainer)]

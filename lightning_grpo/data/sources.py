@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from lightning_grpo.agents.messages import validate_messages
+from lightning_grpo.agents.message_checks import validate_messages
 
 __all__ = ["SUFFIXES", "MissingDataError", "PromptSource", "check_source_path", "load_records"]
 

@@ -8,21 +8,15 @@ steps (``generate``, ``score``, ``compute_loss``, ...) as explicit callables, to
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
-from torch import Tensor, nn
 
-from lightning_grpo._moved import Moved, moved_names
 from lightning_grpo.algorithms.statistics import SumAcrossRanks
-from lightning_grpo.config import GRPOConfig
 from lightning_grpo.iteration.timing import PhaseTimer
-from lightning_grpo.iteration.types import LossCounts, UpdateBatch
-from lightning_grpo.rewards import RewardScores
-from lightning_grpo.rollout import Rollout, TokenLogProbs
 
 __all__ = ["StepContext", "any_rank"]
 
@@ -86,39 +80,3 @@ class StepContext:
         if key not in self.warned:
             self.warned.add(key)
             rank_zero_warn(message)
-
-
-class _StepModule(Protocol):
-    """Deprecated: the public side of :class:`~lightning_grpo.module.GRPOModule` that the phases once used."""
-
-    config: GRPOConfig
-    policy: nn.Module
-    tokenizer: Any
-    device: torch.device
-
-    @property
-    def trainer(self) -> Any: ...
-
-    def generate(self, batch: Mapping[str, Sequence[Any]]) -> Rollout: ...
-
-    def score(self, rollout: Rollout) -> RewardScores: ...
-
-    def compute_logprobs(self, rollout: Rollout, *, reference: bool = False) -> TokenLogProbs: ...
-
-    def compute_loss(self, batch: UpdateBatch, counts: LossCounts) -> tuple[Tensor, dict[str, Tensor]]: ...
-
-    def optimizers(self) -> Any: ...
-
-    def lr_schedulers(self) -> Any: ...
-
-    def clip_gradients(self, optimizer: Any, gradient_clip_val: float, gradient_clip_algorithm: str) -> None: ...
-
-    def manual_backward(self, loss: Tensor) -> None: ...
-
-
-STEP_MODULE = Moved(
-    "lightning_grpo.GRPOModule",
-    "lightning_grpo.iteration.context._StepModule",
-    " (the phases take the module's steps as explicit callables: lightning_grpo.iteration.update.run_updates)",
-)
-__getattr__ = moved_names(__name__, {"StepModule": STEP_MODULE})

@@ -1,4 +1,5 @@
-"""Checks at fit start, before the first rollout is sampled: what the reward functions need against the data."""
+"""Checks at fit start, before the first rollout is sampled: what the reward functions need against the data, and
+the batch sizes against the data loader's."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from lightning_grpo.iteration.dynamic_sampling import check_datamodule
 from lightning_grpo.iteration.process_supervision import check_step_sources
 from lightning_grpo.rewards import RewardFunctions
 
-__all__ = ["STEP_KEYWORDS", "check_fit_inputs", "check_reward_keywords"]
+__all__ = ["STEP_KEYWORDS", "check_fit_inputs", "check_loader_batch_size", "check_reward_keywords"]
 
 #: Keywords ``GRPOModule.score`` offers every reward function besides prompts, completions and the data's columns.
 STEP_KEYWORDS = ("completion_ids", "completion_lengths", "trainer_state")
@@ -43,3 +44,14 @@ def check_fit_inputs(
     check_step_sources(config, rewards, environment=environment)
     if config.dynamic_sampling:
         check_datamodule(datamodule)
+
+
+def check_loader_batch_size(config: GRPOConfig, dataloader: Any) -> None:
+    """Check the batch sizes against the rollout of one batch of ``dataloader`` (its ``batch_size`` prompts × G).
+
+    Raises:
+        ValueError: The rollout is not a multiple of ``mini_batch_size``, itself of ``micro_batch_size``.
+    """
+    batch_size = getattr(dataloader, "batch_size", None)
+    if isinstance(batch_size, int):
+        config.check_rollout_size(batch_size * config.num_generations)

@@ -19,7 +19,6 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedTokenizerBase
 
-from lightning_grpo._moved import Moved, moved_names
 from lightning_grpo.algorithms.advantages import estimator_needs
 from lightning_grpo.algorithms.process_supervision import with_outcome_step
 from lightning_grpo.config import GRPOConfig
@@ -29,18 +28,6 @@ from lightning_grpo.rollout import Rollout
 from lightning_grpo.rollout.process_supervision import step_rewards_tensor
 
 __all__ = ["advantage_inputs", "check_step_sources", "gather_step_rewards", "outcome_rewards"]
-
-#: The built-in estimators that read step rewards, as once listed here (deprecated: read ``estimator_needs``).
-_PROCESS_ESTIMATORS = ("grpo_process",)
-__getattr__ = moved_names(
-    __name__,
-    {
-        "PROCESS_ESTIMATORS": Moved(
-            "lightning_grpo.algorithms.estimator_needs", f"{__name__}._PROCESS_ESTIMATORS",
-            " (an estimator declares needs_step_rewards itself: lightning_grpo.algorithms.declare_needs)",
-        )
-    },
-)  # fmt: skip
 
 
 def gather_step_rewards(

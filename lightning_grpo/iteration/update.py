@@ -18,7 +18,6 @@ import torch
 from torch import Tensor, nn
 
 from lightning_grpo import distributed
-from lightning_grpo._moved import Moved, moved_names
 from lightning_grpo.config import GRPOConfig
 from lightning_grpo.iteration.context import StepContext
 from lightning_grpo.iteration.micro_batches import micro_batch_rows
@@ -32,7 +31,15 @@ from lightning_grpo.rollout import Rollout, TokenLogProbs
 from lightning_grpo.rollout.agent_client import is_agent_rollout
 from lightning_grpo.rollout.generation import eval_mode
 
-__all__ = ["LogProbsStep", "LossStep", "fixed_logprobs", "minibatch_indices", "run_updates", "sampling_logprobs"]
+__all__ = [
+    "LogProbsStep",
+    "LossStep",
+    "fixed_logprobs",
+    "minibatch_indices",
+    "run_updates",
+    "sampling_logprobs",
+    "update_batch",
+]
 
 #: The module's ``compute_logprobs(rollout, *, reference=False, with_entropy=False)``.
 LogProbsStep = Callable[..., TokenLogProbs]
@@ -113,6 +120,36 @@ def sampling_logprobs(
             compute_logprobs, policy, rollout, config.micro_batch_size, reference=False,
             micro_batch_tokens=config.micro_batch_tokens, sum_across_ranks=sum_across_ranks,
         )  # fmt: skip
+
+
+def update_batch(
+    compute_logprobs: LogProbsStep,
+    policy: nn.Module,
+    rollout: Rollout,
+    advantages: Tensor,
+    config: GRPOConfig,
+    timer: PhaseTimer,
+    device: torch.device,
+    sum_across_ranks: Callable[[Tensor], Tensor] | None = None,
+) -> UpdateBatch:
+    """What the updates read (step 4): the loss mask, old log-probs (:func:`sampling_logprobs`) and, with a KL
+    coefficient, the reference's (:func:`fixed_logprobs`, timed as ``reference``).
+
+    Tool and environment tokens are context, never loss (``rollout.sampled_mask``); ``mask_truncated_completions``
+    drops truncated completions from the loss too.
+    """
+    loss_mask = rollout.sampled_mask
+    if config.mask_truncated_completions:
+        loss_mask = loss_mask * (~rollout.truncated)[:, None]
+    old = sampling_logprobs(compute_logprobs, policy, rollout, config, timer, device, sum_across_ranks)
+    ref = None
+    if config.kl_coef > 0:
+        with timer("reference"):
+            ref = fixed_logprobs(
+                compute_logprobs, policy, rollout, config.micro_batch_size, reference=True,
+                micro_batch_tokens=config.micro_batch_tokens, sum_across_ranks=sum_across_ranks,
+            )  # fmt: skip
+    return UpdateBatch(rollout, advantages, loss_mask, old, ref)
 
 
 def minibatch_indices(num_samples: int, mini_batch_size: int, generator: torch.Generator) -> Iterator[Tensor]:
@@ -227,41 +264,3 @@ def _accumulate(
         shares["pg_loss"] += metrics.pop("pg_loss").detach()
         sums.add(metrics, part.loss_mask.sum())
     return shares, flags
-
-
-# ---------------------------------------------------------------- deprecated names (moved)
-
-
-def _importance_weighted(
-    per_token: Tensor, batch: UpdateBatch, old_logprobs: Tensor, cap: float | None
-) -> tuple[Tensor, dict[str, Tensor]]:
-    """The old signature of :func:`~lightning_grpo.algorithms.importance.importance_weighted` (deprecated)."""
-    from lightning_grpo.algorithms.importance import importance_weighted
-
-    return importance_weighted(per_token, old_logprobs, batch.rollout.logprobs, batch.loss_mask, cap)
-
-
-def _rollout_agreement(batch: UpdateBatch, logprobs: Tensor) -> dict[str, Tensor]:
-    """The old signature of :func:`~lightning_grpo.algorithms.importance.rollout_agreement` (deprecated)."""
-    from lightning_grpo.algorithms.importance import rollout_agreement
-
-    if not batch.at_sampling_weights:
-        return {}
-    return rollout_agreement(logprobs, batch.rollout.logprobs, batch.loss_mask)
-
-
-_PLAIN_TENSORS = " (its arguments are now plain tensors)"
-__getattr__ = moved_names(
-    __name__,
-    {
-        "MetricSums": "lightning_grpo.metrics.MetricSums",
-        "importance_weighted": Moved(
-            "lightning_grpo.algorithms.importance.importance_weighted",
-            f"{__name__}._importance_weighted",
-            _PLAIN_TENSORS,
-        ),
-        "rollout_agreement": Moved(
-            "lightning_grpo.algorithms.importance.rollout_agreement", f"{__name__}._rollout_agreement", _PLAIN_TENSORS
-        ),
-    },
-)

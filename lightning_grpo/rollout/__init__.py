@@ -7,16 +7,10 @@
 
 from lightning_grpo.rollout.agent import AgentSettings
 from lightning_grpo.rollout.batch import Rollout, completion_mask_from_ids
-from lightning_grpo.rollout.generation import (
-    Sampled,
-    SampleFn,
-    SamplingSettings,
-    eos_token_ids,
-    generate_rollout,
-    tokenize_prompts,
-)
+from lightning_grpo.rollout.generation import generate_rollout, tokenize_prompts
 from lightning_grpo.rollout.logprobs import TokenLogProbs, completion_logprobs, position_ids_from_mask
 from lightning_grpo.rollout.sampling import sample_rollout
+from lightning_grpo.rollout.sampling_settings import Sampled, SampleFn, SamplingSettings, eos_token_ids
 from lightning_grpo.rollout.session import RolloutSession
 
 __all__ = [

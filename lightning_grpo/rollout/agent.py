@@ -1,4 +1,4 @@
-"""Agent settings of a conversational rollout (tools, parser, environment, ``max_turns``) and one running trajectory.
+"""Agent settings of a conversational rollout: tools, parser, environment, ``max_turns``.
 
 See ``docs/agents.md`` for what each setting does.
 """
@@ -12,7 +12,6 @@ from typing import Any, Literal
 from transformers import PreTrainedTokenizerBase
 
 from lightning_grpo.agents import (
-    EnvironmentEpisode,
     EnvironmentFactory,
     HermesToolCallParser,
     Tool,
@@ -22,10 +21,9 @@ from lightning_grpo.agents import (
     check_chat_template_supports_tools,
 )
 from lightning_grpo.agents.mcp_tools import MCPToolServer, server_tools, split_tools
-from lightning_grpo.agents.trl_environment import EMPTY_PROMPT, TRLEnvironments, trl_environments_of
-from lightning_grpo.rewards._text import DATASET_INDEX
+from lightning_grpo.agents.trl_environment import TRLEnvironments, trl_environments_of
 
-__all__ = ["AgentSettings", "Trajectory", "trl_trajectories"]
+__all__ = ["AgentSettings"]
 
 
 @dataclass(frozen=True)
@@ -114,12 +112,6 @@ class AgentSettings:
         """Whether an environment (ours or TRL-style) serves the trajectories (it offers reward keywords too)."""
         return self.environment_factory is not None or self.trl_environments is not None
 
-    def schemas_of(self, trajectory: Trajectory) -> list[dict[str, Any]] | None:
-        """The tool schemas rendered in a trajectory's prompt: its environment's tools, else the run's."""
-        if trajectory.tools is not None:
-            return trajectory.tools.schemas or None
-        return self.tool_schemas
-
     def prompts_of(self, batch: Any) -> list[Any]:
         """The batch's prompts; with TRL-style environments, rows without one start empty (``reset`` fills it).
 
@@ -136,58 +128,3 @@ class AgentSettings:
         """End the MCP servers' sessions (they reopen on next use)."""
         for server in self.servers:
             server.close()
-
-
-@dataclass
-class Trajectory:
-    """One sample's conversation while it runs (the mutable state of the turn loop)."""
-
-    prompt: list[dict[str, Any]]
-    episode: EnvironmentEpisode | None = None
-    environment: Any = None  # a TRL-style environment instance
-    tools: ToolSet | None = None  # the tools of this trajectory (a TRL-style environment's); None: the run's
-    messages: list[dict[str, Any]] = field(default_factory=list)
-    tokens: list[int] = field(default_factory=list)
-    sampled: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    reward_ends: list[int] = field(default_factory=list)  # per environment step: the last token of the judged turn
-    turns: int = 0
-    tool_calls: int = 0
-    tool_errors: int = 0
-    tool_timeouts: int = 0
-    done: bool = False
-    truncated: bool = False
-    max_turns_reached: bool = False
-
-    def extend(self, ids: Sequence[int], *, sampled: bool, logprobs: Sequence[float] | None = None) -> None:
-        """Append tokens, marked as sampled by the policy (with their log-probs) or inserted as context (log-prob 0)."""
-        self.tokens.extend(ids)
-        self.sampled.extend([int(sampled)] * len(ids))
-        self.logprobs.extend(logprobs[: len(ids)] if logprobs is not None else [0.0] * len(ids))
-
-    def stop(self, *, truncated: bool = False, max_turns: bool = False) -> None:
-        """End the trajectory, flagged truncated (and cut by ``max_turns``) when asked."""
-        self.done, self.truncated, self.max_turns_reached = True, truncated, max_turns
-
-
-def trl_trajectories(
-    prompts: Sequence[list[dict[str, Any]]], columns: dict[str, list[Any]], g: int, agent: AgentSettings
-) -> list[Trajectory]:
-    """``B * G`` trajectories of TRL-style environments: an instance from the pool each, ``reset`` with the row first.
-
-    A row without a prompt starts from one empty user message, which ``reset`` fills (TRL's behaviour).
-    """
-    environments, trajectories = agent.trl_environments, []
-    assert environments is not None
-    environments.start_batch()
-    dataset_index = columns.get(DATASET_INDEX)  # PromptDataModule's: errors name the dataset row
-    for b, prompt in enumerate(prompts):
-        row = {name: values[b] for name, values in columns.items()}
-        if prompt:
-            row = {"prompt": prompt, **row}
-        name = environments.environment_of(row, dataset_index[b] if dataset_index is not None else b)
-        for _ in range(g):
-            instance = environments.draw(name)
-            start = environments.reset(instance, row, list(prompt) or list(EMPTY_PROMPT))
-            trajectories.append(Trajectory(prompt=start, environment=instance, tools=environments.toolset(instance)))
-    return trajectories

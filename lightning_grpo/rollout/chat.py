@@ -12,7 +12,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from lightning_grpo.rollout.generation import eos_token_ids
+from lightning_grpo.rollout.sampling_settings import eos_token_ids
 
 __all__ = ["continuation_ids", "render_messages"]
 

@@ -1,5 +1,9 @@
 """Conversational rollouts: chat-message prompts, tool calls and environments, several turns per trajectory.
 
+The running trajectories (:class:`Trajectory`) and their turn loop live here, one home: the loop starts them, samples,
+runs tools and environment steps, and appends to them; only settings are read from
+:class:`~lightning_grpo.rollout.agent.AgentSettings`.
+
 A trajectory is one token sequence: the rendered prompt, then policy turns interleaved with tool or environment turns.
 Each turn, every trajectory still running samples in one batched call (the first turn shares each prompt's prefill
 across its G samples); the tool calls of all trajectories run concurrently; the environment steps run concurrently;
@@ -11,40 +15,64 @@ continuation_ids`) and appended as context. Sampled tokens are kept as sampled, 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from lightning_grpo._moved import moved_names
-from lightning_grpo.agents import (
-    EnvironmentEpisode,
-    ParsedTurn,
-    assistant_message,
-    step_episodes,
-)
+from lightning_grpo.agents import EnvironmentEpisode, ParsedTurn, ToolSet, assistant_message, step_episodes
+from lightning_grpo.agents.trl_environment import EMPTY_PROMPT
 from lightning_grpo.rewards._text import DATASET_INDEX
-from lightning_grpo.rollout.agent import AgentSettings, Trajectory, trl_trajectories
+from lightning_grpo.rollout.agent import AgentSettings
 from lightning_grpo.rollout.batch import Rollout, TurnStats, left_pad
 from lightning_grpo.rollout.chat import continuation_ids, render_messages
-from lightning_grpo.rollout.generation import (
-    Sampled,
-    SampleFn,
-    SamplingSettings,
-    eos_token_ids,
-    eval_mode,
-    sample_tokens,
-    tokenize_prompts,
-)
+from lightning_grpo.rollout.generation import eval_mode, sample_tokens, tokenize_prompts
+from lightning_grpo.rollout.sampling_settings import Sampled, SampleFn, SamplingSettings, eos_token_ids
 from lightning_grpo.rollout.session import RolloutSession, draw
 
-__all__ = ["AgentSettings", "generate_conversations"]
-
-__getattr__ = moved_names(__name__, {"sample_rollout": "lightning_grpo.rollout.sampling.sample_rollout"})
+__all__ = ["Trajectory", "generate_conversations"]
 
 _ERRORS = ("error", "unknown_tool", "parse_error")
+
+
+@dataclass
+class Trajectory:
+    """One sample's conversation while it runs (the mutable state of the turn loop)."""
+
+    prompt: list[dict[str, Any]]
+    episode: EnvironmentEpisode | None = None
+    environment: Any = None  # a TRL-style environment instance
+    tools: ToolSet | None = None  # the tools of this trajectory (a TRL-style environment's); None: the run's
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    sampled: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    reward_ends: list[int] = field(default_factory=list)  # per environment step: the last token of the judged turn
+    turns: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    tool_timeouts: int = 0
+    done: bool = False
+    truncated: bool = False
+    max_turns_reached: bool = False
+
+    def extend(self, ids: Sequence[int], *, sampled: bool, logprobs: Sequence[float] | None = None) -> None:
+        """Append tokens, marked as sampled by the policy (with their log-probs) or inserted as context (log-prob 0)."""
+        self.tokens.extend(ids)
+        self.sampled.extend([int(sampled)] * len(ids))
+        self.logprobs.extend(logprobs[: len(ids)] if logprobs is not None else [0.0] * len(ids))
+
+    def tool_schemas(self, agent: AgentSettings) -> list[dict[str, Any]] | None:
+        """The tool schemas rendered in this trajectory's prompt: its environment's tools, else the run's."""
+        if self.tools is not None:
+            return self.tools.schemas or None
+        return agent.tool_schemas
+
+    def stop(self, *, truncated: bool = False, max_turns: bool = False) -> None:
+        """End the trajectory, flagged truncated (and cut by ``max_turns``) when asked."""
+        self.done, self.truncated, self.max_turns_reached = True, truncated, max_turns
 
 
 @torch.no_grad()
@@ -72,7 +100,7 @@ def generate_conversations(
         columns: Dataset row fields, one list of ``B`` values each.
         any_rank_active: Under FSDP, whether any rank still has a running trajectory (a collective); a rank with none
             keeps joining the sampling calls of the others until all are done. ``None`` on one process.
-        sample: The sampler of every turn (:data:`~lightning_grpo.rollout.generation.SampleFn` or a
+        sample: The sampler of every turn (:data:`~lightning_grpo.rollout.sampling_settings.SampleFn` or a
             :class:`~lightning_grpo.rollout.session.RolloutSession`); ``None``:
             :func:`~lightning_grpo.rollout.generation.sample_tokens`.
 
@@ -81,7 +109,7 @@ def generate_conversations(
     """
     columns = {k: list(v) for k, v in (columns or {}).items()}
     trajectories = _start(prompts, columns, settings.num_generations, agent)
-    texts = [render_messages(tokenizer, t.prompt, tools=agent.schemas_of(t)) for t in trajectories]
+    texts = [render_messages(tokenizer, t.prompt, tools=t.tool_schemas(agent)) for t in trajectories]
     device = next(model.parameters()).device
     prompt_ids, prompt_mask = tokenize_prompts(tokenizer, texts, max_prompt_length, device)
     sample = sample or sample_tokens
@@ -105,7 +133,7 @@ def _start(
 ) -> list[Trajectory]:
     """``B * G`` trajectories; with an environment, each gets its own instance and its first observation."""
     if agent.trl_environments is not None:
-        return trl_trajectories(prompts, columns, g, agent)
+        return _trl_trajectories(prompts, columns, g, agent)
     trajectories = []
     dataset_index = columns.get(DATASET_INDEX)  # PromptDataModule's: errors name the dataset row
     label = "dataset row" if dataset_index is not None else "batch row"
@@ -118,6 +146,29 @@ def _start(
             index = dataset_index[b] if dataset_index is not None else b
             episode = EnvironmentEpisode(agent.environment_factory, row, index=index, row_label=label)
             trajectories.append(Trajectory(prompt=[*prompt, *episode.reset()], episode=episode))
+    return trajectories
+
+
+def _trl_trajectories(
+    prompts: Sequence[list[dict[str, Any]]], columns: dict[str, list[Any]], g: int, agent: AgentSettings
+) -> list[Trajectory]:
+    """``B * G`` trajectories of TRL-style environments: an instance from the pool each, ``reset`` with the row first.
+
+    A row without a prompt starts from one empty user message, which ``reset`` fills (TRL's behaviour).
+    """
+    environments, trajectories = agent.trl_environments, []
+    assert environments is not None
+    environments.start_batch()
+    dataset_index = columns.get(DATASET_INDEX)  # PromptDataModule's: errors name the dataset row
+    for b, prompt in enumerate(prompts):
+        row = {name: values[b] for name, values in columns.items()}
+        if prompt:
+            row = {"prompt": prompt, **row}
+        name = environments.environment_of(row, dataset_index[b] if dataset_index is not None else b)
+        for _ in range(g):
+            instance = environments.draw(name)
+            start = environments.reset(instance, row, list(prompt) or list(EMPTY_PROMPT))
+            trajectories.append(Trajectory(prompt=start, environment=instance, tools=environments.toolset(instance)))
     return trajectories
 
 
@@ -256,7 +307,7 @@ def _insert(
     function never sees a tool result the policy did not read.
     """
     history = [*trajectory.prompt, *trajectory.messages]
-    ids = continuation_ids(tokenizer, history, messages, tools=agent.schemas_of(trajectory))
+    ids = continuation_ids(tokenizer, history, messages, tools=trajectory.tool_schemas(agent))
     if len(trajectory.tokens) + len(ids) >= budget:
         trajectory.stop(truncated=True)
         return

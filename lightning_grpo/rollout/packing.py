@@ -18,7 +18,7 @@ cols`; :func:`unpack` puts per-token values back into the ``(N, T)`` layout (0 o
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -32,6 +32,7 @@ __all__ = [
     "pack_rollout",
     "packed_row_chunks",
     "packing_route",
+    "sharded_logprob_settings",
     "shared_prompt_mask",
     "unpack",
 ]
@@ -88,6 +89,19 @@ def packing_route(model: nn.Module, share_prompt: bool) -> PackingRoute:
     if share_prompt and impl in _MASK_ROUTES and not sliding:
         return "mask"
     return "positions" if impl in _POSITION_ROUTES else None
+
+
+def sharded_logprob_settings(model: nn.Module, settings: dict[str, Any]) -> dict[str, Any]:
+    """The log-prob settings of a model sharded by FSDP2: ``share_prompt`` off unless the shared prompt is packed.
+
+    FSDP2's hooks would miss a backward through the shared prompt's KV cache; the packed shared-prompt layout (one
+    row with a mask, :func:`packing_route` ``"mask"``) has none: one forward. Every pass takes the same path, so
+    that old, reference and current log-probs agree to the last bit.
+    """
+    packs = settings.get("share_prompt") and settings.get("packing") is not False
+    if packs and packing_route(model, True) == "mask":
+        return settings
+    return {**settings, "share_prompt": False}
 
 
 def pack_rollout(rollout: Rollout, *, share_prompt: bool) -> PackedRows:

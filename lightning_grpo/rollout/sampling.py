@@ -16,8 +16,9 @@ from transformers import PreTrainedTokenizerBase
 from lightning_grpo.agents import validate_messages
 from lightning_grpo.rollout.agent import AgentSettings
 from lightning_grpo.rollout.batch import Rollout
-from lightning_grpo.rollout.generation import SampleFn, SamplingSettings, generate_rollout
+from lightning_grpo.rollout.generation import generate_rollout
 from lightning_grpo.rollout.multi_turn import generate_conversations
+from lightning_grpo.rollout.sampling_settings import SampleFn, SamplingSettings
 from lightning_grpo.rollout.session import RolloutSession, as_sample_fn
 
 __all__ = ["sample_rollout"]
@@ -37,7 +38,7 @@ def sample_rollout(
 ) -> Rollout:
     """Sample G completions per prompt: string prompts as plain text, conversational prompts through the template.
 
-    ``sample`` draws the tokens of every sampling call: a :data:`~lightning_grpo.rollout.generation.SampleFn`, a
+    ``sample`` draws the tokens of every sampling call: a :data:`~lightning_grpo.rollout.sampling_settings.SampleFn`, a
     backend's :class:`~lightning_grpo.rollout.session.RolloutSession` (told which trajectories each call continues),
     or ``None``: Hugging Face ``generate`` through :func:`~lightning_grpo.rollout.generation.sample_tokens`.
 

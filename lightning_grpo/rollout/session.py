@@ -1,4 +1,4 @@
-"""The sampling seam of a rollout: a stateless :data:`~lightning_grpo.rollout.generation.SampleFn`, or a
+"""The sampling seam of a rollout: a stateless :data:`~lightning_grpo.rollout.sampling_settings.SampleFn`, or a
 :class:`RolloutSession` that a rollout backend opens for one rollout and samples every turn of it through.
 
 A session sees which trajectories each sampling call continues (``rows``), so it can keep per-trajectory state from
@@ -14,7 +14,8 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from lightning_grpo.rollout.generation import Sampled, SampleFn, SamplingSettings, sample_tokens
+from lightning_grpo.rollout.generation import sample_tokens
+from lightning_grpo.rollout.sampling_settings import Sampled, SampleFn, SamplingSettings
 
 __all__ = ["RolloutSession", "as_sample_fn", "draw"]
 
@@ -37,7 +38,7 @@ class RolloutSession(Protocol):
         *,
         rows: Sequence[int],
     ) -> Sampled:
-        """Sample one turn: the :data:`~lightning_grpo.rollout.generation.SampleFn` call, plus ``rows``.
+        """Sample one turn: the :data:`~lightning_grpo.rollout.sampling_settings.SampleFn` call, plus ``rows``.
 
         Args:
             model: The policy (a backend with its own copy of the weights may ignore it).

@@ -9,7 +9,7 @@ Each trajectory's cache is stored compact (only the positions it attends to). At
 caches are right-aligned into one batched cache (left padding masked), the new tokens of each are appended
 left-padded (so a row may have masked positions between its cache and its new tokens), and every token carries its
 explicit position id: a trajectory's positions are those of its full re-prefill, and the attention mask hides the
-padding. The decoding steps are :func:`~lightning_grpo.rollout.generation.decode_steps`, our own loop.
+padding. The decoding steps are :func:`~lightning_grpo.rollout.decode.decode_steps`, our own loop.
 """
 
 from __future__ import annotations
@@ -23,14 +23,9 @@ from transformers import DynamicCache, PreTrainedTokenizerBase
 
 from lightning_grpo.rollout.batch import left_pad
 from lightning_grpo.rollout.cache_keyword import cache_of, with_cache
-from lightning_grpo.rollout.generation import (
-    DecodeState,
-    Sampled,
-    SamplingSettings,
-    decode_steps,
-    eos_token_ids,
-)
+from lightning_grpo.rollout.decode import DecodeState, decode_steps
 from lightning_grpo.rollout.logprobs import position_ids_from_mask
+from lightning_grpo.rollout.sampling_settings import Sampled, SamplingSettings, eos_token_ids
 
 __all__ = ["TurnCache"]
 

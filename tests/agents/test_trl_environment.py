@@ -13,10 +13,9 @@ import torch
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig
 from lightning_grpo.agents import EnvStep
 from lightning_grpo.agents.trl_environment import TRLEnvironments, is_trl_factory, tool_method_names
-from lightning_grpo.rollout import SamplingSettings
+from lightning_grpo.rollout import AgentSettings, SamplingSettings, sample_rollout
 from lightning_grpo.rollout import multi_turn as multi_turn_module
 from lightning_grpo.rollout.chat import render_messages
-from lightning_grpo.rollout.multi_turn import AgentSettings, sample_rollout
 from lightning_grpo.testing.agents import short_turn_model
 from tests.rollout.test_multi_turn import _scripted
 
@@ -178,7 +177,7 @@ def test_schemas_and_rendered_prompts_equal_trls_own():
     from trl import GRPOTrainer
 
     from lightning_grpo.testing import build_tiny_tokenizer
-    from lightning_grpo.testing.model import build_tiny_model
+    from lightning_grpo.testing.tiny_model import build_tiny_model
 
     tokenizer = build_tiny_tokenizer()
     tokenizer.response_template = "unused"  # TRL asks for a response parser; sampling is never run here

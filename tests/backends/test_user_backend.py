@@ -13,9 +13,9 @@ import torch
 
 from lightning_grpo import GRPOConfig, GRPOModule, RolloutBackend
 from lightning_grpo.backends import HFBackend, RolloutSession
-from lightning_grpo.rollout import SamplingSettings
-from lightning_grpo.rollout.generation import Sampled, sample_tokens
-from lightning_grpo.rollout.multi_turn import AgentSettings, sample_rollout
+from lightning_grpo.rollout import AgentSettings, SamplingSettings, sample_rollout
+from lightning_grpo.rollout.generation import sample_tokens
+from lightning_grpo.rollout.sampling_settings import Sampled
 from lightning_grpo.testing.agents import CountdownEnv, short_turn_model
 from tests.conftest import count_a, make_trainer, prompt_loader
 

@@ -15,7 +15,7 @@ import torch
 from lightning_grpo import GRPOModule
 from lightning_grpo.backends.vllm_settings import VLLMConfig
 from lightning_grpo.rollout import completion_logprobs
-from lightning_grpo.rollout.generation import SamplingSettings
+from lightning_grpo.rollout.sampling_settings import SamplingSettings
 from lightning_grpo.testing import build_tiny_tokenizer
 from lightning_grpo.testing.agents import CountdownEnv
 from tests.backends.vllm_helpers import PROMPTS, fit, needs_vllm, tiny_policy, vllm_module

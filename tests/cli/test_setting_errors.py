@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from lightning_grpo import GRPOConfig
-from lightning_grpo.cli_errors import explain_import, summarize_parse_error
+from lightning_grpo.cli.errors import explain_import, summarize_parse_error
 from tests.cli.conftest import TINY
 from tests.conftest import repo_pythonpath
 

@@ -8,7 +8,7 @@ import pytest
 
 from lightning_grpo.agents import HermesToolCallParser
 from lightning_grpo.rollout.agent_client import AgentLimits, run_agents
-from lightning_grpo.rollout.generation import SamplingSettings
+from lightning_grpo.rollout.sampling_settings import SamplingSettings
 from lightning_grpo.testing.agents import short_turn_model, tool_name_tokenizer
 from tests.examples.test_examples import load_example
 from tests.rollout.test_agent_client import _scripted

@@ -17,7 +17,8 @@ from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 
 from lightning_grpo import PolicyConfig
 from lightning_grpo.rollout import completion_logprobs
-from lightning_grpo.rollout.generation import SamplingSettings, generate_rollout
+from lightning_grpo.rollout.generation import generate_rollout
+from lightning_grpo.rollout.sampling_settings import SamplingSettings
 from lightning_grpo.testing import build_tiny_model
 from tests.conftest import make_trainer, prompt_loader
 from tests.module.test_foreign_device import CASES

@@ -1,17 +1,11 @@
-"""The update loop takes the module's steps as callables: overrides are used, the context is built once per step,
-and the names that moved still import from their old paths with a warning (docs/api/iteration.md)."""
+"""The update loop takes the module's steps as callables: overrides are used, the context is built once per step
+(docs/api/iteration.md)."""
 
 from __future__ import annotations
 
-import importlib
-import warnings
-from dataclasses import replace
-
-import pytest
 import torch
 
-from lightning_grpo import GRPOModule, PromptDataModule, UpdateBatch, _moved
-from lightning_grpo.algorithms.importance import importance_weighted, rollout_agreement
+from lightning_grpo import GRPOModule, PromptDataModule, UpdateBatch
 from lightning_grpo.rollout import TokenLogProbs
 from tests.conftest import make_trainer, prompt_records
 
@@ -51,47 +45,3 @@ def test_the_loop_and_the_fixed_passes_use_the_overrides_and_one_context_per_ste
     # 3 prompts x G=4 = 12 rows; 2 epochs x 2 mini-batches of 6, each 2 micro-batches of 3: 8 losses
     assert module.calls == {"step_context": 1, "compute_loss": 8, "reference": 4, "old": 4}
     assert module._context is None  # not kept past its step
-
-
-@pytest.mark.parametrize(
-    ("old_path", "name", "new_path"),
-    [
-        ("lightning_grpo.iteration.update", "MetricSums", "lightning_grpo.metrics.MetricSums"),
-        ("lightning_grpo.iteration.update", "importance_weighted", "lightning_grpo.algorithms.importance"),
-        ("lightning_grpo.iteration.update", "rollout_agreement", "lightning_grpo.algorithms.importance"),
-        ("lightning_grpo.iteration.context", "StepModule", "lightning_grpo.GRPOModule"),
-        ("lightning_grpo.step", "StepModule", "lightning_grpo.GRPOModule"),
-    ],
-)
-def test_moved_names_import_from_their_old_path_with_one_warning_naming_the_new(old_path, name, new_path):
-    module = importlib.import_module(old_path)
-    _moved.WARNED.discard(f"{old_path}.{name}")
-    with pytest.warns(DeprecationWarning, match=new_path.replace(".", r"\.")):
-        first = getattr(module, name)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert getattr(module, name) is first  # once
-    with pytest.raises(AttributeError):
-        module.not_a_name  # noqa: B018
-
-
-def test_the_old_signatures_give_the_pure_functions_results(make_module):
-    module = make_module(reward_funcs=[length])
-    rollout = module.generate({"prompt": ["ab", "ba"]})
-    batch = module.prepare_update(rollout, torch.ones(len(rollout)))
-    behaviour, mask = rollout.logprobs, batch.loss_mask
-    with pytest.warns(DeprecationWarning):
-        from lightning_grpo.iteration import update
-
-        _moved.WARNED.difference_update(
-            {f"{update.__name__}.importance_weighted", f"{update.__name__}.rollout_agreement"}
-        )
-        old_weighted, old_agreement = update.importance_weighted, update.rollout_agreement
-    per_token = torch.ones_like(behaviour)
-    expected = importance_weighted(per_token, behaviour - 1.0, behaviour, mask, cap=2.0)
-    torch.testing.assert_close(old_weighted(per_token, batch, behaviour - 1.0, 2.0), expected)
-    first = replace(batch, at_sampling_weights=True)  # the step's first mini-batch
-    torch.testing.assert_close(
-        old_agreement(first, behaviour + 0.5), rollout_agreement(behaviour + 0.5, behaviour, mask)
-    )
-    assert old_agreement(batch, behaviour) == {}  # later mini-batches: not measured

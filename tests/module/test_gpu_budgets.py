@@ -14,7 +14,9 @@ from lightning_grpo.algorithms.fused_head import FusedHeadLogProbs
 from lightning_grpo.iteration import LossCounts
 from lightning_grpo.iteration.context import StepContext
 from lightning_grpo.iteration.nonfinite import gradient_flag, step_is_finite
-from lightning_grpo.rollout.generation import SamplingSettings, decode_loop, eos_token_ids, tokenize_prompts
+from lightning_grpo.rollout.decode import decode_loop
+from lightning_grpo.rollout.generation import tokenize_prompts
+from lightning_grpo.rollout.sampling_settings import SamplingSettings, eos_token_ids
 from lightning_grpo.testing import build_tiny_model
 from lightning_grpo.testing.dispatch import DispatchCounter
 from tests.conftest import count_a

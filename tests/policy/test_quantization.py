@@ -94,16 +94,16 @@ def test_training_logprobs_equal_the_sampling_distribution_on_a_quantized_base(
     make_module, monkeypatch, sampler, quantization="nf4"
 ):
     """Record the processed scores of every decoding step (our loop); every log-prob pass must reproduce them."""
-    from lightning_grpo.rollout import generation as generation_module
+    from lightning_grpo.rollout import decode as decode_module
 
-    recorded, draw = [], generation_module._draw
+    recorded, draw = [], decode_module._draw
 
     def recording_draw(scores, kind):
         chosen = draw(scores, kind)
         recorded.append(scores.log_softmax(-1).gather(-1, chosen[:, None]).squeeze(-1))
         return chosen
 
-    monkeypatch.setattr(generation_module, "_draw", recording_draw)
+    monkeypatch.setattr(decode_module, "_draw", recording_draw)
     module = make_module(policy=_policy(quantization), temperature=0.8, sampler=sampler, drop_finished=True)
     _perturb(module.policy)
     torch.manual_seed(0)

@@ -15,7 +15,7 @@ from lightning_grpo.agents import HermesToolCallParser
 from lightning_grpo.rollout import completion_logprobs
 from lightning_grpo.rollout.agent_client import AgentLimits, check_agent, run_agents
 from lightning_grpo.rollout.chat import continuation_ids
-from lightning_grpo.rollout.generation import Sampled, SamplingSettings
+from lightning_grpo.rollout.sampling_settings import Sampled, SamplingSettings
 from lightning_grpo.testing.agents import short_turn_model
 
 ROWS = [

@@ -16,7 +16,7 @@ import torch
 from lightning_grpo.agents import HermesToolCallParser
 from lightning_grpo.rollout.agent_client import AgentLimits, agent_env, run_agents
 from lightning_grpo.rollout.agent_client.client import loopback_http_client
-from lightning_grpo.rollout.generation import SamplingSettings
+from lightning_grpo.rollout.sampling_settings import SamplingSettings
 from lightning_grpo.testing.agents import short_turn_model
 from tests.rollout.test_agent_client import _scripted
 

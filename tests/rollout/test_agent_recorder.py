@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from lightning_grpo.rollout.agent_client import TrajectoryRecorder, message_key, normalize_messages, same_messages
-from lightning_grpo.rollout.agent_client.messages import normalize_tools
+from lightning_grpo.rollout.agent_client.openai_messages import normalize_tools
 from lightning_grpo.rollout.chat import continuation_ids, render_messages
 
 USER = {"role": "user", "content": "2+3?"}

@@ -12,10 +12,10 @@ import torch
 from lightning_grpo.agents import EnvironmentFailedError, EnvStep, ToolExecutor, ToolSet
 from lightning_grpo.rollout import SamplingSettings, completion_logprobs
 from lightning_grpo.rollout import multi_turn as multi_turn_module
+from lightning_grpo.rollout.agent import AgentSettings
 from lightning_grpo.rollout.chat import render_messages
-from lightning_grpo.rollout.generation import Sampled
-from lightning_grpo.rollout.multi_turn import AgentSettings
 from lightning_grpo.rollout.sampling import sample_rollout
+from lightning_grpo.rollout.sampling_settings import Sampled
 from lightning_grpo.testing.agents import CountdownEnv, add, short_turn_model
 
 PROMPTS = [[{"role": "user", "content": "go"}], [{"role": "user", "content": "play 2"}]]

@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from lightning_grpo.rollout import SamplingSettings, completion_logprobs, generate_rollout
+from lightning_grpo.rollout import decode as decode_module
 from lightning_grpo.rollout import generation as generation_module
+from lightning_grpo.rollout.sampling_settings import eos_token_ids
 from lightning_grpo.testing import build_tiny_model
 
 PROMPTS = ["1+2=", "33+4=", "x", "hello world"]
@@ -33,9 +35,7 @@ def test_shared_prefill_and_our_loop_draw_what_generate_draws(tokenizer, options
     ids, mask = generation_module.tokenize_prompts(tokenizer, PROMPTS, 16, torch.device("cpu"))
     torch.manual_seed(0)
     with torch.no_grad():
-        ours = generation_module.decode_loop(
-            model, ids, mask, plain, generation_module.eos_token_ids(tokenizer), tokenizer.pad_token_id
-        )
+        ours = decode_module.decode_loop(model, ids, mask, plain, eos_token_ids(tokenizer), tokenizer.pad_token_id)
     valid = reference.completion_mask.bool()
     assert torch.equal(ours.sequences[:, ids.shape[1] :][valid], reference.completion_ids[valid])
     # every path records the same behaviour log-probs, and training scores the tokens the same way
@@ -89,14 +89,14 @@ def test_dropping_finished_rows_keeps_every_step_on_its_distribution(tokenizer, 
     """
     model = build_tiny_model(tokenizer).eval()
     recorded = []
-    draw = generation_module._draw
+    draw = decode_module._draw
 
     def recording_draw(scores, kind):
         chosen = draw(scores, kind)
         recorded.append(scores.log_softmax(-1).gather(-1, chosen[:, None]).squeeze(-1))
         return chosen
 
-    monkeypatch.setattr(generation_module, "_draw", recording_draw)
+    monkeypatch.setattr(decode_module, "_draw", recording_draw)
     options = {"temperature": 0.8, "sampler": sampler, "drop_finished": True}
     settings = SamplingSettings(num_generations=6, max_new_tokens=24, **options)
     rollout = _sample(model, tokenizer, settings, seed=3)

@@ -14,7 +14,8 @@ from lightning_grpo.backends.build import build_backend
 from lightning_grpo.backends.hf import HFBackend, HFSession
 from lightning_grpo.backends.protocol import BackendRun
 from lightning_grpo.rollout import SamplingSettings
-from lightning_grpo.rollout.multi_turn import AgentSettings, generate_conversations
+from lightning_grpo.rollout.agent import AgentSettings
+from lightning_grpo.rollout.multi_turn import generate_conversations
 from lightning_grpo.rollout.turn_cache import TurnCache
 from lightning_grpo.settings_checks import SettingError
 from lightning_grpo.testing.agents import short_turn_model

@@ -8,7 +8,7 @@ processes. The ``openai`` package (the ``openai`` extra) is imported only by
 """
 
 from lightning_grpo.rollout.agent_client.env import agent_env
-from lightning_grpo.rollout.agent_client.messages import message_key, normalize_messages, same_messages
+from lightning_grpo.rollout.agent_client.openai_messages import message_key, normalize_messages, same_messages
 from lightning_grpo.rollout.agent_client.recorder import Branch, CallPlan, TrajectoryRecorder
 from lightning_grpo.rollout.agent_client.rollout import (
     AGENT_COLUMNS,

@@ -19,7 +19,7 @@ from typing import Any
 
 from lightning_grpo.agents import ToolCallParser
 from lightning_grpo.rollout.agent_client.gather import CallGatherer
-from lightning_grpo.rollout.agent_client.messages import normalize_messages, normalize_tools
+from lightning_grpo.rollout.agent_client.openai_messages import normalize_messages, normalize_tools
 from lightning_grpo.rollout.agent_client.recorder import TrajectoryRecorder
 
 __all__ = ["RequestRefused", "TrajectoryEndpoint", "answer", "check_options"]

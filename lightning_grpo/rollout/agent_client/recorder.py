@@ -22,7 +22,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from lightning_grpo.rollout.agent_client.messages import message_key
+from lightning_grpo.rollout.agent_client.openai_messages import message_key
 from lightning_grpo.rollout.chat import continuation_ids, render_messages
 
 __all__ = ["Branch", "CallPlan", "TrajectoryRecorder"]

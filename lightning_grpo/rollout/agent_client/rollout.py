@@ -26,7 +26,8 @@ from lightning_grpo.rollout.agent_client.gather import CallGatherer
 from lightning_grpo.rollout.agent_client.handling import TrajectoryEndpoint
 from lightning_grpo.rollout.agent_client.recorder import TrajectoryRecorder
 from lightning_grpo.rollout.batch import Rollout, left_pad
-from lightning_grpo.rollout.generation import SampleFn, SamplingSettings, eos_token_ids, eval_mode
+from lightning_grpo.rollout.generation import eval_mode
+from lightning_grpo.rollout.sampling_settings import SampleFn, SamplingSettings, eos_token_ids
 from lightning_grpo.rollout.session import RolloutSession, draw
 
 __all__ = [
@@ -55,6 +56,12 @@ class AgentLimits:
     transport: str = "in_process"
     port: int = 0
 
+    @classmethod
+    def of(cls, config: Any) -> AgentLimits:
+        """The limits a ``GRPOConfig`` sets (its ``agent_*`` settings)."""
+        return cls(config.agent_call_timeout, config.agent_timeout, config.agent_batch_window,
+                   transport=config.agent_transport, port=config.agent_http_port)  # fmt: skip
+
 
 @dataclass
 class AgentRun:
@@ -73,6 +80,13 @@ class AgentStats:
 
     failures: list[tuple[int, BaseException]] = field(default_factory=list)
     batches: list[int] = field(default_factory=list)
+    runs: int = 0  # agent runs: rows × G
+
+    def metrics(self, sequences: int) -> dict[str, float]:
+        """``rollout/agent_failed`` (runs that raised) and ``rollout/agent_sequences_per_run`` (rollout rows per run,
+        ``sequences`` of them: a run whose calls branch adds rows)."""
+        return {"rollout/agent_failed": float(len(self.failures)),
+                "rollout/agent_sequences_per_run": sequences / max(self.runs, 1)}  # fmt: skip
 
 
 def check_agent(agent: Any) -> Callable[..., Any]:
@@ -175,7 +189,7 @@ async def _run_all(
     parser: ToolCallParser,
     limits: AgentLimits,
 ) -> AgentStats:
-    gatherer, stats = CallGatherer(sampler, len(runs), limits.window), AgentStats()
+    gatherer, stats = CallGatherer(sampler, len(runs), limits.window), AgentStats(runs=len(runs))
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
     endpoints = [TrajectoryEndpoint(run.recorder, gatherer, i, parser, decode, limits.model, limits.call_timeout)
                  for i, run in enumerate(runs)]  # fmt: skip

@@ -44,7 +44,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from lightning_grpo.callbacks import GRPOProgressBar
 from lightning_grpo.checkpoint import CheckpointMismatchError, CheckpointWriteError, UnreadableCheckpointError
-from lightning_grpo.cli_errors import (
+from lightning_grpo.cli.errors import (
     DEBUG_ENV,
     DEBUG_HINT,
     check_optimizers,
@@ -54,7 +54,7 @@ from lightning_grpo.cli_errors import (
     setting_key,
     summarize_parse_error,
 )
-from lightning_grpo.cli_summary import fit_summary
+from lightning_grpo.cli.summary import fit_summary
 from lightning_grpo.data import MissingDataError, PromptDataModule
 from lightning_grpo.data.sources import check_source_path
 from lightning_grpo.iteration.cpu_threads import set_cpu_threads
@@ -66,7 +66,7 @@ from lightning_grpo.settings_checks import SettingError
 __all__ = ["GRPOCLI", "main", "misspelt_setting", "parse_config"]
 
 #: The demo's config, shipped in the package (a wheel has no configs/ folder); not imported: the demo runs this CLI.
-_PACKAGED_CONFIG = Path(__file__).resolve().parent / "demo" / "tiny.yaml"
+_PACKAGED_CONFIG = Path(__file__).resolve().parents[1] / "demo" / "tiny.yaml"
 _DESCRIPTION = (
     "GRPO fine-tuning with LoRA, as a PyTorch Lightning module. First run 'lightning-grpo demo': a tiny model learns "
     "addition on CPU, offline, in about a minute. Subcommands: demo, fit, validate, test, predict. Start a run from a "

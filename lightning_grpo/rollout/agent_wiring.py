@@ -1,0 +1,138 @@
+"""How ``GRPOModule``'s agent arguments become its rollouts: ``tools``, ``environment_factory`` and ``tool_parser``
+drive the turn loop (:func:`~lightning_grpo.rollout.sampling.sample_rollout`); ``agent=`` runs the user's agent code
+instead (:func:`~lightning_grpo.rollout.agent_client.run_agents`).
+
+The module asks three things of this layer: the agent code and the reward functions its arguments imply
+(:func:`agent_code`, :func:`agent_rewards`, at construction), and one batch's rollout (:func:`sample_batch`, each
+``generate``). See ``docs/agents.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from torch import Tensor, nn
+from transformers import PreTrainedTokenizerBase
+
+from lightning_grpo.agents import EnvironmentFactory
+from lightning_grpo.agents.trl_environment import with_environment_rewards
+from lightning_grpo.rewards import RewardFunctions
+from lightning_grpo.rollout import agent_client
+from lightning_grpo.rollout.agent import AgentSettings
+from lightning_grpo.rollout.batch import Rollout
+from lightning_grpo.rollout.sampling import sample_rollout
+from lightning_grpo.rollout.sampling_settings import SamplingSettings
+from lightning_grpo.rollout.session import RolloutSession
+
+__all__ = ["agent_code", "agent_rewards", "check_agent_strategy", "run_rewards", "sample_batch"]
+
+#: What ``reward_funcs=`` may be (a sequence, a mapping of names, or a ``RewardFunctions``).
+RewardFuncs = Sequence[Callable[..., Any]] | Mapping[str, Callable[..., Any]] | RewardFunctions
+
+
+def agent_code(
+    agent: Callable[..., Any] | str | None, tools: Any, environment_factory: Any, *, dynamic_sampling: bool
+) -> Callable[..., Any] | None:
+    """``agent=`` checked (an import path imported); ``None`` without one.
+
+    Raises:
+        TypeError: It is not a coroutine function.
+        ValueError: ``tools`` or ``environment_factory`` are given too, or ``dynamic_sampling`` is on.
+    """
+    code = agent_client.module_agent(agent, tools, environment_factory)
+    if code is not None and dynamic_sampling:
+        raise ValueError("agent= cannot be combined with dynamic_sampling=True yet (rounds of branch rows)")
+    return code
+
+
+def agent_rewards(
+    code: Callable[..., Any] | None,
+    environment_factory: EnvironmentFactory | Mapping[str, Callable[[], Any]] | None,
+    reward_funcs: RewardFuncs | None,
+    reward_weights: Sequence[float] | None,
+    *,
+    timeout: Any,
+) -> tuple[Any, RewardFunctions]:
+    """The environment factory left for the turn loop and the run's reward functions.
+
+    Agent code without ``reward_funcs`` is rewarded with what each run returned; a TRL-style environment with
+    ``get_reward()`` adds its reward (:func:`~lightning_grpo.agents.trl_environment.with_environment_rewards`).
+    """
+    if code is not None and reward_funcs is None:
+        reward_funcs = [agent_client.agent_reward]  # the reward each agent returned
+    factory, funcs, weights = with_environment_rewards(environment_factory, reward_funcs, reward_weights)
+    return factory, RewardFunctions.of(funcs, weights, timeout=timeout)
+
+
+def check_agent_strategy(code: Callable[..., Any] | None, *, fsdp2: bool) -> None:
+    """Refuse agent code under FSDP2, whose ranks must join every sampling call together.
+
+    Raises:
+        ValueError: Agent code under FSDP2.
+    """
+    if code is not None and fsdp2:
+        raise ValueError(
+            "agent= under FSDP2: every rank must join every sampling call, but each rank's agents decide how many "
+            "calls they make; train agents under DDP (strategy='ddp': each rank runs its own rows and server)"
+        )
+
+
+def sample_batch(
+    policy: nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    batch: Mapping[str, Sequence[Any]],
+    settings: SamplingSettings,
+    agent: AgentSettings,
+    code: Callable[..., Any] | None,
+    *,
+    session: RolloutSession,
+    max_prompt_length: int,
+    limits: agent_client.AgentLimits,
+    rank: int = 0,
+    any_rank_active: Callable[[bool], bool] | None = None,
+) -> tuple[Rollout, agent_client.AgentStats | None]:
+    """One batch's rollout: the agent code G times per row, or G completions per prompt by the turn loop.
+
+    Args:
+        policy: The policy model.
+        tokenizer: Its tokenizer.
+        batch: Columns of the batch: ``"prompt"`` and the other row fields.
+        settings: Sampling settings.
+        agent: Tools, parser, environment and ``max_turns`` of the turn loop (the parser reads agent code's calls too).
+        code: The agent code of ``agent=``, or ``None``: the turn loop.
+        session: The backend's sampling session.
+        max_prompt_length: Longest prompt in tokens.
+        limits: Agent code's limits; with a fixed port, rank ``r`` listens on ``port + r``.
+        rank: This process's rank.
+        any_rank_active: Under FSDP, whether any rank still samples (a collective); ``None`` on one process.
+
+    Returns:
+        The rollout, and what the agents did (``None`` for the turn loop).
+
+    Raises:
+        KeyError: The batch has no ``"prompt"`` (and no TRL-style environment fills it).
+    """
+    if code is not None:
+        rows = [{key: values[i] for key, values in batch.items()} for i in range(len(next(iter(batch.values()))))]
+        limits = replace(limits, port=limits.port + rank if limits.port else 0)  # each rank its own server
+        return agent_client.run_agents(
+            policy, tokenizer, code, rows, settings, agent.parser,
+            max_prompt_length=max_prompt_length, limits=limits, sample=session,
+        )  # fmt: skip
+    prompts = agent.prompts_of(batch)  # KeyError without "prompt" (unless TRL-style environments fill it)
+    columns = {key: list(values) for key, values in batch.items() if key != "prompt"}
+    rollout = sample_rollout(
+        policy, tokenizer, prompts, settings, agent,
+        max_prompt_length=max_prompt_length, columns=columns, any_rank_active=any_rank_active, sample=session,
+    )  # fmt: skip
+    return rollout, None
+
+
+def run_rewards(rewards: Tensor, rollout: Rollout, *, runs: int) -> Tensor:
+    """One reward per run, in batch order: an agent rollout's from each run's last branch (``runs`` of them), any
+    other rollout's own (one row per completion)."""
+    if agent_client.is_agent_rollout(rollout):
+        return agent_client.per_trajectory(rewards, rollout, runs)
+    return rewards

@@ -1,0 +1,114 @@
+"""What a sampling call takes and gives back: :class:`SamplingSettings`, :class:`Sampled`, the samplers, and the ids
+that end a completion.
+
+Every sampler reads these: Hugging Face ``generate`` (:mod:`~lightning_grpo.rollout.generation`), our own decode loop
+(:mod:`~lightning_grpo.rollout.decode`) and the backends (``lightning_grpo.backends``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+import torch
+from transformers import GenerationConfig, PreTrainedTokenizerBase
+
+__all__ = ["SAMPLERS", "SampleFn", "Sampled", "Sampler", "SamplingSettings", "eos_token_ids"]
+
+#: How the next token is drawn (``SamplingSettings.sampler``, ``GRPOConfig.sampler``).
+Sampler = Literal["multinomial", "inverse_cdf"]
+SAMPLERS: tuple[str, ...] = get_args(Sampler)
+
+
+@dataclass(frozen=True)
+class Sampled:
+    """What one sampling call returns.
+
+    Attributes:
+        sequences: ``(N, P+T)`` prompt and sampled tokens.
+        logprobs: ``(N, T)`` float32 log-probability of each sampled token under ``softmax(logits / temperature)``
+            (the distribution training scores, before top-k/top-p truncation and ``min_new_tokens``); values after a
+            row's end are meaningless (masked by the caller).
+    """
+
+    sequences: torch.Tensor
+    logprobs: torch.Tensor
+
+
+#: What samples the tokens of a rollout: :func:`~lightning_grpo.rollout.generation.sample_tokens` (Hugging Face) or a
+#: rollout engine's ``sample`` (:class:`~lightning_grpo.backends.vllm_engine.VLLMEngine`), called as
+#: ``sample(model, tokenizer, prompt_ids, prompt_mask, settings)``.
+SampleFn = Callable[..., Sampled]
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """How completions are sampled.
+
+    Attributes:
+        num_generations: Completions per prompt (G).
+        max_new_tokens: Longest completion.
+        temperature: Softmax temperature (log-probs are computed at the same temperature).
+        top_p: Nucleus sampling threshold; 1.0 disables it.
+        top_k: Keep the k most likely tokens; 0 disables it.
+        synced_gpus: Keep every rank stepping until all finish (required under FSDP).
+        min_new_tokens: Forbid EOS before this many tokens. This changes the sampling distribution (EOS masked),
+            which the training log-probs do not model: meant for benchmarks that need fixed-length completions.
+        share_prompt: Prefill each prompt once and share its KV cache among its G samples (same distribution and
+            draws as ``False``, which lets ``generate`` prefill every prompt G times).
+        static_cache: Sample with a static KV cache, which lets ``generate`` compile the decode step with
+            ``torch.compile`` on CUDA (Hugging Face's auto-compile). Implies ``share_prompt=False``.
+        sampler: ``"multinomial"`` draws as ``generate`` does (``torch.multinomial``: one exponential variate per
+            vocabulary entry and row, the same draws as ``generate`` for a given seed); ``"inverse_cdf"`` draws one
+            uniform per row and inverts the float64 cumulative distribution (the same distribution, other draws,
+            much cheaper on CPU). Anything but the default uses our own decoding loop.
+        drop_finished: In our own decoding loop, drop rows that have produced EOS from the batch and the KV cache,
+            so finished samples stop costing compute (``generate`` keeps computing them until every row is done).
+    """
+
+    num_generations: int
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    synced_gpus: bool = False
+    min_new_tokens: int = 0
+    share_prompt: bool = True
+    static_cache: bool = False
+    sampler: Sampler = "multinomial"
+    drop_finished: bool = False
+
+    @property
+    def own_loop(self) -> bool:
+        """Decode with :func:`~lightning_grpo.rollout.decode.decode_loop` rather than ``generate`` (a non-default
+        sampler or ``drop_finished``)."""
+        custom = self.sampler != "multinomial" or self.drop_finished
+        return custom and not (self.synced_gpus or self.static_cache)
+
+    def generation_config(self, tokenizer: PreTrainedTokenizerBase) -> GenerationConfig:
+        """A complete generation config: every sampling knob is set, so no model default can change the distribution."""
+        return GenerationConfig(
+            do_sample=True,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            min_p=0.0,
+            repetition_penalty=1.0,
+            max_new_tokens=self.max_new_tokens,
+            min_new_tokens=self.min_new_tokens or None,
+            num_return_sequences=self.num_generations,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=eos_token_ids(tokenizer).tolist(),
+            use_cache=True,
+            cache_implementation="static" if self.static_cache else None,
+        )
+
+
+def eos_token_ids(tokenizer: PreTrainedTokenizerBase) -> torch.Tensor:
+    """The ids that end a completion: the tokenizer's EOS (and ``<|im_end|>``-style ids it lists)."""
+    ids = tokenizer.eos_token_id
+    ids = [ids] if isinstance(ids, int) else list(ids or [])
+    if not ids:
+        raise ValueError("the tokenizer has no eos_token_id; set tokenizer.eos_token before training")
+    return torch.tensor(ids, dtype=torch.long)
