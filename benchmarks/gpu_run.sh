@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU session's commands (docs/benchmarks.md, "GPU"): run from the repository root on a CUDA machine.
-#   bash benchmarks/gpu_run.sh PARTS [OUT]    PARTS: comma-separated tests, retest, bench, decode, profile, smoke,
-#                                             memory; or all
+#   bash benchmarks/gpu_run.sh PARTS [OUT]    PARTS: comma-separated tests, retest, bench, decode, compiled, profile,
+#                                             smoke, memory; or all
 # The machine needs torch, transformers, peft, lightning, pytest(-xdist); wheels of what it lacks (jsonargparse,
 # trl, datasets, bitsandbytes, ...) in .whl/ are installed into /tmp/site first. Logs and JSON go to OUT.
 set -uo pipefail
@@ -37,10 +37,24 @@ bench() {  # item 2: ours and TRL's GRPOTrainer on one workload, each in its own
     --compare trl --json "$out/bench.json" > "$out/bench.log" 2>&1
 }
 
-decode() {  # item 3: every decode path on the same workload
-  timeout "${DECODE_S:-110}" python3 -m benchmarks.decode_paths --model qwen2.5-0.5b --prompts 32 --G 8 \
-    --prompt-length 256 --max-new-tokens 256 --repeats 1 \
-    --json "$out/decode.json" > "$out/decode.log" 2>&1
+decode() {  # every decode path on the same workload, the compiled ones first: one process and timeout per path,
+             # each figure printed as it ends (the full log in decode.log), so a call cut short keeps what it timed
+  local paths=("compiled (inverse_cdf), merged adapter" "compiled (inverse_cdf)" "compiled (multinomial)" "generate"
+    "own loop (inverse_cdf)" "own loop (multinomial, drop finished)" "generate, merged adapter"
+    "generate, static cache" "generate, static cache, merged adapter")
+  local i=0 p
+  for p in "${paths[@]}"; do
+    i=$((i + 1))
+    timeout "${DECODE_PATH_S:-45}" python3 -m benchmarks.decode_paths --model qwen2.5-0.5b --prompts 32 --G 8 \
+      --prompt-length 256 --max-new-tokens 256 --repeats 1 --paths "$p" --json "$out/decode-$i.json" 2>&1 \
+      | tee -a "$out/decode.log" | grep --line-buffered "tok/s" || echo "decode: $p did not finish (see decode.log)"
+  done
+}
+
+compiled() {  # issue 50 item 4 on the GPU: compiled vs eager loop per sampler, compile time, aten:: events per step
+  timeout "${COMPILED_S:-150}" python3 -m benchmarks.compiled_decode --model qwen2.5-0.5b --dtype bfloat16 \
+    --prompts 32 --G 8 --prompt-length 256 --max-new-tokens 256 --repeats 1 --adapters as_trained merged \
+    --json "$out/compiled_decode.json" 2>&1 | tee "$out/compiled_decode.log" | grep --line-buffered -E "tok/s|x warmed|aten"
 }
 
 retest() {  # the CPU tests that failed on that machine (torch 2.11), one process, with their tracebacks

@@ -172,9 +172,11 @@ def _module(work: Workload, model_dir: Path) -> BenchModule:
         micro_batch_size=work.micro,
         kl_coef=work.kl_coef,
         old_logprobs=work.old_logprobs,
+        packing={"true": True, "false": False}.get(work.packing, work.packing),
         dual_clip=None,  # TRL has no dual clip
         loss_agg_mode="token-mean",  # TRL "dapo"
         max_grad_norm=1.0,
+        decode=work.decode,
     )
     sampling = {"min_new_tokens": work.max_new_tokens if work.fixed_length else 0, "share_prompt": work.share_prompt}
     sampling.update(static_cache=work.static_cache, sampler=work.sampler, drop_finished=work.drop_finished)

@@ -39,8 +39,12 @@ class Workload:
         micro_batch_size: Completions per forward/backward; 0 means the whole rollout.
         steps: Measured steps.
         warmup_steps: Steps run first and left out of the medians.
-        threads: ``torch.set_num_threads`` in each side's process.
+        threads: ``torch.set_num_threads`` in each side's process, pinned through ``OMP_NUM_THREADS`` before torch
+            starts; 0: the machine's default (no thread variable set; each side's process calls
+            ``torch.set_num_threads`` with the cores it may use, as a TRL script does, and our side applies its own
+            default, ``lightning_grpo.iteration.cpu_threads``).
         device: ``"cpu"``, ``"cuda"`` or ``"auto"`` (CUDA when available).
+        packing: Ours only: ``GRPOConfig.packing`` (``"auto"``, ``"true"``, ``"false"``).
         gradient_checkpointing: Recompute activations in the update pass (both sides).
         share_prompt: Ours only: prefill each prompt once for its G samples.
         share_prompt_logprobs: Ours only: one forward per distinct prompt in the log-prob passes.
@@ -48,6 +52,7 @@ class Workload:
         sampler: Ours only: ``"multinomial"`` (as ``generate``) or ``"inverse_cdf"`` (our decoding loop).
         drop_finished: Ours only: our decoding loop drops finished rows (needs EOS, so not with fixed lengths).
         static_cache: Ours only: static KV cache and compiled decode step (CUDA).
+        decode: Ours only: ``GRPOConfig.decode`` (``"auto"``, ``"eager"`` or ``"compiled"``).
         old_logprobs: Ours only: ``"recompute"`` (a forward before the first update) or ``"rollout"`` (the sampled
             log-probs); matters with several updates per rollout.
         temperature: Sampling temperature.
@@ -79,6 +84,8 @@ class Workload:
     sampler: str = "multinomial"
     drop_finished: bool = False
     static_cache: bool = False
+    packing: str = "auto"
+    decode: str = "auto"
     old_logprobs: str = "recompute"
     temperature: float = 1.0
     lr: float = 1e-5
@@ -142,7 +149,8 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default)
         else:
             choices = {"dtype": list(_DTYPES), "sampler": ["multinomial", "inverse_cdf"], "quantization": QUANTIZATIONS,
-                       "old_logprobs": ["recompute", "rollout"]}  # fmt: skip
+                       "old_logprobs": ["recompute", "rollout"], "packing": ["auto", "true", "false"],
+                       "decode": ["auto", "eager", "compiled"]}  # fmt: skip
             choices = choices.get(f.name)
             parser.add_argument(flag, dest=f.name, type=type(default), default=default, choices=choices)
 

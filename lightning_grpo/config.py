@@ -18,6 +18,7 @@ from lightning_grpo.algorithms.entropy import EntropyControlKind
 from lightning_grpo.algorithms.kl import KLEstimator
 from lightning_grpo.algorithms.policy_losses import PolicyLossKind, PolicyLossSettings, loss_settings
 from lightning_grpo.algorithms.rollout_correction import RolloutCorrection, RolloutRejection
+from lightning_grpo.rollout.buckets import DecodePath
 from lightning_grpo.rollout.sampling_settings import Sampler, SamplingSettings
 from lightning_grpo.settings_checks import SettingError
 
@@ -119,7 +120,20 @@ class GRPOConfig:
     drop_finished: bool = False
     """Drop finished samples from the batch and KV cache while sampling (our own decoding loop)."""
     static_cache: bool = False
-    """Sample with a static KV cache and a compiled decode step (CUDA only)."""
+    """Sample with Hugging Face ``generate`` over a static KV cache, which transformers compiles itself on CUDA only;
+    the prompt prefill is not shared and ``sampler``/``drop_finished`` are ignored. Not with ``decode: compiled``."""
+    decode: DecodePath = "auto"
+    """How the ``hf`` backend decodes: ``"eager"`` (``generate``, or our own loop as ``sampler``/``drop_finished``
+    choose), ``"compiled"`` (one compiled step per decode step over a static KV cache per shape bucket, reused for the
+    run: ``lightning_grpo.rollout.compiled_decode``; exact against the eager loop for a seed; not with
+    ``drop_finished`` or ``static_cache``), or ``"auto"``: eager on CUDA until a GPU has measured the compiled path,
+    on the CPU compiled only where it measured faster (``lightning_grpo.rollout.buckets.CPU_PREFERS_COMPILED``). A
+    model transformers cannot compile with a static cache is an error with ``"compiled"``, eager with ``"auto"``."""
+    decode_lengths: list[int] | None = None
+    """Static KV cache lengths (prompt + completion positions) of the compiled decode path, one compiled graph each;
+    rows are rounded up to a power of two. ``None``: one, ``max_prompt_length + max_new_tokens`` rounded up to a
+    multiple of 64; each must be at least ``max_prompt_length + max_new_tokens`` (longer ones serve later agent
+    turns; a call longer than every bucket is sampled eagerly)."""
     sampling_adapter: Literal["as_trained", "base_dtype", "merged"] = "as_trained"
     """How the adapter samples (Hugging Face sampling only; vLLM has its own). ``"as_trained"``: the LoRA weights as
     trained (float32 by default; exact, the documented semantics). ``"base_dtype"``: a copy of them in the base
@@ -127,7 +141,8 @@ class GRPOConfig:
     instead of 347). ``"merged"``: the adapter merged into the base weights while sampling (179 calls, the base
     model's own), which holds a copy of the adapted base weights meanwhile and refuses a quantized base. With either,
     the rollout comes from a policy rounded to the base dtype: ``train/rollout_logprob_diff_*`` measures it and
-    ``tis_cap`` corrects for it; training still scores the policy as trained. docs/benchmarks.md, "GPU readiness"."""
+    ``rollout_correction`` corrects for it; training still scores the policy as trained. docs/benchmarks.md, "GPU
+    readiness"."""
     rollout_backend: str = "hf"
     """What samples the rollouts: ``"hf"`` (Hugging Face ``generate``, or our own loop), ``"vllm"`` (a colocated vLLM
     engine; the module's ``vllm`` settings, ``docs/vllm.md``; TRL ``use_vllm`` with ``vllm_mode="colocate"``), or the
@@ -136,11 +151,6 @@ class GRPOConfig:
     """The backend's own settings: keyword arguments of its ``settings_class`` (for ``"vllm"``: ``VLLMConfig``'s
     fields); an unknown key is an error naming the allowed ones. Saved in the checkpoint's hyper-parameters with the
     rest of this config; a resume with other values logs them and uses them (``docs/backends.md``)."""
-    tis_cap: float | None = None
-    """Truncated importance sampling (TIS) for a sampler whose log-probs differ from the trainer's: each token's
-    policy loss is weighted by ``min(exp(old_logprobs - rollout logprobs), tis_cap)``, no gradient through the weight
-    (verl's rollout correction, TRL ``vllm_importance_sampling_cap``); ``None``: off. Needs the behaviour log-probs
-    the sampler records (``docs/vllm.md``)."""
     val_num_generations: int = 1
     """Samples per validation prompt (k of ``val/pass@k``)."""
     val_temperature: float | None = None
@@ -205,8 +215,10 @@ class GRPOConfig:
     packing: bool | Literal["auto"] = "auto"
     """Run the log-prob passes and the update on packed rows: the sequences of a micro-batch concatenated without
     padding, positions restarting at each, attention kept inside each (docs/configuration.md, "Packing").
-    ``"auto"`` packs where the model's attention implementation takes packed rows (``sdpa``, ``eager``,
-    ``flash_attention_2``/``3``) and pads elsewhere; ``True`` raises there instead; ``False`` always pads. With
+    ``"auto"`` packs a rollout whose completion positions are at least 20 % padding (decided once per rollout,
+    ``rollout.packing.packing_for``: below that packing only adds its mask's cost) where the model's attention
+    implementation takes packed rows (``sdpa``, ``eager``, ``flash_attention_2``/``3``), and pads elsewhere; ``True``
+    always packs, raising where the implementation cannot; ``False`` always pads. With
     ``share_prompt`` (SDPA, eager) each distinct prompt is packed once, its completions attending to it through an
     explicit mask. Exact: per-token log-probs equal the padded ones within float rounding."""
     micro_batch_tokens: int | None = None
@@ -229,31 +241,32 @@ class GRPOConfig:
     entropy_control_args: dict[str, Any] | None = None
     """The entropy control's own settings; ``"adaptive"``: ``target`` (0.2 nats), ``delta`` (0.005), ``coef_min``
     (0), ``coef_max`` (1), ``entropy_coef`` (the start; ``entropy_coef`` above unless given)."""
-    top_entropy_quantile: float = 1.0
-    """ρ of "Beyond the 80/20 Rule": only the loss tokens whose entropy is in the top ρ of the micro-batch's keep
-    their policy loss and entropy bonus (TRL ``top_entropy_quantile``; 0.2 is the paper's); 1 keeps all."""
-    rollout_correction: RolloutCorrection | None = None
-    """Importance weights for the sampler/trainer mismatch: ``"token_truncate"``, ``"token_mask"``,
-    ``"sequence_truncate"`` or ``"sequence_mask"`` (TRL ``vllm_importance_sampling_mode``, verl ``rollout_is``),
-    within ``[rollout_correction_min, rollout_correction_max]``; ``None``: off. ``tis_cap: C`` is
-    ``token_truncate`` with max ``C`` (set one of them). Needs the behaviour log-probs."""
-    rollout_correction_min: float | None = None
-    """Lower bound ``C_min`` of the weights (``None``: none; TRL ``vllm_importance_sampling_clip_min``)."""
-    rollout_correction_max: float | None = 3.0
-    """Upper bound ``C_max`` of the weights (``None``: none; TRL ``vllm_importance_sampling_clip_max``)."""
-    rollout_rejection: RolloutRejection | None = None
-    """Reject (no policy loss) the sequences whose ``"token_mean"`` or ``"geometric"`` mean importance ratio is
-    outside ``[rollout_rejection_min, rollout_rejection_max]`` (verl ``rollout_rs``); ``None``: off."""
-    rollout_rejection_min: float = 0.5
-    """Lower bound of the rejection band."""
-    rollout_rejection_max: float = 2.0
-    """Upper bound of the rejection band."""
-    off_policy_mask_threshold: float | None = None
-    """δ of DeepSeek-V3.2's off-policy sequence masking: negative-advantage sequences whose mean KL from the sampler
-    exceeds δ lose their policy loss (TRL ``off_policy_mask_threshold``, slime ``--use-opsm``); ``None``: off."""
-    importance_weighted_kl: bool = False
-    """Multiply the per-token KL by ``π_θ/π_old`` (DeepSeek-V3.2's unbiased KL; TRL ``use_bias_correction_kl``,
-    default there; slime ``--use-unbiased-kl``)."""
+    token_selection: Literal["top_entropy"] | ImportPath | None = None
+    """Which loss tokens keep their policy loss and entropy bonus: ``"top_entropy"`` ("Beyond the 80/20 Rule"; TRL
+    ``top_entropy_quantile``), your own by import path, or ``None``: all."""
+    token_selection_args: dict[str, Any] | None = None
+    """Its settings; ``"top_entropy"``: ``quantile`` in (0, 1] (0.2, the paper's; per micro-batch)."""
+    rollout_correction: RolloutCorrection | ImportPath | None = None
+    """Importance weights for the sampler/trainer mismatch: ``"token_truncate"`` (truncated IS), ``"token_mask"``,
+    ``"sequence_truncate"``, ``"sequence_mask"`` (TRL ``vllm_importance_sampling_mode``, verl ``rollout_is``) or your
+    own; ``None``: off. Needs a backend that records the behaviour log-probs."""
+    rollout_correction_args: dict[str, Any] | None = None
+    """Its settings: ``min`` (``None``) and ``max`` (3.0, TRL's) of the weights."""
+    rollout_rejection: RolloutRejection | ImportPath | None = None
+    """Drop the policy loss of sequences whose ``"token_mean"`` or ``"geometric"`` mean importance ratio is outside
+    ``[min, max]`` (verl ``rollout_rs``, bounds inverted); ``None``: off. Needs the behaviour log-probs."""
+    rollout_rejection_args: dict[str, Any] | None = None
+    """Its settings: ``min`` (0.5) and ``max`` (2.0)."""
+    off_policy_mask: Literal["opsm"] | ImportPath | None = None
+    """DeepSeek-V3.2's OPSM (``"opsm"``; TRL ``off_policy_mask_threshold``): negative-advantage sequences whose mean
+    KL from the sampler exceeds ``threshold`` lose their policy loss; ``None``: off."""
+    off_policy_mask_args: dict[str, Any] | None = None
+    """Its settings; ``"opsm"``: ``threshold`` δ >= 0 (required)."""
+    kl_weighting: Literal["importance"] | ImportPath | None = None
+    """``"importance"``: multiply the per-token KL by ``π_θ/π_old`` (DeepSeek-V3.2's unbiased KL; TRL
+    ``use_bias_correction_kl``, default there); ``None``: off."""
+    kl_weighting_args: dict[str, Any] | None = None
+    """Its settings: ``level``, ``"token"`` (the paper's) or ``"sequence"`` (TRL's GSPO, the sequence ratio)."""
     agent_transport: Literal["in_process", "http"] = "in_process"
     """How ``GRPOModule(agent=...)`` reaches the policy: ``"in_process"`` gives each run an in-process
     ``openai.AsyncOpenAI``; ``"http"`` serves ``/v1/chat/completions`` on 127.0.0.1 for the rollout, and each run gets

@@ -16,10 +16,12 @@ from lightning_grpo.algorithms.advantage_estimators import check_estimator_setti
 from lightning_grpo.algorithms.advantages import ADVANTAGE_ESTIMATOR, estimator_needs
 from lightning_grpo.algorithms.catalogue import is_import_path
 from lightning_grpo.algorithms.components import ComponentRole, ComponentSettingError, build_component
+from lightning_grpo.algorithms.corrections import ROLES as CORRECTION_ROLES
 from lightning_grpo.algorithms.kl import KL_ESTIMATOR
 from lightning_grpo.algorithms.off_policy_checks import check_off_policy_settings
 from lightning_grpo.algorithms.policy_losses import POLICY_LOSS
 from lightning_grpo.rewards._validation import check_timeouts
+from lightning_grpo.rollout.buckets import check_decode_lengths
 from lightning_grpo.settings_checks import SettingError, check_choice, check_number, literal_choices, named_errors
 
 __all__ = ["COMPONENTS", "NUMBER_RULES", "check_config", "check_rollout_size", "component"]
@@ -30,6 +32,7 @@ COMPONENTS: dict[str, ComponentRole] = {
     "loss_kind": POLICY_LOSS,
     "kl_estimator": KL_ESTIMATOR,
     "advantage_estimator": ADVANTAGE_ESTIMATOR,
+    **CORRECTION_ROLES,  # None: off
 }
 
 _INT: dict[str, Any] = {"integer": True, "minimum": 1}  # a count or size: an int >= 1
@@ -59,18 +62,11 @@ NUMBER_RULES: dict[str, dict[str, Any]] = {
     "max_sampling_rounds": _INT,
     "max_skipped_steps": {"integer": True, "minimum": 0},
     "micro_batch_tokens": _OPTIONAL_INT,
-    "tis_cap": {"minimum": 1.0, "allow_none": True},
     "max_turns": _INT,
     "tool_timeout": {"minimum": 0.0, "exclusive_minimum": True},
     "agent_call_timeout": {"minimum": 0.0, "exclusive_minimum": True},
     "agent_timeout": {"minimum": 0.0, "exclusive_minimum": True},
     "agent_batch_window": {"minimum": 0.0},
-    "top_entropy_quantile": {"minimum": 0.0, "maximum": 1.0, "exclusive_minimum": True},
-    "rollout_correction_min": {"minimum": 0.0, "allow_none": True},
-    "rollout_correction_max": {"minimum": 0.0, "exclusive_minimum": True, "allow_none": True},
-    "rollout_rejection_min": {"minimum": 0.0},
-    "rollout_rejection_max": {"minimum": 0.0, "exclusive_minimum": True},
-    "off_policy_mask_threshold": {"minimum": 0.0, "allow_none": True},
     "agent_http_port": {"integer": True, "minimum": 0, "maximum": 65535},
 }
 
@@ -97,6 +93,22 @@ def check_config(config: Any) -> None:
         _check_faults(config)
         check_estimator_settings(config.advantage_estimator, config.advantage_estimator_args, config.num_generations)
         check_off_policy_settings(config)
+        _check_decode(config)
+
+
+def _check_decode(config: Any) -> None:
+    """``decode_lengths`` hold a first-turn sequence; ``decode: compiled`` is not asked with the eager paths' own
+    switches (``drop_finished``, ``static_cache``)."""
+    check_decode_lengths(config.decode_lengths, config.max_prompt_length, config.max_new_tokens)
+    if config.decode_lengths is not None:
+        config.decode_lengths = [int(n) for n in config.decode_lengths]
+    clash = [name for name in ("drop_finished", "static_cache") if getattr(config, name)]
+    if config.decode == "compiled" and clash:
+        raise ValueError(
+            f"decode='compiled' cannot be combined with {clash[0]}=True: the compiled path keeps every row in a "
+            f"fixed-shape batch (finished rows masked) over its own static cache; set {clash[0]} to false, or decode "
+            "to 'eager' or 'auto'"
+        )
 
 
 def _check_faults(config: Any) -> None:
@@ -112,13 +124,14 @@ def _check_names(config: Any) -> None:
     for setting, choices in _choices(type(config)).items():
         check_choice(setting, getattr(config, setting), choices)
     for setting in COMPONENTS:  # a built-in name, or an import path that imports, with settings it takes
-        component(config, setting)
-        setattr(config, setting, str(getattr(config, setting)))  # a plain string in hyperparameters and checkpoints
+        if component(config, setting) is not None:  # a correction may be None: off
+            setattr(config, setting, str(getattr(config, setting)))  # a plain string in hyperparameters, checkpoints
     _check_backend(config)
 
 
 def component(config: Any, setting: str) -> Any:
-    """The component chosen by ``setting`` (``"loss_kind"``, ...) with its settings (``<setting>_args``) bound.
+    """The component chosen by ``setting`` (``"loss_kind"``, ...) with its settings (``<setting>_args``) bound;
+    ``None`` for an off-policy correction set to ``None`` (off).
 
     Raises:
         SettingError: The name is neither a built-in nor an importable import path (the built-ins listed), the
@@ -130,6 +143,10 @@ def component(config: Any, setting: str) -> Any:
     if args is not None and not (isinstance(args, dict) and all(isinstance(key, str) for key in args)):
         raise SettingError(f"{args_name} must be a mapping of setting names to values, got {args!r}", args_name, args)
     role = COMPONENTS[setting]
+    if name is None and setting in CORRECTION_ROLES:
+        if args:
+            raise SettingError(f"{args_name}={args!r} is set but {setting} is null; set {setting}", args_name, args)
+        return None
     if not isinstance(name, str) or (name not in role.catalogue and not is_import_path(name)):
         options = ", ".join(repr(v) for v in role.catalogue)
         raise SettingError(

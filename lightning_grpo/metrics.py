@@ -123,32 +123,57 @@ class ValidationMetrics(nn.Module):
 
 
 class MetricSums:
-    """Token-weighted running sums of per-micro-batch metrics, averaged at the end; ``*_max`` metrics are maxima."""
+    """Running sums of per-micro-batch metrics, reduced over all ranks at the end of the step, by name:
+
+    * ``*_max`` / ``*_min``: the maximum / minimum (a 0-dim value);
+    * ``*_seq_frac``: a fraction of sequences, given as a ``(2,)`` tensor ``[sequences counted, sequences]``: the
+      numerators and denominators are summed, so the result is the exact global fraction of sequences;
+    * any other name: a 0-dim value, averaged with the ``weight`` given to :meth:`add` (the valid-token count).
+
+    Example::
+
+        >>> sums = MetricSums()
+        >>> sums.add({"kl": torch.tensor(1.0), "w_min": torch.tensor(0.5), "x_seq_frac": torch.tensor([1.0, 4.0])}, 2)
+        >>> sums.add({"kl": torch.tensor(4.0), "w_min": torch.tensor(0.2), "x_seq_frac": torch.tensor([0.0, 1.0])}, 1)
+        >>> {k: round(float(v), 4) for k, v in sums.means().items()}
+        {'kl': 2.0, 'x_seq_frac': 0.2, 'w_min': 0.2}
+    """
 
     def __init__(self) -> None:
         self._sums: dict[str, Tensor] = {}
         self._weights: dict[str, Tensor] = {}
-        self._maxima: dict[str, Tensor] = {}
+        self._extrema: dict[str, dict[str, Tensor]] = {"max": {}, "min": {}}
 
-    def add(self, metrics: dict[str, Tensor], weight: Tensor) -> None:
-        """Add each metric (a 0-dim tensor) with ``weight`` (e.g. the micro-batch's valid-token count)."""
+    def add(self, metrics: dict[str, Tensor], weight: Tensor | float) -> None:
+        """Add each metric with ``weight`` (e.g. the micro-batch's valid-token count); see the class for the names."""
         for name, value in metrics.items():
             value = value.detach().float()
-            if name.endswith("_max"):
-                self._maxima[name] = torch.maximum(self._maxima.get(name, value), value)
+            op = name.rsplit("_", 1)[-1]
+            if op in self._extrema:
+                extrema = self._extrema[op]
+                extrema[name] = _COMBINE[op](extrema.get(name, value), value)
                 continue
-            weight = torch.as_tensor(weight, dtype=value.dtype, device=value.device)
-            self._sums[name] = self._sums.get(name, torch.zeros_like(value)) + value * weight
-            self._weights[name] = self._weights.get(name, torch.zeros_like(value)) + weight
+            if name.endswith("_seq_frac"):
+                total, count = value[0], value[1]
+            else:
+                count = torch.as_tensor(weight, dtype=value.dtype, device=value.device)
+                total = value * count
+            self._sums[name] = self._sums.get(name, torch.zeros_like(total)) + total
+            self._weights[name] = self._weights.get(name, torch.zeros_like(count)) + count
 
     def means(self, sum_across_ranks: SumAcrossRanks | None = None) -> dict[str, Tensor]:
-        """The weighted mean of each metric (float32), over all ranks when ``sum_across_ranks`` is given (one reduce).
+        """The mean of each metric (float32), over all ranks when ``sum_across_ranks`` is given (one reduce each for
+        the sums, the maxima and the minima).
 
         The update loop passes :func:`reduce_across_ranks`, so the means are exact global values.
         """
-        maxima = self._reduced_maxima(sum_across_ranks is not None)
+        extrema = {
+            name: value
+            for op in self._extrema
+            for name, value in self._reduced(op, sum_across_ranks is not None).items()
+        }
         if not self._sums:
-            return maxima
+            return extrema
         names = list(self._sums)
         stacked = torch.stack(
             [torch.stack([self._sums[n] for n in names]), torch.stack([self._weights[n] for n in names])]
@@ -156,14 +181,15 @@ class MetricSums:
         if sum_across_ranks is not None:
             stacked = sum_across_ranks(stacked)  # (2, M): weighted sums and weights
         means = {name: (stacked[0, i] / stacked[1, i].clamp(min=1e-12)).float() for i, name in enumerate(names)}
-        return {**means, **maxima}
+        return {**means, **extrema}
 
-    def _reduced_maxima(self, across_ranks: bool) -> dict[str, Tensor]:
-        """The ``*_max`` metrics, over all ranks when asked (every rank has the same names: one reduce)."""
-        if not self._maxima:
+    def _reduced(self, op: str, across_ranks: bool) -> dict[str, Tensor]:
+        """The ``*_max`` or ``*_min`` metrics, over all ranks when asked (every rank has the same names: one reduce)."""
+        values = self._extrema[op]
+        if not values:
             return {}
-        names = sorted(self._maxima)
-        stacked = torch.stack([self._maxima[n] for n in names])
+        names = sorted(values)
+        stacked = torch.stack([values[n] for n in names])
         if across_ranks:
-            stacked = reduce_across_ranks(stacked, "max").reshape(-1)  # torchmetrics squeezes one value
+            stacked = reduce_across_ranks(stacked, op).reshape(-1)  # torchmetrics squeezes one value
         return {name: stacked[i].float() for i, name in enumerate(names)}

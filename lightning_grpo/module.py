@@ -47,7 +47,7 @@ from lightning_grpo.policy.quantization import check_shardable
 from lightning_grpo.rewards import RewardFunctions, RewardScores, TrainerState
 from lightning_grpo.rollout import Rollout, TokenLogProbs, agent_client, agent_wiring, completion_logprobs
 from lightning_grpo.rollout.agent import AgentSettings
-from lightning_grpo.rollout.packing import sharded_logprob_settings
+from lightning_grpo.rollout.packing import packing_for, sharded_logprob_settings
 from lightning_grpo.rollout.sampling_settings import SamplingSettings
 
 __all__ = ["GRPOModule", "StepOutput"]  # StepOutput is defined in lightning_grpo.iteration
@@ -139,6 +139,7 @@ class GRPOModule(LightningModule):
         self.rollout_backend: RolloutBackend = build_backend(run, vllm)  # always one (docs/backends.md)
         self.timer, self._warned = PhaseTimer(), set[str]()  # the run's warnings given: shared by every step's context
         self._context: StepContext | None = None  # the running training_step's context
+        self._packing: bool | str | None = None  # the packing of this step's log-prob passes (packing_for)
         self.skipped_steps: list[int] = []  # steps skipped for non-finite values (GRPOConfig.on_nonfinite="skip")
         self.entropy_control = entropy_controller(cfg.entropy_control, cfg.entropy_control_args, cfg.entropy_coef,
                                                   shared=False)  # fmt: skip
@@ -180,7 +181,7 @@ class GRPOModule(LightningModule):
                 loss, metrics = self.update_policy(update)  # 5
             if self.config.entropy_control != "constant" and "entropy" in metrics:  # one host sync, adaptive only
                 self.entropy_coef = float(self.entropy_control(float(metrics["entropy"])))  # global: alike on all ranks
-        self._context = None
+        self._context = self._packing = None
         self.log_dict({f"train/{name}": value for name, value in {"loss": loss, **metrics}.items()})  # global values
         return StepOutput(
             loss=loss, rollout=rollout, rewards=scores, advantages=advantages, metrics=metrics,
@@ -253,6 +254,7 @@ class GRPOModule(LightningModule):
         if not agent_client.is_agent_rollout(rollout):  # an agent rollout has a variable number of rows
             self.config.check_rollout_size(len(rollout))
         self.rollout_backend.release()  # e.g. vllm.sleep_mode: the engine's memory goes to the update
+        self._packing = packing_for(rollout, self.config.packing)  # once per rollout: every pass takes one path
         return update_batch(self.compute_logprobs, self.policy, rollout, advantages, self.config, self.timer,
                             self.device, self._sum_across_ranks)  # fmt: skip
 
@@ -268,7 +270,8 @@ class GRPOModule(LightningModule):
 
     def logprob_settings(self) -> dict[str, Any]:
         """Keyword settings of :func:`~lightning_grpo.rollout.completion_logprobs`, from :attr:`config`."""
-        return self.config.logprob_kwargs
+        kwargs = self.config.logprob_kwargs
+        return kwargs if self._packing is None else {**kwargs, "packing": self._packing}
 
     def compute_loss(self, batch: UpdateBatch, counts: LossCounts) -> tuple[Tensor, dict[str, Tensor]]:
         """Step 5 (per micro-batch): ``policy loss + β·KL − c_ent·entropy``, global counts (``grpo_loss``)."""

@@ -19,7 +19,7 @@ from lightning_grpo.algorithms.advantages import (
 )
 from lightning_grpo.algorithms.aggregation import LOSS_AGG_MODES, LossAggMode, aggregate_loss, count_sequences
 from lightning_grpo.algorithms.fused_head import FusedHeadLogProbs, fused_head_logprobs
-from lightning_grpo.algorithms.importance import importance_weighted, rollout_agreement, truncated_importance_weights
+from lightning_grpo.algorithms.importance import rollout_agreement
 from lightning_grpo.algorithms.kl import KL_ESTIMATORS, KLEstimator, kl_penalty
 from lightning_grpo.algorithms.logprob_kernels import entropy_from_logits, selective_logprobs
 from lightning_grpo.algorithms.objective import LossSettings, grpo_loss
@@ -61,10 +61,8 @@ __all__ = [
     "estimator_needs",
     "fused_head_logprobs",
     "grpo_loss",
-    "importance_weighted",
     "kl_penalty",
     "policy_loss",
     "rollout_agreement",
     "selective_logprobs",
-    "truncated_importance_weights",
 ]

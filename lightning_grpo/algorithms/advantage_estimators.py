@@ -2,7 +2,8 @@
 
 * ``gdpo`` — GDPO (arXiv:2601.05242; TRL ``multi_objective_aggregation="normalize_then_sum"``, verl
   ``adv_estimator=gdpo``): each reward function's rewards normalised within the group, ``(r_k - mean_g) / (std_g +
-  eps)``, summed with the functions' weights, and the sum whitened over the (global) batch.
+  eps)``, summed with the functions' weights, and the sum whitened over the (global) batch: over its rows (the
+  paper, TRL; the default) or, with ``whiten="tokens"``, over its sampled tokens (verl).
 * ``grpo_passk`` — pass@k advantages. ``k=None``: verl's form (its docstring cites arXiv:2503.19595): the best
   response of a group gets ``r_max - r_second``, divided by the group std unless ``advantage_scale="none"``; the
   others 0. ``k`` set: the analytic pass@k advantage of Chen et al. (2025, "Pass@k
@@ -40,7 +41,8 @@ from lightning_grpo.algorithms.components import ComponentSettingError
 from lightning_grpo.settings_checks import SettingError
 
 __all__ = [
-    "GPG", "NEW_ESTIMATORS", "PassAtK", "ReinforcePlusPlus", "check_estimator_settings", "gdpo", "gdpo_metrics", "opo"
+    "GDPO", "GPG", "NEW_ESTIMATORS", "PassAtK", "ReinforcePlusPlus", "check_estimator_settings", "gdpo",
+    "gdpo_metrics", "opo",
 ]  # fmt: skip
 
 
@@ -101,15 +103,43 @@ def _gdpo_terms(stats: GroupStats, settings: AdvantageSettings) -> dict[str, tup
     return terms
 
 
-@declare_needs(groups=True, function_rewards=True)
-def gdpo(stats: GroupStats, completion_mask: Tensor | None, settings: AdvantageSettings) -> Tensor:
-    """GDPO: ``whiten_batch(sum_k w_k (r_k - mean_g(r_k)) / (std_g(r_k) + eps))`` over the rows some function scored.
+class GDPO:
+    """GDPO: ``whiten(sum_k w_k (r_k - mean_g(r_k)) / (std_g(r_k) + eps))`` over the rows some function scored.
 
     A function that returned ``None`` for a whole group adds nothing to it; ``None`` for part of a group is an error.
+
+    Args:
+        whiten: Over what the weighted sum is whitened: ``"rows"`` (the paper's batch normalisation of one value per
+            completion; TRL ``normalize_then_sum``), or ``"tokens"`` (verl ``adv_estimator=gdpo``'s
+            ``masked_whiten`` over the response tokens: each row weighs by its length in sampled tokens).
+
+    Raises:
+        ValueError: ``whiten`` not one of ``"rows"``, ``"tokens"``.
     """
-    total = sum((term for term, _ in _gdpo_terms(stats, settings).values()), torch.zeros_like(stats.rewards))
-    mean, std = batch_moments(total, stats.valid, settings.sum_across_ranks)
-    return torch.where(stats.valid, (total - mean) / (std + settings.eps), 0.0)
+
+    needs_groups = True
+    needs_step_rewards = False
+    needs_function_rewards = True
+
+    def __init__(self, whiten: Literal["rows", "tokens"] = "rows") -> None:
+        if whiten not in ("rows", "tokens"):
+            raise ComponentSettingError(
+                f"gdpo: whiten={whiten!r} is not valid; choose one of 'rows' (the paper, TRL), 'tokens' (verl)"
+            )
+        self.whiten = whiten
+
+    def __call__(self, stats: GroupStats, completion_mask: Tensor | None, settings: AdvantageSettings) -> Tensor:
+        total = sum((term for term, _ in _gdpo_terms(stats, settings).values()), torch.zeros_like(stats.rewards))
+        if self.whiten == "rows":
+            mean, std = batch_moments(total, stats.valid, settings.sum_across_ranks)
+        else:
+            weights = _need_mask("gdpo", stats, completion_mask) * stats.valid[:, None]
+            mean, std = batch_moments(total[:, None].expand_as(weights), weights, settings.sum_across_ranks)
+        return torch.where(stats.valid, (total - mean) / (std + settings.eps), 0.0)
+
+
+#: The default GDPO (``whiten="rows"``), a function of the catalogue's signature.
+gdpo = GDPO()
 
 
 def gdpo_metrics(stats: GroupStats, settings: AdvantageSettings) -> dict[str, Tensor]:
@@ -314,7 +344,7 @@ for _estimator in (PassAtK, GPG, ReinforcePlusPlus):
 
 #: The estimators of this module by their catalogue name (merged into ``ADVANTAGE_ESTIMATORS``).
 NEW_ESTIMATORS: Mapping[str, AdvantageFunction] = MappingProxyType(
-    {"gdpo": gdpo, "grpo_passk": PassAtK, "opo": opo, "reinforce_plus_plus": ReinforcePlusPlus, "gpg": GPG}
+    {"gdpo": GDPO, "grpo_passk": PassAtK, "opo": opo, "reinforce_plus_plus": ReinforcePlusPlus, "gpg": GPG}
 )
 
 

@@ -181,11 +181,11 @@ def compute_advantages(
             the import path of an :data:`AdvantageFunction` (or of a class whose instances are one).
         estimator_args: The estimator's own settings (its keyword-only parameters or its class's ``__init__``
             arguments): ``k`` for ``grpo_passk``, ``gamma`` for ``reinforce_plus_plus``, ``f_norm`` and ``alpha``
-            for ``gpg``; the others take none.
+            for ``gpg``, ``whiten`` for ``gdpo``; the others take none.
         scale: For ``grpo``: ``"group"`` (divide by the group std), ``"batch"`` (by the batch std) or ``"none"``.
         eps: Added to the std before dividing.
         completion_mask: ``(N, T)`` valid-token mask; required by ``reinforce_pp_baseline``, ``reinforce_plus_plus``,
-            ``opo`` and ``grpo_process``.
+            ``opo``, ``grpo_process`` and ``gdpo`` with ``whiten="tokens"``.
         sum_across_ranks: Sums a tensor over data-parallel ranks (e.g. an all-reduce); makes ``scale="batch"`` and
             the REINFORCE++ whitening use global statistics. Groups never straddle ranks, so group statistics stay
             local.

@@ -20,7 +20,8 @@ class whose instances are one; a class with ``state_dict``/``load_state_dict`` h
 
 **Top-entropy selection** (Wang et al. 2025, "Beyond the 80/20 Rule", arXiv:2506.01939; TRL
 ``top_entropy_quantile``): only the tokens whose entropy is at least the ``1 - ρ`` quantile of the loss tokens keep
-their policy loss (and entropy bonus); the others count in the normalisers but carry no policy gradient.
+their policy loss (and entropy bonus); the others count in the normalisers but carry no policy gradient. The
+bonus is aggregated like the policy loss, over all loss tokens; TRL divides it by the selected tokens only.
 """
 
 from __future__ import annotations
@@ -169,7 +170,7 @@ def top_entropy_mask(entropy: Tensor, loss_mask: Tensor, quantile: float) -> Ten
         tensor([[False,  True, False, False,  True]])
     """
     if not (0.0 < quantile <= 1.0):
-        raise ValueError(f"top_entropy_quantile must be in (0, 1], got {quantile!r}; 0.2 is the paper's choice")
+        raise ValueError(f"top_entropy: quantile must be in (0, 1], got {quantile!r}; 0.2 is the paper's choice")
     mask = loss_mask.bool()
     values = entropy.detach()[mask].double()
     if values.numel() == 0:

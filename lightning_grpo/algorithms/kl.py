@@ -116,7 +116,9 @@ def importance_weighted_kl(kl: Tensor, logprobs: Tensor, old_logprobs: Tensor) -
 
     Samples come from ``π_old``, so ``E_{π_old}[(π_θ/π_old) · k]`` is the KL under ``π_θ`` (DeepSeek-V3.2,
     arXiv:2512.02556, §"Unbiased KL estimate"; TRL ``use_bias_correction_kl``, slime ``--use-unbiased-kl``). The
-    ratio is differentiable, so the gradient changes even where it is 1 (on-policy).
+    ratio is differentiable, so the gradient changes even where it is 1 (on-policy). The ratio is the token's
+    whatever the policy loss: with ``gspo`` TRL (``importance_sampling_level="sequence"``) weights by the sequence
+    ratio instead.
 
     Example::
 

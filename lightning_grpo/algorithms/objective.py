@@ -3,8 +3,8 @@
 :meth:`GRPOModule.compute_loss <lightning_grpo.module.GRPOModule.compute_loss>` computes the log-probs and calls
 :func:`grpo_loss`; the terms are the catalogue's functions
 (:func:`~lightning_grpo.algorithms.policy_losses.policy_loss`, :func:`~lightning_grpo.algorithms.kl.kl_penalty`),
-weighted by truncated importance sampling
-(:func:`~lightning_grpo.algorithms.importance.importance_weighted`) when asked. The formulas are on docs/math.md.
+with the off-policy corrections chosen in the settings (:mod:`~lightning_grpo.algorithms.corrections`: rollout
+correction, rejection, OPSM, KL weighting, token selection). The formulas are on docs/math.md.
 """
 
 from __future__ import annotations
@@ -14,12 +14,10 @@ from typing import Any, Protocol
 
 from torch import Tensor
 
-from lightning_grpo.algorithms.entropy import top_entropy_mask
-from lightning_grpo.algorithms.importance import importance_weighted, rollout_agreement
-from lightning_grpo.algorithms.kl import importance_weighted_kl, kl_penalty
-from lightning_grpo.algorithms.off_policy import off_policy_masked
+from lightning_grpo.algorithms.corrections import build_correction
+from lightning_grpo.algorithms.importance import rollout_agreement
+from lightning_grpo.algorithms.kl import kl_penalty
 from lightning_grpo.algorithms.policy_losses import policy_loss
-from lightning_grpo.algorithms.rollout_correction import rollout_correct
 from lightning_grpo.algorithms.statistics import masked_mean
 
 __all__ = ["LossSettings", "grpo_loss"]
@@ -34,20 +32,20 @@ class LossSettings(Protocol):
     clip_high: float
     dual_clip: float | None
     delta: float | None
-    tis_cap: float | None
     kl_coef: float
     kl_estimator: str
     kl_estimator_args: dict[str, Any] | None
     entropy_coef: float
-    top_entropy_quantile: float
     rollout_correction: str | None
-    rollout_correction_min: float | None
-    rollout_correction_max: float | None
+    rollout_correction_args: dict[str, Any] | None
     rollout_rejection: str | None
-    rollout_rejection_min: float
-    rollout_rejection_max: float
-    off_policy_mask_threshold: float | None
-    importance_weighted_kl: bool
+    rollout_rejection_args: dict[str, Any] | None
+    off_policy_mask: str | None
+    off_policy_mask_args: dict[str, Any] | None
+    kl_weighting: str | None
+    kl_weighting_args: dict[str, Any] | None
+    token_selection: str | None
+    token_selection_args: dict[str, Any] | None
 
 
 def grpo_loss(
@@ -77,7 +75,8 @@ def grpo_loss(
             normalisers: :meth:`LossCounts.aggregate <lightning_grpo.iteration.types.LossCounts.aggregate>`).
         old_logprobs: ``(n, T)`` log-probs before the update; ``None``: the detached current ones (one update).
         ref_logprobs: ``(n, T)`` reference log-probs; ``None``: no KL term.
-        behaviour_logprobs: ``(n, T)`` log-probs the sampler recorded (``Rollout.logprobs``), for TIS and agreement.
+        behaviour_logprobs: ``(n, T)`` log-probs the sampler recorded (``Rollout.logprobs``), for the rollout
+            correction and rejection, OPSM and the agreement metrics.
         at_sampling_weights: Whether ``logprobs`` are of the weights that sampled (the step's first mini-batch): only
             then are ``rollout_logprob_diff_*`` logged.
         seed: Seed of the policy loss's random choices (``clip_cov``): the step's seed; ``None``: torch's global one.
@@ -90,23 +89,24 @@ def grpo_loss(
         clip_low=settings.clip_low,
         clip_high=settings.clip_high, dual_clip=settings.dual_clip, delta=settings.delta, seed=seed,
     )  # fmt: skip
-    per_token, tis = importance_weighted(per_token, old, behaviour_logprobs, loss_mask, settings.tis_cap)
     per_token, corrected = _off_policy_terms(
         per_token, logprobs, old, advantages, loss_mask, settings, behaviour_logprobs
     )
-    selected = _selected(entropy, loss_mask, settings.top_entropy_quantile)
+    select = _component(settings, "token_selection")
+    selected = None if select is None else select(entropy, loss_mask)
     if selected is not None:
         per_token = per_token * selected
     pg_loss = aggregate(per_token)
-    metrics = {"pg_loss": pg_loss, **stats.as_metrics(), **tis, **corrected}
+    metrics = {"pg_loss": pg_loss, **stats.as_metrics(), **corrected}
     metrics["entropy"] = masked_mean(entropy.detach(), loss_mask)
     if at_sampling_weights:
         metrics.update(rollout_agreement(logprobs, behaviour_logprobs, loss_mask))
     loss = pg_loss
     if ref_logprobs is not None:
         kl = kl_penalty(logprobs, ref_logprobs, settings.kl_estimator, settings.kl_estimator_args)  # (n, T)
-        if settings.importance_weighted_kl:
-            kl = importance_weighted_kl(kl, logprobs, old)
+        weighting = _component(settings, "kl_weighting")
+        if weighting is not None:
+            kl = weighting(kl, logprobs, old, loss_mask)
         loss = loss + settings.kl_coef * aggregate(kl)
         metrics["kl"] = masked_mean(kl.detach(), loss_mask)
     coef = settings.entropy_coef if entropy_coef is None else entropy_coef
@@ -119,6 +119,11 @@ def grpo_loss(
     return loss, metrics
 
 
+def _component(settings: LossSettings, setting: str) -> Any:
+    """The correction ``setting`` names, built with ``<setting>_args`` (cached); ``None`` when it is off."""
+    return build_correction(setting, getattr(settings, setting), getattr(settings, f"{setting}_args"))
+
+
 def _off_policy_terms(
     per_token: Tensor,
     logprobs: Tensor,
@@ -128,19 +133,16 @@ def _off_policy_terms(
     settings: LossSettings,
     behaviour_logprobs: Tensor | None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Rollout correction and rejection, then OPSM (``rollout_correction.py``, ``off_policy.py``)."""
-    correction = (settings.rollout_correction, settings.rollout_correction_min, settings.rollout_correction_max)
-    rejection = (settings.rollout_rejection, settings.rollout_rejection_min, settings.rollout_rejection_max)
-    per_token, metrics = rollout_correct(per_token, old, behaviour_logprobs, loss_mask, correction, rejection)
-    sampler = behaviour_logprobs if behaviour_logprobs is not None else old  # TRL's rule
-    per_token, opsm = off_policy_masked(
-        per_token, advantages, logprobs, sampler, loss_mask, settings.off_policy_mask_threshold
-    )
-    return per_token, {**metrics, **opsm}
-
-
-def _selected(entropy: Tensor, loss_mask: Tensor, quantile: float) -> Tensor | None:
-    """The ``(n, T)`` float mask of top-entropy selection (per micro-batch), ``None`` when it keeps all."""
-    if quantile >= 1.0:
-        return None
-    return top_entropy_mask(entropy, loss_mask, quantile).to(entropy.dtype)
+    """Rollout correction, rejection (``rollout_correction.py``), then OPSM (``off_policy.py``)."""
+    metrics: dict[str, Tensor] = {}
+    for setting in ("rollout_correction", "rollout_rejection"):
+        component = _component(settings, setting)
+        if component is not None:
+            per_token, found = component(per_token, old.detach(), behaviour_logprobs, loss_mask)
+            metrics.update(found)
+    mask = _component(settings, "off_policy_mask")
+    if mask is not None:
+        sampler = behaviour_logprobs if behaviour_logprobs is not None else old  # TRL's rule
+        per_token, found = mask(per_token, advantages, logprobs, sampler, loss_mask)
+        metrics.update(found)
+    return per_token, metrics

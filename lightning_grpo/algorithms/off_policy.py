@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lightning_grpo.algorithms.statistics import masked_mean
+from lightning_grpo.algorithms.statistics import masked_mean, sequence_fraction
 
 __all__ = ["off_policy_mask", "off_policy_masked"]
 
@@ -52,9 +52,14 @@ def off_policy_masked(
     loss_mask: Tensor,
     threshold: float | None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """``per_token`` times the OPSM mask and ``opsm_masked_frac`` (the share of loss tokens dropped); ``None``: off."""
+    """``per_token`` times the OPSM mask, ``opsm_masked_frac`` (the share of loss tokens dropped) and
+    ``opsm_masked_seq_frac`` (``[sequences with a dropped token, sequences]``); ``None``: off."""
     if threshold is None:
         return per_token, {}
     keep = off_policy_mask(advantages, logprobs, sampler_logprobs.to(per_token.device), loss_mask, threshold)
     dropped = (1 - keep).expand_as(per_token)
-    return per_token * keep.to(per_token.dtype), {"opsm_masked_frac": masked_mean(dropped, loss_mask.bool())}
+    metrics = {
+        "opsm_masked_frac": masked_mean(dropped, loss_mask.bool()),
+        "opsm_masked_seq_frac": sequence_fraction(keep == 0, loss_mask),
+    }
+    return per_token * keep.to(per_token.dtype), metrics

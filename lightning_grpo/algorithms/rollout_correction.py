@@ -1,25 +1,28 @@
 """Rollout correction: importance weights and rejection for a sampler whose log-probs differ from the trainer's.
 
 With ``d_t = log π_old(y_t) - log π_behaviour(y_t)`` over the loss tokens of a sequence (``π_behaviour``: the
-sampler, ``Rollout.logprobs``), every piece here is detached and multiplies the per-token policy loss (the
-normalisers of the loss aggregation are unchanged, as in TRL and verl):
+sampler, ``Rollout.logprobs``), every piece here is detached and multiplies the per-token policy loss. The
+normalisers of the loss aggregation are unchanged: a zero weight or a rejected sequence still counts in them (as
+TRL's ``*_mask`` modes do). verl's rejection instead removes the rejected tokens from ``response_mask``, so from the
+``token-mean`` normaliser: ours = verl × kept tokens / all tokens (tests/algorithms/test_verl_claims.py).
 
 **Importance weights** (``GRPOConfig.rollout_correction``, TRL ``vllm_importance_sampling_mode``; verl
-``rollout_is``), bounds ``[C_min, C_max]`` (``rollout_correction_min``/``_max``; either may be ``None``):
+``rollout_is``), bounds ``[C_min, C_max]`` (``rollout_correction_args: {min, max}``; either may be ``None``):
 
-* ``token_truncate``: ``w_t = clip(exp(d_t), C_min, C_max)`` (truncated IS, Yao et al. 2025; ``tis_cap: C`` is this
-  mode with ``C_max = C``, ``C_min = None``);
+* ``token_truncate``: ``w_t = clip(exp(d_t), C_min, C_max)`` (truncated IS, Yao et al. 2025);
 * ``token_mask``: ``w_t = exp(d_t)`` inside the band, 0 outside (IcePop-style masking);
 * ``sequence_truncate``: ``w = clip(exp(Σ_t d_t), C_min, C_max)`` on every token of the sequence;
 * ``sequence_mask``: ``w = exp(Σ_t d_t)`` inside the band, 0 outside (TRL's default mode).
 
-The log-ratios are clamped to ±20 before ``exp`` (verl's safety bound).
+The log-ratios are clamped to ±20 before ``exp`` (verl's safety bound). The components that apply these from the
+settings are in :mod:`~lightning_grpo.algorithms.corrections`.
 
 **Rejection** (``rollout_rejection``; verl ``rollout_rs``): a sequence whose statistic ``s`` is outside
-``[rollout_rejection_min, rollout_rejection_max]`` loses its policy loss:
+``[min, max]`` (``rollout_rejection_args``) loses its policy loss:
 
 * ``token_mean``: ``s = mean_t exp(d_t)`` (the arithmetic mean of the token ratios);
-* ``geometric``: ``s = exp(mean_t d_t)`` (verl ``seq_mean_k1`` with bounds on the ratio).
+* ``geometric``: ``s = exp(mean_t d_t)``. verl's ``seq_mean_k1`` bounds the inverse, ``π_rollout/π_old``: its
+  ``rollout_rs_threshold="lo_hi"`` is ``[1/hi, 1/lo]`` here.
 """
 
 from __future__ import annotations
@@ -30,13 +33,31 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from lightning_grpo.algorithms.statistics import masked_mean
+from lightning_grpo.algorithms.statistics import masked_mean, sequence_fraction
 
-__all__ = ["RolloutCorrection", "RolloutRejection", "rejection_keep", "rollout_correct", "rollout_weights"]
+__all__ = [
+    "RolloutCorrection", "RolloutRejection", "behaviour_logprob_settings", "rejection_keep", "rollout_correct",
+    "rollout_weights",
+]  # fmt: skip
 
 RolloutCorrection = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
 RolloutRejection = Literal["token_mean", "geometric"]
 _SAFETY = 20.0
+
+
+def behaviour_logprob_settings(config: object) -> dict[str, object]:
+    """The settings of ``config`` (a ``GRPOConfig``) that are on and read the sampler's log-probs, by name.
+
+    OPSM is not among them: without the sampler's log-probs it compares with the old ones (TRL's rule).
+
+    Example::
+
+        >>> from types import SimpleNamespace
+        >>> behaviour_logprob_settings(SimpleNamespace(rollout_correction="token_mask", rollout_rejection=None))
+        {'rollout_correction': 'token_mask'}
+    """
+    names = ("rollout_correction", "rollout_rejection")
+    return {name: getattr(config, name) for name in names if getattr(config, name, None) is not None}
 
 
 @torch.no_grad()
@@ -114,9 +135,12 @@ def rollout_correct(
         rejection: ``(statistic, low, high)``; statistic ``None``: no rejection.
 
     Returns:
-        The loss and ``rollout_is_weight_mean``/``_max``, ``rollout_is_masked_frac`` (``*_mask`` modes: the share
-        of loss tokens whose weight is 0), ``rollout_rs_rejected_frac`` (the share of loss tokens in rejected
-        sequences).
+        The loss and ``rollout_is_weight_mean``/``_max``/``_min`` (over the loss tokens, after truncation or
+        masking), ``rollout_is_masked_frac`` and ``rollout_is_masked_seq_frac`` (``*_mask`` modes: the share of loss
+        tokens whose weight is 0, and of sequences with such a token), ``rollout_rs_rejected_frac`` and
+        ``rollout_rs_rejected_seq_frac`` (the share of loss tokens in rejected sequences, and of sequences rejected).
+        The ``*_seq_frac`` values are ``[count, sequences]`` pairs (``MetricSums`` sums both over micro-batches and
+        ranks).
     """
     (mode, low, high), (statistic, rs_low, rs_high) = correction, rejection
     if mode is None and statistic is None:
@@ -133,10 +157,13 @@ def rollout_correct(
         per_token = per_token * weights
         metrics["rollout_is_weight_mean"] = masked_mean(weights, mask)
         metrics["rollout_is_weight_max"] = torch.where(mask, weights, torch.zeros_like(weights)).amax()
+        metrics["rollout_is_weight_min"] = torch.where(mask, weights, torch.full_like(weights, math.inf)).amin()
         if mode.endswith("_mask"):
             metrics["rollout_is_masked_frac"] = masked_mean((weights == 0).float(), mask)
+            metrics["rollout_is_masked_seq_frac"] = sequence_fraction(weights == 0, mask)
     if statistic is not None:
         keep = rejection_keep(old, behaviour, loss_mask, statistic, rs_low, rs_high)  # (n, 1)
         per_token = per_token * keep.to(per_token.dtype)
         metrics["rollout_rs_rejected_frac"] = masked_mean((1 - keep).expand_as(per_token), mask)
+        metrics["rollout_rs_rejected_seq_frac"] = sequence_fraction(keep == 0, mask)
     return per_token, metrics

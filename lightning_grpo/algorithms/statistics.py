@@ -12,7 +12,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-__all__ = ["SumAcrossRanks", "masked_mean", "mean_std", "moments", "ratio"]
+__all__ = ["SumAcrossRanks", "masked_mean", "mean_std", "moments", "ratio", "sequence_fraction"]
 
 #: Sums a tensor over data-parallel ranks (an all-reduce); the identity in one process.
 SumAcrossRanks = Callable[[Tensor], Tensor]
@@ -57,3 +57,17 @@ def mean_std(count: Tensor, total: Tensor, squares: Tensor) -> tuple[Tensor, Ten
     variance = (squares - total * total / count.clamp(min=1)) / (count - 1).clamp(min=1)
     std = torch.where(count > 1, variance.clamp(min=0).sqrt(), torch.full_like(total, math.nan))
     return mean, std
+
+
+def sequence_fraction(hit: Tensor, mask: Tensor) -> Tensor:
+    """``(2,)``: ``[sequences with a hit on one of their tokens, sequences with tokens]`` (a ``*_seq_frac`` metric).
+
+    Example::
+
+        >>> hit = torch.tensor([[True, False], [False, False], [True, True]])
+        >>> sequence_fraction(hit, torch.tensor([[1, 1], [1, 0], [0, 0]]))  # row 2 has no tokens
+        tensor([1., 2.])
+    """
+    mask = mask.bool()
+    rows = mask.any(-1)
+    return torch.stack([(hit.expand_as(mask) & mask).any(-1).sum(), rows.sum()]).float()

@@ -13,13 +13,14 @@ from dataclasses import fields, is_dataclass
 from typing import Any
 
 from lightning_grpo.algorithms.catalogue import is_import_path
+from lightning_grpo.algorithms.rollout_correction import behaviour_logprob_settings
 from lightning_grpo.backends.hf import HFBackend
 from lightning_grpo.backends.protocol import OPTIONAL_SETTINGS, PROTOCOL_MEMBERS, BackendRun, RolloutBackend
 from lightning_grpo.backends.vllm import VLLMBackend
 from lightning_grpo.backends.vllm_settings import VLLMConfig
 from lightning_grpo.settings_checks import SettingError
 
-__all__ = ["BACKENDS", "backend_class", "backend_settings", "build_backend"]
+__all__ = ["BACKENDS", "backend_class", "backend_settings", "build_backend", "check_behaviour_logprobs"]
 
 #: The built-in backends by name.
 BACKENDS: dict[str, type] = {"hf": HFBackend, "vllm": VLLMBackend}
@@ -127,6 +128,28 @@ def check_turn_cache(cls: type, run: BackendRun, name: str) -> None:
         )  # fmt: skip
 
 
+def check_behaviour_logprobs(cls: type, run: BackendRun, name: str) -> None:
+    """Refuse a rollout correction or rejection with a backend that does not record the sampler's
+    log-probs (its ``records_logprobs`` is not true): the correction would have nothing to compare with.
+
+    A ``generate`` override may fill ``Rollout.logprobs`` itself; it is checked at the first loss instead.
+
+    Raises:
+        SettingError: Names the first such setting, the backend and the setting that provides the log-probs.
+    """
+    needs = behaviour_logprob_settings(run.grpo)
+    if not needs or run.generate_overridden or getattr(cls, "records_logprobs", False):
+        return
+    setting, value = next(iter(needs.items()))
+    raise SettingError(
+        f"GRPOConfig.{setting}={value!r} compares the trainer's log-probs with the sampler's (Rollout.logprobs), but "
+        f"the rollout backend {name!r} does not record them (its records_logprobs is not true); choose a "
+        "rollout_backend that does ('hf' or 'vllm'), declare records_logprobs = True on your backend if its "
+        f"sessions fill Rollout.logprobs, or set {setting} to null",
+        f"GRPOConfig.{setting}", value,
+    )  # fmt: skip
+
+
 def build_backend(run: BackendRun, vllm: VLLMConfig | None = None) -> RolloutBackend:
     """The backend ``run.grpo.rollout_backend`` names, built with ``run.grpo.rollout_backend_args`` (or ``vllm``).
 
@@ -135,7 +158,8 @@ def build_backend(run: BackendRun, vllm: VLLMConfig | None = None) -> RolloutBac
         vllm: The module's ``vllm`` argument: the vLLM backend's settings, given the older way.
 
     Raises:
-        SettingError: See :func:`backend_class`, :func:`backend_settings`, :func:`check_supported`.
+        SettingError: See :func:`backend_class`, :func:`backend_settings`, :func:`check_supported`,
+            :func:`check_turn_cache`, :func:`check_behaviour_logprobs`.
         ValueError: ``vllm`` settings with another backend, or with ``rollout_backend_args`` too.
     """
     name, args = run.grpo.rollout_backend, run.grpo.rollout_backend_args
@@ -148,4 +172,5 @@ def build_backend(run: BackendRun, vllm: VLLMConfig | None = None) -> RolloutBac
     backend = cls(settings, run)
     check_supported(cls, run, name)
     check_turn_cache(cls, run, name)
+    check_behaviour_logprobs(cls, run, name)
     return backend

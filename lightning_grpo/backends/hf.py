@@ -3,13 +3,15 @@
 Sampling is :func:`~lightning_grpo.rollout.generation.sample_tokens`: Hugging Face ``generate`` with each prompt
 prefilled once for its G samples, or our own decoding loop (``GRPOConfig.sampler``, ``drop_finished``). With the turn
 cache (``GRPOConfig.turn_cache``) a session keeps each trajectory's KV cache from one agent turn to the next
-(:class:`~lightning_grpo.rollout.turn_cache.TurnCache`, our own loop). The policy
-*is* the sampler's weights, so there is nothing to start, sync, release or close; ``GRPOConfig.sampling_adapter``
-sets how the adapter samples for the length of a session.
+(:class:`~lightning_grpo.rollout.turn_cache.TurnCache`, our own loop). With ``GRPOConfig.decode: compiled`` the
+backend keeps a :class:`~lightning_grpo.rollout.compiled_decode.CompiledDecoder` for the run: its static KV caches
+(one per shape bucket) and compiled step serve every session. The policy *is* the sampler's weights, so there is
+nothing to start or sync; ``GRPOConfig.sampling_adapter`` sets how the adapter samples for the length of a session.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from contextlib import ExitStack
 from typing import ClassVar, Literal
@@ -21,11 +23,15 @@ from transformers import PreTrainedTokenizerBase
 
 from lightning_grpo.backends.protocol import OPTIONAL_SETTINGS, BackendRun
 from lightning_grpo.policy.sampling_adapter import sampling_adapter
+from lightning_grpo.rollout.buckets import DecodeBuckets, pick_decode_path
+from lightning_grpo.rollout.compiled_decode import CompiledDecoder, compile_blocker
 from lightning_grpo.rollout.generation import sample_tokens
 from lightning_grpo.rollout.sampling_settings import Sampled, SamplingSettings
 from lightning_grpo.rollout.turn_cache import TurnCache
 
 __all__ = ["HFBackend", "HFSession"]
+
+_log = logging.getLogger(__name__)
 
 
 class HFSession:
@@ -36,14 +42,22 @@ class HFSession:
         mode: ``GRPOConfig.sampling_adapter``.
         turn_cache: Keep each trajectory's KV cache across agent turns (:class:`~lightning_grpo.rollout.turn_cache.
             TurnCache`; every turn is sampled by our own decoding loop); ``False``: each turn re-prefills its context.
+        decoder: The compiled decode path (``GRPOConfig.decode``) that samples every call the turn cache does not;
+            ``None``: :func:`~lightning_grpo.rollout.generation.sample_tokens`.
     """
 
     def __init__(
-        self, policy: nn.Module, mode: Literal["as_trained", "base_dtype", "merged"], *, turn_cache: bool = False
+        self,
+        policy: nn.Module,
+        mode: Literal["as_trained", "base_dtype", "merged"],
+        *,
+        turn_cache: bool = False,
+        decoder: CompiledDecoder | None = None,
     ) -> None:
         self._stack = ExitStack()
         self._stack.enter_context(sampling_adapter(policy, mode))
         self.turn_cache = TurnCache() if turn_cache else None
+        self.decoder = decoder
 
     def sample(
         self,
@@ -56,9 +70,12 @@ class HFSession:
         rows: Sequence[int],
     ) -> Sampled:
         """:meth:`TurnCache.sample <lightning_grpo.rollout.turn_cache.TurnCache.sample>` with the turn cache, else
-        :func:`~lightning_grpo.rollout.generation.sample_tokens` (no state kept between turns)."""
+        the compiled decode path if the session has one, else :func:`~lightning_grpo.rollout.generation.sample_tokens`
+        (no state kept between turns)."""
         if self.turn_cache is not None and rows:  # no rows: a call that only keeps a rank in step, not under a cache
             return self.turn_cache.sample(model, tokenizer, prompt_ids, prompt_mask, settings, rows=rows)
+        if self.decoder is not None:
+            return self.decoder.sample(model, tokenizer, prompt_ids, prompt_mask, settings)
         return sample_tokens(model, tokenizer, prompt_ids, prompt_mask, settings)
 
     def close(self) -> None:
@@ -86,11 +103,20 @@ class HFBackend:
     settings_class: ClassVar[type | None] = None
     supported_settings: ClassVar[frozenset[str]] = frozenset(OPTIONAL_SETTINGS)
     keeps_turn_cache: ClassVar[bool] = True
+    records_logprobs: ClassVar[bool] = True
 
     def __init__(self, settings: None, run: BackendRun) -> None:
         self.adapter_mode = run.grpo.sampling_adapter
         self.turn_cache: bool | None = getattr(run.grpo, "turn_cache", None)
         self.multi_turn = run.grpo.max_turns > 1
+        self.decode: str = getattr(run.grpo, "decode", "auto")
+        self.buckets = DecodeBuckets.for_run(
+            getattr(run.grpo, "decode_lengths", None),
+            max_prompt_length=run.grpo.max_prompt_length,
+            max_new_tokens=run.grpo.max_new_tokens,
+        )
+        self.decoder: CompiledDecoder | None = None  # made at the first session that decodes compiled, kept
+        self._told: set[str] = set()
 
     def start(self, policy: PeftModel, seed: int, *, sharded: bool) -> None:
         """Nothing to start: the policy samples itself."""
@@ -104,9 +130,14 @@ class HFBackend:
         our own loop, ``sampler: inverse_cdf`` or ``drop_finished``; the default ``multinomial`` sampler keeps
         ``generate`` unless ``turn_cache`` is ``True``).
 
+        With ``GRPOConfig.decode`` resolving to the compiled path (:func:`~lightning_grpo.rollout.buckets.
+        pick_decode_path`), the session samples with the backend's :class:`~lightning_grpo.rollout.compiled_decode.
+        CompiledDecoder`; the turn cache then stays off unless ``turn_cache`` is ``True``, in which case the turn cache
+        (our eager loop) samples the agent turns instead (logged once).
+
         Raises:
             ValueError: ``turn_cache=True`` with settings our own loop cannot sample under (FSDP2's synchronised
-                sampling, ``static_cache``).
+                sampling, ``static_cache``); ``decode="compiled"`` with a model that cannot compile.
         """
         blocker = _turn_cache_blocker(settings)
         if self.turn_cache is True and blocker:
@@ -114,14 +145,54 @@ class HFBackend:
                 f"GRPOConfig.turn_cache=True cannot be kept {blocker}: the Hugging Face backend samples those with "
                 "generate, which re-prefills every turn; set turn_cache to None (auto) or False"
             )
-        keep = self.turn_cache is True or (self.turn_cache is None and self.multi_turn and settings.own_loop)
-        return HFSession(policy, self.adapter_mode, turn_cache=keep)
+        decoder = self._decoder(policy, settings)
+        own_loop = settings.own_loop and decoder is None
+        keep = self.turn_cache is True or (self.turn_cache is None and self.multi_turn and own_loop)
+        if keep and decoder is not None and self.multi_turn:
+            self._tell_once(
+                "decode: compiled with turn_cache: true: the agent turns are sampled by the eager loop, which keeps "
+                "each trajectory's KV cache between turns (set turn_cache: null to sample every turn compiled)"
+            )
+        return HFSession(policy, self.adapter_mode, turn_cache=keep, decoder=decoder)
+
+    def _decoder(self, policy: nn.Module, settings: SamplingSettings) -> CompiledDecoder | None:
+        """The compiled decode path if ``GRPOConfig.decode`` picks it on the policy's device (made once), else None
+        (``"auto"`` also leaves ``static_cache`` and ``drop_finished``, the eager paths' own switches, eager).
+
+        Raises:
+            ValueError: ``decode="compiled"`` and the model cannot run it (its class named).
+        """
+        device = next(policy.parameters()).device.type
+        if pick_decode_path(self.decode, device) != "compiled":
+            return None
+        if self.decode == "auto" and (settings.static_cache or settings.drop_finished):
+            return None
+        blocker = compile_blocker(policy)
+        if blocker and self.decode == "compiled":
+            raise ValueError(
+                f"GRPOConfig.decode='compiled' cannot run: {blocker}. Set decode to 'eager' (or 'auto', which samples "
+                "such a model with the eager path: generate, or our own loop with sampler/drop_finished)"
+            )
+        if blocker:
+            self._tell_once(f"decode: auto samples eagerly: {blocker}")
+            return None
+        if self.decoder is None:
+            self.decoder = CompiledDecoder(self.buckets)
+        return self.decoder
+
+    def _tell_once(self, message: str) -> None:
+        if message not in self._told:
+            self._told.add(message)
+            _log.warning(message)
 
     def release(self) -> None:
-        """Nothing held: the KV cache of ``generate`` is freed when sampling returns."""
+        """Nothing to free for the update: the compiled path's static caches are kept for the next rollout (they are
+        what it reuses); ``generate``'s KV cache is freed when sampling returns."""
 
     def close(self) -> None:
-        """Nothing to shut down."""
+        """Free the compiled path's static caches (if any)."""
+        if self.decoder is not None:
+            self.decoder.release()
 
 
 def _turn_cache_blocker(settings: SamplingSettings) -> str:

@@ -24,7 +24,7 @@ __all__ = ["OPTIONAL_SETTINGS", "BackendRun", "RolloutBackend", "RolloutSession"
 #: needs a backend that lists it in ``supported_settings`` (``policy.quantization``: a quantized base model).
 OPTIONAL_SETTINGS: dict[str, Any] = {
     "top_p": 1.0, "top_k": 0, "sampler": "multinomial", "drop_finished": False, "static_cache": False,
-    "sampling_adapter": "as_trained", "quantization": None,
+    "decode": "auto", "sampling_adapter": "as_trained", "quantization": None,
 }  # fmt: skip
 
 
@@ -46,7 +46,7 @@ class BackendRun:
 
     def settings_in_use(self) -> dict[str, Any]:
         """The :data:`OPTIONAL_SETTINGS` this run sets to a value that needs the backend, by name (``"top_k"``)."""
-        values = {name: getattr(self.grpo, name, None) for name in OPTIONAL_SETTINGS}
+        values = {name: getattr(self.grpo, name, default) for name, default in OPTIONAL_SETTINGS.items()}
         values["quantization"] = self.policy.quantization
         return {name: value for name, value in values.items() if value != OPTIONAL_SETTINGS[name]}
 

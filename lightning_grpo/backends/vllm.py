@@ -64,6 +64,7 @@ class VLLMBackend:
     settings_class: ClassVar[type | None] = VLLMConfig
     supported_settings: ClassVar[frozenset[str]] = frozenset({"top_p", "top_k", "drop_finished", "sampling_adapter"})
     keeps_turn_cache: ClassVar[bool] = False
+    records_logprobs: ClassVar[bool] = True
     turn_cache_instead: ClassVar[str] = (
         "it sends each turn's whole context, and vLLM's prefix cache (vllm.enable_prefix_caching, on by default) "
         "reuses the KV blocks of the turns before"

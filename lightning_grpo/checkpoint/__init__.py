@@ -1,7 +1,8 @@
 """Checkpoints and resuming: what a checkpoint was trained on, unreadable files, changed settings on resume.
 
 :mod:`~lightning_grpo.checkpoint.records` records the policy a checkpoint holds the adapter of and refuses another;
-:mod:`~lightning_grpo.checkpoint.resume` applies changed optimizer settings when a run resumes.
+:mod:`~lightning_grpo.checkpoint.resume` applies changed optimizer settings when a run resumes;
+:mod:`~lightning_grpo.checkpoint.old_settings` reads an older checkpoint's ``grpo`` settings in today's names.
 """
 
 from lightning_grpo.checkpoint.records import (

@@ -18,6 +18,7 @@ import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.utilities import rank_zero_info
 
+from lightning_grpo.checkpoint.old_settings import upgrade_grpo_settings
 from lightning_grpo.checkpoint.records import CHECKPOINT_KEY, check_same_policy
 
 __all__ = ["apply_new_settings", "check_resume", "report_changed_settings", "settings_of"]
@@ -32,7 +33,8 @@ def check_resume(
     build: Callable[[], tuple[torch.optim.Optimizer, Any | None]],
     defaults: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> None:
-    """``GRPOModule.on_load_checkpoint``: refuse another policy's checkpoint, then apply and report changed settings.
+    """``GRPOModule.on_load_checkpoint``: refuse another policy's checkpoint, then apply and report changed settings
+    (an older checkpoint's ``grpo`` settings are first put in today's names: :mod:`.old_settings`).
 
     Args:
         module: The module resuming (attached to a trainer, or not for ``load_from_checkpoint``).
@@ -48,7 +50,10 @@ def check_resume(
     record = checkpoint.get(CHECKPOINT_KEY, {})
     trainer = module._trainer
     check_same_policy(record.get("policy"), trained_on, trainer.ckpt_path if trainer is not None else None)
-    report_changed_settings(checkpoint.get("hyper_parameters"), module.hparams, defaults)
+    saved = checkpoint.get("hyper_parameters")
+    if isinstance(saved, dict) and isinstance(saved.get("grpo"), Mapping):  # older names in today's (old_settings.py)
+        saved["grpo"] = upgrade_grpo_settings(saved["grpo"])
+    report_changed_settings(saved, module.hparams, defaults)
     if trainer is not None:
         apply_new_settings(checkpoint, record.get("optimizer"), build)
 

@@ -25,7 +25,7 @@ Reward functions are import paths or ``class_path`` instances, the optimizer and
         optimizer: {class_path: torch.optim.AdamW, init_args: {lr: 2.0e-5}}
 
 Besides LightningCLI's keys, a config may set ``torch_num_threads`` (CPU threads for PyTorch; left out, a fit on CPU
-uses 1 for models under 50M parameters and half the cores, at most 8, for larger ones: see
+uses 1 for models under 5M parameters and the cores other processes leave free, at most 8, for larger ones: see
 :mod:`lightning_grpo.iteration.cpu_threads`).
 """
 
@@ -208,8 +208,9 @@ class GRPOCLI(LightningCLI):
             "--torch_num_threads",
             type=int | None,
             default=None,
-            help="CPU threads for PyTorch (torch.set_num_threads); null: on CPU, 1 for models under 50M parameters, "
-            "else half the cores (at most 8), unless OMP_NUM_THREADS is set (lightning_grpo.iteration.cpu_threads).",
+            help="CPU threads for PyTorch (torch.set_num_threads); null: on CPU, 1 for models under 5M parameters, "
+            "else the cores other processes leave free (at most 8), unless OMP_NUM_THREADS is set "
+            "(lightning_grpo.iteration.cpu_threads).",
         )
 
     def _parse_ckpt_path(self) -> None:

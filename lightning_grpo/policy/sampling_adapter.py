@@ -12,7 +12,7 @@ holds a copy of the adapted layers' weights while sampling.
 What it changes: the rollout is sampled from the policy with its LoRA weights rounded to the base dtype. Training
 still scores the float32 policy (old, reference and current log-probs are unchanged); the behaviour log-probs the
 sampler records are those of the rounded policy, so ``train/rollout_logprob_diff_*`` shows the difference, as it
-does for vLLM, and ``tis_cap`` can correct for it.
+does for vLLM, and ``rollout_correction`` can correct for it.
 """
 
 from __future__ import annotations

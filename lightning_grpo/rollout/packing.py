@@ -26,12 +26,15 @@ from torch import Tensor, nn
 from lightning_grpo.rollout.batch import Rollout
 
 __all__ = [
+    "AUTO_PACKING_MIN_PADDING",
     "MAX_PACKED_TOKENS",
     "PackedRows",
     "PackingRoute",
     "pack_rollout",
     "packed_row_chunks",
+    "packing_for",
     "packing_route",
+    "padding_fraction",
     "sharded_logprob_settings",
     "shared_prompt_mask",
     "unpack",
@@ -41,6 +44,11 @@ __all__ = [
 #: joined, so one backward), because attention over a packed row without a variable-length kernel (SDPA or eager with
 #: a mask, on the CPU) costs O(L²) in time and mask memory.
 MAX_PACKED_TOKENS = 4096
+
+#: ``packing="auto"`` packs the passes of a rollout whose completion positions are at least this fraction padding,
+#: and pads below it: with no padding to drop, packed rows only add the explicit mask's cost (docs/benchmarks.md,
+#: "Packing where it pays").
+AUTO_PACKING_MIN_PADDING = 0.2
 
 #: How a model takes packed rows: ``"positions"`` (``position_ids`` only, transformers builds the mask),
 #: ``"mask"`` (an explicit 4-D mask, needed by the shared-prompt layout), ``None`` (it cannot).
@@ -89,6 +97,23 @@ def packing_route(model: nn.Module, share_prompt: bool) -> PackingRoute:
     if share_prompt and impl in _MASK_ROUTES and not sliding:
         return "mask"
     return "positions" if impl in _POSITION_ROUTES else None
+
+
+def padding_fraction(rollout: Rollout) -> float:
+    """The fraction of the rollout's ``(N, T)`` completion positions that are padding (one host sync)."""
+    mask = rollout.completion_mask
+    return 1.0 - float(mask.sum()) / max(1, mask.numel())
+
+
+def packing_for(rollout: Rollout, packing: bool | str) -> bool | str:
+    """The ``packing`` setting of every log-prob pass over ``rollout``: ``"auto"`` becomes ``False`` (padded rows)
+    when less than :data:`AUTO_PACKING_MIN_PADDING` of its completion positions are padding; other values pass.
+
+    Decided once per rollout, so that its old, reference and current log-probs take one path (to the last bit).
+    """
+    if packing == "auto" and padding_fraction(rollout) < AUTO_PACKING_MIN_PADDING:
+        return False
+    return packing
 
 
 def sharded_logprob_settings(model: nn.Module, settings: dict[str, Any]) -> dict[str, Any]:

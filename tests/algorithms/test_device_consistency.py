@@ -25,8 +25,8 @@ from lightning_grpo.algorithms import (
     kl_penalty,
     policy_loss,
     selective_logprobs,
-    truncated_importance_weights,
 )
+from lightning_grpo.algorithms.rollout_correction import rollout_weights
 from lightning_grpo.callbacks.agent_stats import agent_metrics
 from lightning_grpo.callbacks.group_rewards import group_reward_stats, process_stats
 from lightning_grpo.iteration.nonfinite import gradient_flag, nonfinite_flags
@@ -93,7 +93,7 @@ def test_policy_losses_kl_and_aggregation(x, kind):
         _on_cpu(loss).backward(retain_graph=True)
     assert torch.isfinite(_on_cpu(logprobs.grad)).all()
     assert all(_on_cpu(value).isfinite().all() for value in vars(stats).values() if isinstance(value, torch.Tensor))
-    weights = truncated_importance_weights(x["old"], x["logprobs"], cap=2.0)
+    weights = rollout_weights(x["old"], x["logprobs"], x["mask"], "token_truncate", None, 2.0)
     assert _on_cpu(weights).max() <= 2.0
 
 

@@ -194,13 +194,14 @@ def test_new_advantages_on_two_ranks_equal_one_process(estimator, args, seed):
 class _Settings:
     """GRPOConfig's loss settings with the off-policy pieces of issue 38 on (every per-row piece at once)."""
 
-    loss_kind, loss_kind_args, clip_low, clip_high, dual_clip, delta, tis_cap = "clip", None, 0.2, 0.28, 3.0, None, None
+    loss_kind, loss_kind_args, clip_low, clip_high, dual_clip, delta = "clip", None, 0.2, 0.28, 3.0, None
     kl_coef, kl_estimator, kl_estimator_args, entropy_coef = 0.1, "k3", None, 0.05
-    top_entropy_quantile, importance_weighted_kl, off_policy_mask_threshold = 1.0, True, 0.05
-    rollout_rejection, rollout_rejection_min, rollout_rejection_max = "geometric", 0.8, 1.25
+    token_selection, token_selection_args, kl_weighting, kl_weighting_args = None, None, "importance", None
+    off_policy_mask, off_policy_mask_args = "opsm", {"threshold": 0.05}
+    rollout_rejection, rollout_rejection_args = "geometric", {"min": 0.8, "max": 1.25}
 
     def __init__(self, correction: str) -> None:
-        self.rollout_correction, self.rollout_correction_min, self.rollout_correction_max = correction, 0.5, 2.0
+        self.rollout_correction, self.rollout_correction_args = correction, {"min": 0.5, "max": 2.0}
 
 
 @pytest.mark.parametrize("correction", ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"])

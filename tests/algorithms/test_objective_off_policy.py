@@ -38,10 +38,10 @@ def _expected(cfg, logprobs, old, behaviour, ref, entropy, adv, mask, mode):
     n, t = mask.shape
     pg, _ = policy_loss(logprobs, old, adv, mask, kind="clip", clip_low=cfg.clip_low, clip_high=cfg.clip_high,
                         dual_clip=cfg.dual_clip)  # fmt: skip
-    lo, hi = cfg.rollout_correction_min, cfg.rollout_correction_max
+    lo, hi = cfg.rollout_correction_args["min"], cfg.rollout_correction_args["max"]
     values = [e for i in range(n) for j, e in enumerate(entropy[i].tolist()) if mask[i, j]]
     s = sorted(values)
-    pos = (1 - cfg.top_entropy_quantile) * (len(s) - 1)
+    pos = (1 - cfg.token_selection_args["quantile"]) * (len(s) - 1)
     threshold = s[math.floor(pos)] + (s[min(math.floor(pos) + 1, len(s) - 1)] - s[math.floor(pos)]) * (pos % 1)
     factor = torch.zeros(n, t, dtype=F64)
     selected = torch.zeros(n, t, dtype=F64)
@@ -50,9 +50,9 @@ def _expected(cfg, logprobs, old, behaviour, ref, entropy, adv, mask, mode):
         d = [old[i, j].item() - behaviour[i, j].item() for j in range(t)]
         seq = sum(d[j] for j in toks)
         geo = math.exp(seq / len(toks)) if toks else 1.0
-        keep_rs = cfg.rollout_rejection_min <= geo <= cfg.rollout_rejection_max
+        keep_rs = cfg.rollout_rejection_args["min"] <= geo <= cfg.rollout_rejection_args["max"]
         kl = sum(behaviour[i, j].item() - logprobs[i, j].item() for j in toks) / max(len(toks), 1)
-        keep_opsm = adv[i].item() >= 0 or kl <= cfg.off_policy_mask_threshold
+        keep_opsm = adv[i].item() >= 0 or kl <= cfg.off_policy_mask_args["threshold"]
         for j in range(t):
             r = math.exp(seq if cfg.rollout_correction.startswith("sequence") else d[j])
             w = min(max(r, lo), hi) if cfg.rollout_correction.endswith("truncate") else (r if lo <= r <= hi else 0.0)
@@ -69,10 +69,11 @@ def _expected(cfg, logprobs, old, behaviour, ref, entropy, adv, mask, mode):
 @pytest.mark.parametrize("seed", [0, 1])
 def test_grpo_loss_composes_the_pieces(mode, correction, seed):
     cfg = GRPOConfig(
-        rollout_correction=correction, rollout_correction_min=0.7, rollout_correction_max=1.4,
-        rollout_rejection="geometric", rollout_rejection_min=0.85, rollout_rejection_max=1.2,
-        off_policy_mask_threshold=0.05, importance_weighted_kl=True, top_entropy_quantile=0.5, entropy_coef=0.1,
-        kl_coef=0.2, clip_high=0.28,
+        rollout_correction=correction, rollout_correction_args={"min": 0.7, "max": 1.4},
+        rollout_rejection="geometric", rollout_rejection_args={"min": 0.85, "max": 1.2},
+        off_policy_mask="opsm", off_policy_mask_args={"threshold": 0.05}, kl_weighting="importance",
+        token_selection="top_entropy", token_selection_args={"quantile": 0.5}, entropy_coef=0.1, kl_coef=0.2,
+        clip_high=0.28,
     )  # fmt: skip
     logprobs, old, behaviour, ref, entropy, adv, mask = _inputs(seed)
     aggregate = lambda v: aggregate_loss(v, mask, mode, norm=5)  # noqa: E731
@@ -83,7 +84,9 @@ def test_grpo_loss_composes_the_pieces(mode, correction, seed):
     grads = torch.autograd.grad(loss, [logprobs, entropy])
     torch.testing.assert_close(grads, torch.autograd.grad(expected, [logprobs, entropy]))
     assert 0 < metrics["entropy_selected_frac"] <= 0.6 and metrics["entropy_coef"] == pytest.approx(0.1)
-    for name in ("rollout_is_weight_mean", "rollout_is_weight_max", "rollout_rs_rejected_frac", "opsm_masked_frac"):
+    names = ("rollout_is_weight_mean", "rollout_is_weight_max", "rollout_is_weight_min", "rollout_rs_rejected_frac",
+             "rollout_rs_rejected_seq_frac", "opsm_masked_frac", "opsm_masked_seq_frac")  # fmt: skip
+    for name in names:
         assert name in metrics
 
 

@@ -21,6 +21,7 @@ def test_opsm_hand_worked():
     assert keep.flatten().tolist() == [1, 0, 1, 1]
     _, metrics = off_policy_masked(torch.ones(4, 3), adv, current, sampler, mask, 1.0)
     assert metrics["opsm_masked_frac"].item() == pytest.approx(2 / 9)
+    assert metrics["opsm_masked_seq_frac"].tolist() == [1.0, 4.0]
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -8,7 +8,6 @@ import re
 import pytest
 import torch
 
-from lightning_grpo.algorithms.importance import importance_weighted
 from lightning_grpo.algorithms.rollout_correction import rejection_keep, rollout_correct, rollout_weights
 from lightning_grpo.config import GRPOConfig
 
@@ -97,14 +96,6 @@ def test_rejection_matches_the_formula(statistic, seed):
         assert keep[i] == float(0.85 <= stat <= 1.15), (i, stat)
 
 
-def test_tis_cap_is_token_truncate_with_its_cap_as_max():
-    old, behaviour, mask = _random(5)
-    per_token = torch.randn(old.shape, dtype=torch.float64)
-    tis, _ = importance_weighted(per_token, old, behaviour, mask, cap=1.2)
-    mode, _ = rollout_correct(per_token, old, behaviour, mask, ("token_truncate", None, 1.2), (None, 0.5, 2.0))
-    torch.testing.assert_close(tis * mask, mode * mask)
-
-
 def test_metrics():
     old = torch.zeros(2, 3)
     behaviour = torch.tensor([[0.0, -1.0, 0.0], [0.0, 0.0, 0.0]])  # one token ratio e
@@ -116,6 +107,22 @@ def test_metrics():
     assert metrics["rollout_is_weight_max"].item() == pytest.approx(1.0)
     assert metrics["rollout_is_weight_mean"].item() == pytest.approx(3 / 4)
     assert metrics["rollout_rs_rejected_frac"].item() == pytest.approx(3 / 4)  # row 0: e^(1/3) = 1.40 is out
+    assert metrics["rollout_is_weight_min"].item() == 0.0  # the masked token
+    assert metrics["rollout_is_masked_seq_frac"].tolist() == [1.0, 2.0]  # 1 of 2 sequences has a masked token
+    assert metrics["rollout_rs_rejected_seq_frac"].tolist() == [1.0, 2.0]  # row 0 rejected
+
+
+def test_sequence_metrics_count_sequences_with_tokens_and_the_minimum_weight_is_over_loss_tokens():
+    old = torch.zeros(4, 3)
+    behaviour = torch.tensor([[0.0, 0.5, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, -3.0], [9.0, 9.0, 9.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0], [1.0, 1.0, 0.0], [0.0, 0.0, 0.0]])  # row 3: no tokens
+    _, metrics = rollout_correct(
+        torch.ones(4, 3), old, behaviour, mask, ("token_truncate", None, 2.0), ("token_mean", 0.9, 1.1)
+    )
+    assert metrics["rollout_is_weight_min"].item() == pytest.approx(math.exp(-0.5))  # not row 3's e^-9
+    assert "rollout_is_masked_seq_frac" not in metrics  # truncation masks nothing
+    # row 0: (1 + e^-0.5 + 1)/3 = 0.87 is out; rows 1, 2 are 1 (row 2's e^3 is not a loss token)
+    assert metrics["rollout_rs_rejected_seq_frac"].tolist() == [1.0, 3.0]
 
 
 def test_needs_behaviour_logprobs():
@@ -127,14 +134,16 @@ def test_needs_behaviour_logprobs():
 @pytest.mark.parametrize(
     ("settings", "match"),
     [
-        ({"tis_cap": 2.0, "rollout_correction": "token_truncate"}, "keep one of them"),
-        ({"rollout_correction": "sequence_truncate", "rollout_correction_max": None}, "set at least one"),
-        ({"rollout_correction": "token_mask", "rollout_correction_min": 2.0, "rollout_correction_max": 1.0},
-         "rollout_correction_min=2.0 > rollout_correction_max=1.0"),
-        ({"rollout_rejection": "geometric", "rollout_rejection_min": 1.5, "rollout_rejection_max": 1.1},
-         "rollout_rejection_min=1.5 > rollout_rejection_max=1.1"),
+        ({"rollout_correction": "sequence_truncate", "rollout_correction_args": {"max": None}},
+         "rollout_correction_args={'max': None} is not valid: sequence_truncate truncates the weights"),
+        ({"rollout_correction": "token_mask", "rollout_correction_args": {"min": 2.0, "max": 1.0}},
+         "token_mask: min=2.0 > max=1.0: the band is empty"),
+        ({"rollout_rejection": "geometric", "rollout_rejection_args": {"min": 1.5, "max": 1.1}},
+         "geometric: min=1.5 > max=1.1"),
         ({"rollout_correction": "sequence_mask", "old_logprobs": "rollout"}, "old_logprobs='recompute'"),
-        ({"rollout_correction": "sequence"}, "rollout_correction"),
+        ({"rollout_correction": "sequence"}, "rollout_correction='sequence' is not valid; choose one of"),
+        ({"token_selection_args": {"quantile": 0.5}}, "token_selection_args={'quantile': 0.5} is set but"),
+        ({"off_policy_mask": "opsm"}, "needs the setting(s) threshold"),
     ],
 )  # fmt: skip
 def test_bad_settings_name_the_settings_and_the_fix(settings, match):

@@ -84,10 +84,10 @@ def test_top_entropy_mask_equals_trl(quantile):
 
 @pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
 def test_importance_weighted_kl_equals_trls_bias_corrected_kl(make_module, tokenizer, tmp_path, loss_type):
-    """``kl_estimator: k3`` + ``importance_weighted_kl: true`` is TRL's ``use_bias_correction_kl=True``."""
+    """``kl_estimator: k3`` + ``kl_weighting: importance`` is TRL's ``use_bias_correction_kl=True``."""
     module = make_module(
         [frac_a], module_cls=FixedRolloutModule, loss_agg_mode=AGG[loss_type], kl_coef=0.2, kl_estimator="k3",
-        importance_weighted_kl=True, max_new_tokens=T, temperature=1.0, max_grad_norm=None, dual_clip=None,
+        kl_weighting="importance", max_new_tokens=T, temperature=1.0, max_grad_norm=None, dual_clip=None,
         advantage_eps=1e-4,
     )  # fmt: skip
     _perturb(module.policy)

@@ -216,3 +216,25 @@ def test_vllm_settings_given_with_another_backend_are_refused(tokenizer):
     with pytest.raises(ValueError, match=r"vllm settings were given but grpo.rollout_backend is '.*RecordingBackend'"):
         GRPOModule(build_tiny_model(tokenizer), [count_a], tokenizer=tokenizer, grpo=GRPOConfig(rollout_backend=PATH),
                    vllm=VLLMConfig())  # fmt: skip
+
+
+class LogprobRecordingBackend(RecordingBackend):
+    """The same sessions (they fill ``Rollout.logprobs``), saying so."""
+
+    records_logprobs: ClassVar[bool] = True
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"), [("rollout_correction", "token_truncate"), ("rollout_rejection", "geometric")]
+)
+def test_a_correction_needs_a_backend_that_records_the_sampler_logprobs(make_module, setting, value):
+    """Refused when the module is built, naming the setting, the backend and what provides the log-probs."""
+    with pytest.raises(ValueError, match=rf"^GRPOConfig\.{setting}={value!r} compares the trainer's log-probs with the "
+                       r"sampler's \(Rollout\.logprobs\), but the rollout backend '.*RecordingBackend' does not record "
+                       r"them .*choose a rollout_backend that does \('hf' or 'vllm'\)"):  # fmt: skip
+        make_module(rollout_backend=PATH, **{setting: value})
+    declared = make_module(rollout_backend=f"{__name__}.LogprobRecordingBackend", **{setting: value})
+    assert getattr(declared.config, setting) == value
+    assert make_module(**{setting: value}).rollout_backend.records_logprobs  # the built-in hf backend records them
+    opsm = {"off_policy_mask": "opsm", "off_policy_mask_args": {"threshold": 0.5}}
+    assert make_module(rollout_backend=PATH, **opsm)  # OPSM falls back to the old log-probs

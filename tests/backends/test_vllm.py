@@ -195,10 +195,10 @@ def test_the_engine_is_shut_down_at_the_end_of_fit_and_on_an_exception():
 
 
 def test_truncated_importance_sampling_weights_are_one_when_sampler_and_trainer_agree():
-    outputs = fit(vllm_module(tis_cap=2.0), steps=2)
+    outputs = fit(vllm_module(rollout_correction="token_truncate", rollout_correction_args={"max": 2.0}), steps=2)
     for out in outputs:
-        assert abs(float(out["metrics"]["tis_weight_mean"]) - 1.0) < 1e-3
-        assert float(out["metrics"]["tis_capped_frac"]) == 0.0
+        for name in ("rollout_is_weight_mean", "rollout_is_weight_min", "rollout_is_weight_max"):
+            assert abs(float(out["metrics"][name]) - 1.0) < 1e-3, name
 
 
 _START = """

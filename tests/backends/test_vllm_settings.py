@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig
-from lightning_grpo.algorithms import truncated_importance_weights
 from lightning_grpo.backends import vllm_settings
 from lightning_grpo.backends.vllm_settings import VLLMConfig, check_installed, check_sampling, engine_lora_rank
 from lightning_grpo.testing import build_tiny_tokenizer
@@ -142,8 +141,8 @@ def test_a_fractional_kv_cache_in_the_environment_is_named_before_anything_is_wr
 def test_backend_and_tis_settings_are_checked():
     with pytest.raises(ValueError, match="rollout_backend='sglang' is not valid; choose one of 'hf', 'vllm'"):
         GRPOConfig(rollout_backend="sglang")
-    with pytest.raises(ValueError, match="tis_cap"):
-        GRPOConfig(tis_cap=0.5)
+    with pytest.raises(ValueError, match=r"rollout_correction_args=\{'max': 0.0\} is not valid"):
+        GRPOConfig(rollout_correction="token_truncate", rollout_correction_args={"max": 0.0})
     with pytest.raises(ValueError, match="set rollout_backend: vllm"):
         GRPOModule(tiny_policy(), [count_a], tokenizer=build_tiny_tokenizer(), grpo=GRPOConfig(num_generations=2),
                    vllm=VLLMConfig())  # fmt: skip
@@ -204,20 +203,9 @@ def test_vllm_is_not_imported_unless_chosen():
     assert done.stdout.strip() == "False"
 
 
-def test_truncated_importance_weights_worked_example():
-    old = torch.tensor([[-1.0, -1.0, -1.0, -3.0]])
-    behaviour = torch.tensor([[-1.0, -2.0, -0.5, -1.0]])
-    # ratios exp(0)=1, exp(1)=2.718 -> capped at 2, exp(-0.5)=0.6065, exp(-2)=0.1353
-    expected = torch.tensor([[1.0, 2.0, 0.60653066, 0.13533528]])
-    torch.testing.assert_close(truncated_importance_weights(old, behaviour, cap=2.0), expected)
-    assert not truncated_importance_weights(old.requires_grad_(), behaviour, cap=2.0).requires_grad
-    with pytest.raises(ValueError, match="cap must be a finite number >= 1"):
-        truncated_importance_weights(old, behaviour, cap=0.5)
-
-
-def test_tis_with_the_hf_backend_weights_the_loss_by_the_capped_ratio():
+def test_truncated_weights_with_the_hf_backend_weight_the_loss_by_the_capped_ratio():
     """Under Hugging Face sampling too (its log-probs are recorded): perturbed behaviour log-probs reweight the loss."""
-    from lightning_grpo.algorithms.importance import importance_weighted
+    from lightning_grpo.algorithms.corrections import build_correction
     from tests.backends.vllm_helpers import PROMPTS
 
     module = GRPOModule(tiny_policy(), [count_a], tokenizer=build_tiny_tokenizer(),
@@ -226,13 +214,12 @@ def test_tis_with_the_hf_backend_weights_the_loss_by_the_capped_ratio():
     batch = module.prepare_update(rollout, torch.ones(len(rollout)))
     per_token = torch.ones_like(rollout.logprobs)
     behaviour, mask = rollout.logprobs, batch.loss_mask
-    weighted, metrics = importance_weighted(per_token, behaviour - 1.0, behaviour, mask, cap=2.0)  # ratio e^-1
+    truncate = build_correction("rollout_correction", "token_truncate", {"max": 2.0})
+    weighted, metrics = truncate(per_token, behaviour - 1.0, behaviour, mask)  # ratio e^-1
     mask = batch.loss_mask.bool()
     torch.testing.assert_close(weighted[mask], torch.full_like(weighted[mask], float(torch.tensor(-1.0).exp())))
-    assert float(metrics["tis_capped_frac"]) == 0.0
-    weighted, metrics = importance_weighted(per_token, behaviour + 1.0, behaviour, mask, cap=2.0)  # e > cap
-    assert float(weighted[mask].max()) == pytest.approx(2.0) and float(metrics["tis_capped_frac"]) == 1.0
-    assert importance_weighted(per_token, behaviour, behaviour, mask, cap=None) == (per_token, {})
+    weighted, metrics = truncate(per_token, behaviour + 1.0, behaviour, mask)  # e > cap
+    assert float(weighted[mask].max()) == pytest.approx(2.0) == float(metrics["rollout_is_weight_min"])
 
 
 @needs_vllm

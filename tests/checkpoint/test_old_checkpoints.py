@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from lightning_grpo import GRPOConfig
+from lightning_grpo.checkpoint.old_settings import upgrade_grpo_settings
 from tests.checkpoint.fixtures.make_flat_settings_checkpoint import HERE, SETTINGS, build_module
 from tests.conftest import make_trainer, prompt_loader
 
@@ -43,7 +44,8 @@ def test_the_fixture_is_small_and_of_the_old_format():
     assert FIXTURE.stat().st_size < 1_000_000
     saved = torch.load(FIXTURE, weights_only=True)["hyper_parameters"]["grpo"]
     assert "loss_kind_args" not in saved and saved["loss_kind"] == "clip" and saved["clip_high"] == 0.28
-    assert GRPOConfig(**saved) == GRPOConfig(**SETTINGS)  # the old flat keys build today's config as they are
+    # the old flat keys build today's config as they are, the flat corrections (issue 53) in their component form
+    assert GRPOConfig(**upgrade_grpo_settings(saved)) == GRPOConfig(**SETTINGS)
 
 
 def test_an_old_checkpoint_resumes_without_edits_and_without_reported_changes(old_checkpoint, caplog):

@@ -107,11 +107,13 @@ def test_packed_rows_and_token_budgets_step_as_padded_micro_batches(single_proce
 def test_dist_adaptive_entropy_and_off_policy_metrics_agree(request, single_process, strategy):
     # The adaptive coefficient of the next step comes from the step's global entropy: the same on both ranks (the
     # ranks' metrics are compared whole above) and equal to one process's; the rollout-correction and OPSM
-    # fractions are token-weighted over all ranks.
+    # fractions are token-weighted (sequence-counted for *_seq_frac) over all ranks, the minimum weight the global one.
     case = "off-policy-adaptive-micro2"
     ranks = _rank_results(request.getfixturevalue(f"{strategy}_run"), "equivalence")
     got, expected = ranks[0]["metrics"][case], single_process[case]["metrics"]
     assert ranks[1]["metrics"][case]["entropy_coef_next"] == got["entropy_coef_next"] == pytest.approx(0.01)
     assert expected["entropy_coef_next"] == pytest.approx(0.01)
-    for name in ("train/rollout_is_weight_mean", "train/rollout_is_weight_max", "train/opsm_masked_frac"):
+    names = ("rollout_is_weight_mean", "rollout_is_weight_max", "rollout_is_weight_min", "opsm_masked_frac",
+             "opsm_masked_seq_frac")  # fmt: skip
+    for name in (f"train/{n}" for n in names):
         assert got[name] == pytest.approx(expected[name], rel=1e-5, abs=1e-7), name

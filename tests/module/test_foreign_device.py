@@ -38,6 +38,19 @@ class ForeignDefaultDevice(FixedRolloutModule):
             super().log(*args, **kwargs)
 
 
+class HostStepAdamW(torch.optim.AdamW):
+    """AdamW whose step runs with the CPU as torch's default device.
+
+    The optimizer is torch's, not the iteration's: torch 2.11's Adam/AdamW makes the lazily created ``state["step"]``
+    counter with ``torch.tensor(0.0)`` on the default device (meta here), then ``.item()`` fails on it; torch 2.13
+    passes ``device="cpu"`` there. On a GPU the default device stays the CPU, so only this test's meta device sees it.
+    """
+
+    def step(self, closure=None):
+        with torch.device("cpu"):
+            return super().step(closure)
+
+
 CASES = {
     "defaults": {},
     "process": {"advantage_estimator": "grpo_process", "process_outcome_weight": 1.0},
@@ -54,7 +67,7 @@ def test_an_iteration_makes_its_tensors_on_the_inputs_device(tokenizer, settings
     grpo = GRPOConfig(num_generations=2, max_new_tokens=6, max_prompt_length=16, **settings)
     module = ForeignDefaultDevice(build_tiny_model(tokenizer), functions, tokenizer=tokenizer, grpo=grpo,
                                   policy=PolicyConfig(lora_r=4, lora_alpha=8),
-                                  optimizer=lambda params: torch.optim.AdamW(params, lr=1e-2))  # fmt: skip
+                                  optimizer=lambda params: HostStepAdamW(params, lr=1e-2))  # fmt: skip
     prompts = ["1+1=", "1+1=", "2+3=", "2+3="]
     module.fixed = fixed_rollout(tokenizer, prompts, ["aab", "b...", "aaaa", "ba"], group_size=2)
     trainer = make_trainer(max_steps=2)

@@ -126,3 +126,13 @@ def test_a_micro_batch_over_the_packed_row_limit_runs_as_several_rows(tokenizer,
     torch.testing.assert_close(packed[2], padded[2], atol=1e-6, rtol=0)
     for got, want in zip(packed[3], padded[3], strict=True):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+
+
+def test_auto_packs_only_a_rollout_with_enough_padding(tokenizer):
+    even = mixed_rollout(len(tokenizer), [3, 5], [[6, 6], [6, 6]])  # no padding: packing would only add the mask
+    uneven = mixed_rollout(len(tokenizer), [3, 5], [[1, 12], [2, 12]])  # 21 of 48 positions are padding
+    assert packing_module.padding_fraction(even) == 0.0
+    assert packing_module.padding_fraction(uneven) == pytest.approx(21 / 48)
+    assert packing_module.packing_for(even, "auto") is False
+    assert packing_module.packing_for(uneven, "auto") == "auto"
+    assert [packing_module.packing_for(even, value) for value in (True, False)] == [True, False]  # chosen: kept

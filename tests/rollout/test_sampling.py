@@ -7,9 +7,11 @@ from dataclasses import replace
 import pytest
 import torch
 
-from lightning_grpo.rollout import SamplingSettings, completion_logprobs, generate_rollout
+from lightning_grpo.rollout import SamplingSettings, compiled_decode, completion_logprobs, generate_rollout
 from lightning_grpo.rollout import decode as decode_module
 from lightning_grpo.rollout import generation as generation_module
+from lightning_grpo.rollout.buckets import DecodeBuckets
+from lightning_grpo.rollout.compiled_decode import CompiledDecoder
 from lightning_grpo.rollout.sampling_settings import eos_token_ids
 from lightning_grpo.testing import build_tiny_model
 
@@ -46,12 +48,24 @@ def test_shared_prefill_and_our_loop_draw_what_generate_draws(tokenizer, options
     assert (reference.logprobs[~valid] == 0).all()
 
 
-@pytest.mark.parametrize("settings", [{}, {"sampler": "inverse_cdf", "drop_finished": True}])
-def test_rollout_records_the_logprobs_training_computes(tokenizer, settings):
-    """Behaviour log-probs (softmax at the temperature, before top-k/top-p and min_new_tokens) equal training's."""
+@pytest.mark.parametrize(
+    "settings",
+    [{}, {"sampler": "inverse_cdf", "drop_finished": True}, {"decode": "compiled"},
+     {"decode": "compiled", "sampler": "inverse_cdf"}],
+)  # fmt: skip
+def test_rollout_records_the_logprobs_training_computes(tokenizer, settings, monkeypatch):
+    """Behaviour log-probs (softmax at the temperature, before top-k/top-p and min_new_tokens) equal training's, on
+    every decode path (``decode: compiled`` traced by dynamo without code generation, to stay fast)."""
     model = build_tiny_model(tokenizer).eval()
     base = SamplingSettings(num_generations=3, max_new_tokens=12, temperature=0.7, top_k=20, min_new_tokens=2)
-    rollout = _sample(model, tokenizer, replace(base, **settings))
+    settings = dict(settings)
+    sample = None
+    if settings.pop("decode", None) == "compiled":
+        monkeypatch.setattr(compiled_decode, "COMPILE_BACKEND", "eager")
+        sample = CompiledDecoder(DecodeBuckets.for_run(None, max_prompt_length=16, max_new_tokens=12)).sample
+    torch.manual_seed(0)
+    settings = replace(base, **settings)
+    rollout = generate_rollout(model, tokenizer, PROMPTS, settings, max_prompt_length=16, sample=sample)
     trained = completion_logprobs(model, rollout, temperature=0.7).logprobs
     mask = rollout.completion_mask.bool()
     torch.testing.assert_close(rollout.logprobs[mask], trained[mask], atol=1e-4, rtol=0)
