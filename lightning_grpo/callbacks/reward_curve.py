@@ -85,7 +85,7 @@ class RewardCurve(Callback):
     """Draw ``train/reward_mean`` per GRPO iteration into ``reward_curve.png`` in the run's folder when fit ends.
 
     The folder is the logger's ``log_dir`` (``runs/<name>/version_N``), else ``trainer.default_root_dir`` (nothing is
-    drawn without a logger and without a ``default_root_dir``: never into the working directory). The curve
+    drawn when that is the working directory: no run folder is known then). The curve
     is kept in the checkpoint, so a resumed run draws the whole curve. Without matplotlib it draws nothing and says
     so in one line at the start of fit (the ``plot`` extra installs it). One of
     :func:`~lightning_grpo.callbacks.default_callbacks`: it reads the value
@@ -128,7 +128,7 @@ class RewardCurve(Callback):
         if not self._enabled or not self.rewards or not trainer.is_global_zero:
             return
         folder = Path(trainer.log_dir if trainer.loggers and trainer.log_dir else trainer.default_root_dir)
-        if not trainer.loggers and folder.resolve() == Path.cwd().resolve():  # no run folder: not the working dir
+        if folder.resolve() == Path.cwd().resolve():  # no run folder (no logger, or one without files): not the cwd
             return
         folder.mkdir(parents=True, exist_ok=True)
         title = self.title if self.title is not None else _default_title(trainer, pl_module, folder)
