@@ -38,7 +38,8 @@ def run_side(side: str, workload_json: str, model_dir: Path, *, with_limits: boo
     from benchmarks.workload import Workload
 
     work = Workload.from_json(workload_json)
-    torch.set_num_threads(work.threads or len(os.sched_getaffinity(0)))  # 0: every core, as a TRL script does
+    if work.threads:  # 0: nothing chosen, PyTorch's own count (every core), and our side applies its default
+        torch.set_num_threads(work.threads)
     torch.set_num_interop_threads(1)
     device = work.resolved_device()
     start = time.perf_counter()

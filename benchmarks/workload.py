@@ -40,9 +40,8 @@ class Workload:
         steps: Measured steps.
         warmup_steps: Steps run first and left out of the medians.
         threads: ``torch.set_num_threads`` in each side's process, pinned through ``OMP_NUM_THREADS`` before torch
-            starts; 0: the machine's default (no thread variable set; each side's process calls
-            ``torch.set_num_threads`` with the cores it may use, as a TRL script does, and our side applies its own
-            default, ``lightning_grpo.iteration.cpu_threads``).
+            starts; 0: nothing chosen (no thread variable, no ``torch.set_num_threads`` call): PyTorch's own count,
+            one thread per core, and our side applies its default (``lightning_grpo.iteration.cpu_threads``).
         device: ``"cpu"``, ``"cuda"`` or ``"auto"`` (CUDA when available).
         packing: Ours only: ``GRPOConfig.packing`` (``"auto"``, ``"true"``, ``"false"``).
         gradient_checkpointing: Recompute activations in the update pass (both sides).
