@@ -35,9 +35,9 @@ __all__ = [
 DecodePath = Literal["auto", "eager", "compiled"]
 DECODE_PATHS: tuple[str, ...] = get_args(DecodePath)
 
-#: Whether ``decode: auto`` picks the compiled path on the CPU. The one place the CPU choice is written: flip it when
-#: ``benchmarks/compiled_decode.py`` measures the compiled step faster than the eager loop on the CPU
-#: (docs/benchmarks.md, "Compiled decode").
+#: Whether ``decode: auto`` picks the compiled path on the CPU. The one place the CPU choice is written: measured
+#: slower on 2026-11-28 (``benchmarks/compiled_decode.py``, 30M model: 0.81x the eager loop with ``multinomial``,
+#: 0.97x with ``inverse_cdf``; docs/benchmarks.md, "Compiled decode"); flip it when a measurement says otherwise.
 CPU_PREFERS_COMPILED = False
 
 #: Default length buckets are multiples of this many positions.
