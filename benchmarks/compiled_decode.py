@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -35,12 +34,12 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 from transformers import Qwen2ForCausalLM
 
+from benchmarks.decode_paths import time_path
 from benchmarks.measure import device_limits
 from benchmarks.models import PRESETS, ModelPreset, ParamCounts, build_word_tokenizer, param_counts
 from benchmarks.workload import make_prompts
 from lightning_grpo import PolicyConfig
 from lightning_grpo.policy import load_policy
-from lightning_grpo.policy.sampling_adapter import sampling_adapter
 from lightning_grpo.rollout.buckets import DecodeBuckets
 from lightning_grpo.rollout.compiled_decode import CompiledDecoder
 from lightning_grpo.rollout.decode import decode_loop
@@ -73,20 +72,6 @@ def _eager_loop(policy: Any, tokenizer: Any, ids: torch.Tensor, mask: torch.Tens
     return decode_loop(policy, ids, mask, s, eos_token_ids(tokenizer), tokenizer.pad_token_id)
 
 
-def _timed(sample: Sample, policy: Any, tokenizer: Any, ids: torch.Tensor, mask: torch.Tensor,
-           settings: SamplingSettings, mode: str) -> float:  # fmt: skip
-    """Seconds of one sampling call (CUDA synchronised on both ends)."""
-    if ids.is_cuda:
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    with torch.no_grad(), sampling_adapter(policy, mode):
-        sampled = sample(policy, tokenizer, ids, mask, settings)
-    if ids.is_cuda:
-        torch.cuda.synchronize()
-    assert sampled.sequences.shape[1] == ids.shape[1] + settings.max_new_tokens
-    return time.perf_counter() - start
-
-
 def _paths(sampler: str, decoder: CompiledDecoder) -> dict[str, Sample]:
     paths: dict[str, Sample] = {"eager loop": _eager_loop, "compiled": decoder.sample}
     if sampler == "multinomial":
@@ -105,8 +90,8 @@ def _time_pair(args: argparse.Namespace, policy: Any, tokenizer: Any, batch: tup
     results: dict[str, Any] = {}
     for name, sample in _paths(sampler, decoder).items():
         torch.manual_seed(0)
-        first = _timed(sample, policy, tokenizer, ids, mask, settings, mode)
-        warm = min(_timed(sample, policy, tokenizer, ids, mask, settings, mode) for _ in range(args.repeats))
+        first = time_path(policy, tokenizer, ids, mask, settings, mode, sample)
+        warm = min(time_path(policy, tokenizer, ids, mask, settings, mode, sample) for _ in range(args.repeats))
         compile_s = max(first - warm, 0.0)
         amortised = warm + compile_s / args.run_steps
         results[name] = {
