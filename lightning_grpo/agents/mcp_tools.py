@@ -34,7 +34,7 @@ from typing import Any, Literal
 
 from lightning_grpo.agents.execution import FatalToolError
 from lightning_grpo.agents.tools import Tool
-from lightning_grpo.extras import MissingExtraError, install_hint, require
+from lightning_grpo.extras import require
 from lightning_grpo.settings_checks import check_number
 
 __all__ = [
@@ -150,10 +150,7 @@ class MCPToolServer:
 
     def _start(self) -> None:
         self._reset_runtime()
-        try:
-            import mcp  # noqa: F401 - the optional dependency, only when a server is used
-        except ImportError as err:
-            raise MissingExtraError(f"{self.label} needs mcp, which is not installed: {install_hint('mcp')}") from err
+        require("mcp", self.label)  # again in this process: a pickled server starts in a spawned DDP rank
         self._pid = os.getpid()
         self._stderr = tempfile.TemporaryFile(mode="w+", encoding="utf-8")  # noqa: SIM115 - closed in close()
         self._loop = asyncio.new_event_loop()
