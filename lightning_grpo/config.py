@@ -147,6 +147,13 @@ class GRPOConfig:
     """What samples the rollouts: ``"hf"`` (Hugging Face ``generate``, or our own loop), ``"vllm"`` (a colocated vLLM
     engine; the module's ``vllm`` settings, ``docs/vllm.md``; TRL ``use_vllm`` with ``vllm_mode="colocate"``), or the
     import path of a user's ``RolloutBackend`` class (``"my_project.backends.MyBackend"``, ``docs/backends.md``)."""
+    async_rollout: bool = False
+    """Sample one step ahead: the next step's rollout is sampled in a background thread while this step updates the
+    policy, with the adapter of the step before (one step off-policy, logged as ``rollout/staleness``; the first step
+    samples synchronously). Needs a backend that samples apart from the trainer (``rollout_backend: vllm_server``);
+    not with a ``generate`` override, ``dynamic_sampling``, tools, environments, agent code or FSDP2. Pair it with a
+    ``rollout_correction`` (``token_truncate``) so the behaviour log-probs correct the staleness (docs/vllm.md, "One
+    step ahead (async_rollout)"; TRL and verl: one-step off-policy)."""
     rollout_backend_args: dict[str, Any] | None = None
     """The backend's own settings: keyword arguments of its ``settings_class`` (for ``"vllm"``: ``VLLMConfig``'s
     fields); an unknown key is an error naming the allowed ones. Saved in the checkpoint's hyper-parameters with the

@@ -191,6 +191,11 @@ def _check_ranges(config: Any) -> None:
             "num_generations",
             config.num_generations,
         )
+    if config.async_rollout and config.dynamic_sampling:
+        raise ValueError(
+            "async_rollout=True cannot be combined with dynamic_sampling=True: its extra sampling rounds would sample "
+            "beside the rollout running ahead, with another adapter; turn one of them off"
+        )
     if needs.step_rewards and config.dynamic_sampling:
         raise ValueError(
             "dynamic_sampling keeps groups whose outcome rewards differ, which says nothing of their step rewards: "

@@ -25,11 +25,12 @@ from lightning_grpo.agents import EnvironmentFactory, ToolCallParser
 from lightning_grpo.algorithms import compute_advantages
 from lightning_grpo.algorithms.entropy import controller_state, entropy_controller, restore_controller
 from lightning_grpo.algorithms.objective import grpo_loss
-from lightning_grpo.backends import BackendRun, RolloutBackend, VLLMConfig, build_backend
+from lightning_grpo.backends import BackendRun, VLLMConfig, build_backend
 from lightning_grpo.callbacks.defaults import module_callbacks
 from lightning_grpo.checkpoint import check_resume, describe_policy, install_checked_io, keep_adapter_only, settings_of
 from lightning_grpo.config import GRPOConfig
 from lightning_grpo.iteration import LossCounts, PhaseTimer, StepContext, StepOutput, UpdateBatch
+from lightning_grpo.iteration.async_rollout import ahead_of, step_rollout
 from lightning_grpo.iteration.context import any_rank
 from lightning_grpo.iteration.cpu_threads import apply_default_cpu_threads
 from lightning_grpo.iteration.dynamic_sampling import dynamic_sample
@@ -136,7 +137,7 @@ class GRPOModule(LightningModule):
         self.use_default_callbacks = default_callbacks
         run = BackendRun(cfg, self.policy_config, None if name is None else str(name),
                          generate_overridden=type(self).generate is not GRPOModule.generate)  # fmt: skip
-        self.rollout_backend: RolloutBackend = build_backend(run, vllm)  # always one (docs/backends.md)
+        self.rollout_backend = ahead_of(build_backend(run, vllm), cfg, self.agent, self.agent_fn)  # always one
         self.timer, self._warned = PhaseTimer(), set[str]()  # the run's warnings given: shared by every step's context
         self._context: StepContext | None = None  # the running training_step's context
         self._packing: bool | str | None = None  # the packing of this step's log-prob passes (packing_for)
@@ -158,13 +159,12 @@ class GRPOModule(LightningModule):
     def training_step(self, batch: Mapping[str, Sequence[Any]], batch_idx: int) -> StepOutput:
         """One GRPO iteration: sample, score, advantages, fixed log-probs, then ``ppo_epochs`` of updates."""
         self._context = context = self.step_context()  # once per step: update_policy reads it
-        timer = context.timer
-        timer.reset()
+        (timer := context.timer).reset()
         with seeded(context.seed, self.device):  # depends only on (seed, step, rank): a resumed run samples the same
             with timer("sync"):  # the policy's weights reach the backend (docs/backends.md)
                 self.rollout_backend.sync(self.policy, self.global_step)
-            with timer("generate"):
-                rollout = self.generate(batch)  # 1
+            with timer("generate"):  # 1; with async_rollout, the rollout sampled during the last step's update
+                rollout = step_rollout(self, batch, context)
             with timer("score"):
                 scores = self.score(rollout)  # 2
             if self.config.dynamic_sampling:  # more prompts until groups carry signal (docs/dynamic-sampling.md)

@@ -20,7 +20,9 @@ from lightning_grpo.backends.vllm import VLLMBackend
 from lightning_grpo.backends.vllm_settings import VLLMConfig
 from lightning_grpo.settings_checks import SettingError
 
-__all__ = ["BACKENDS", "backend_class", "backend_settings", "build_backend", "check_behaviour_logprobs"]
+__all__ = [
+    "BACKENDS", "backend_class", "backend_settings", "build_backend", "check_async_rollout", "check_behaviour_logprobs",
+]  # fmt: skip
 
 #: The built-in backends by name.
 BACKENDS: dict[str, type] = {"hf": HFBackend, "vllm": VLLMBackend}
@@ -150,6 +152,33 @@ def check_behaviour_logprobs(cls: type, run: BackendRun, name: str) -> None:
     )  # fmt: skip
 
 
+def check_async_rollout(cls: type, run: BackendRun, name: str) -> None:
+    """Refuse ``GRPOConfig.async_rollout`` with a backend whose ``samples_apart`` is not true (its sampling would
+    race the update in this process), or with a ``generate`` override (it may not sample through the backend).
+
+    Raises:
+        SettingError: Names the setting, the backend and the backends that allow it.
+    """
+    if not getattr(run.grpo, "async_rollout", False):
+        return
+    setting = "GRPOConfig.async_rollout"
+    if not getattr(cls, "samples_apart", False):
+        allowed = ", ".join(sorted(n for n, c in BACKENDS.items() if getattr(c, "samples_apart", False)))
+        raise SettingError(
+            f"{setting}=True samples the next rollout in a background thread during the update, but the rollout "
+            f"backend {name!r} samples in the trainer process with the weights being updated (its samples_apart is "
+            f"not true); choose a backend that samples apart ({allowed or 'vllm_server'}, or your own declaring "
+            "samples_apart = True), or set async_rollout to false",
+            setting, True,
+        )  # fmt: skip
+    if run.generate_overridden:
+        raise SettingError(
+            f"{setting}=True needs GRPOModule.generate: a subclass's own generate is not known to sample only "
+            "through the backend (the background thread may not touch the policy); set async_rollout to false",
+            setting, True,
+        )  # fmt: skip
+
+
 def build_backend(run: BackendRun, vllm: VLLMConfig | None = None) -> RolloutBackend:
     """The backend ``run.grpo.rollout_backend`` names, built with ``run.grpo.rollout_backend_args`` (or ``vllm``).
 
@@ -159,7 +188,7 @@ def build_backend(run: BackendRun, vllm: VLLMConfig | None = None) -> RolloutBac
 
     Raises:
         SettingError: See :func:`backend_class`, :func:`backend_settings`, :func:`check_supported`,
-            :func:`check_turn_cache`, :func:`check_behaviour_logprobs`.
+            :func:`check_turn_cache`, :func:`check_behaviour_logprobs`, :func:`check_async_rollout`.
         ValueError: ``vllm`` settings with another backend, or with ``rollout_backend_args`` too.
     """
     name, args = run.grpo.rollout_backend, run.grpo.rollout_backend_args
@@ -169,6 +198,7 @@ def build_backend(run: BackendRun, vllm: VLLMConfig | None = None) -> RolloutBac
     if vllm is not None and args:
         raise ValueError("vllm settings were given twice: as the module's vllm and grpo.rollout_backend_args; keep one")
     settings = vllm if vllm is not None else backend_settings(cls, args, name)
+    check_async_rollout(cls, run, name)  # before anything is built
     backend = cls(settings, run)
     check_supported(cls, run, name)
     check_turn_cache(cls, run, name)

@@ -61,6 +61,14 @@ class RolloutBackend(Protocol):
             ``None``: it takes none.
         supported_settings: The :data:`OPTIONAL_SETTINGS` it honours; a run that needs another is refused at set-up
             with an error naming the setting.
+        samples_apart: Optional, read as ``getattr(cls, "samples_apart", False)`` (not a member ``isinstance``
+            checks; ``hf`` and ``vllm`` leave it out: ``False``). ``True`` says that its sampling runs outside the
+            trainer process, from the adapter the last :meth:`sync` sent (a server), so a session may run in a
+            background thread while the main thread updates the policy (``GRPOConfig.async_rollout``, one step
+            ahead). Such a backend's session must then use nothing the update changes: not the ``policy``
+            argument's weights, not torch's global random generators (derive request seeds from its own state), no
+            collective; its :meth:`release` must leave a running session alone. ``async_rollout`` with a backend
+            that does not declare it is refused at set-up.
 
     Example::
 
