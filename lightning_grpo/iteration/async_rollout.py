@@ -6,9 +6,10 @@ adapter its last ``sync`` sent: ``vllm_server``); ``lightning_grpo.backends.buil
 backend is then an :class:`AheadBackend` and ``training_step`` takes its rollout through :func:`step_rollout`:
 
 * **Step k+1's prompts**: during step k, the batch Lightning will hand to step k+1 is drawn one batch early from the
-  fit loop's data fetcher (:func:`next_batch`: as Lightning's own prefetch of unsized loaders does) and kept there,
-  so Lightning hands exactly it to step k+1; step k+1 checks that the batch it was given equals the one sampled
-  ahead, else it drops that rollout and samples synchronously. Same prompts, same order, same number of steps.
+  fit loop's data fetcher's iterator (:func:`next_batch`; Lightning prefetches one itself for a loader without a
+  length) and held there, so Lightning hands exactly it to step k+1; step k+1 checks that the batch it was given
+  equals the one sampled ahead, else it drops that rollout and samples synchronously. Same prompts, same order,
+  same number of steps.
 * **Weights**: the next rollout starts right after this step's ``sync`` (the weights before this step's update), so
   it samples with the adapter of the step before the one it trains (staleness 1; the first step of a fit and of each
   epoch, a step after a dropped rollout, samples synchronously: staleness 0). Logged as ``rollout/staleness``. The
@@ -18,7 +19,7 @@ backend is then an :class:`AheadBackend` and ``training_step`` takes its rollout
   collective, never logs, never touches the policy. Every ``sync`` on the main thread (the next step's,
   validation's) first waits for it; an exception there is raised on the main thread at the next step, as its cause.
   ``close`` (the end of fit, or an exception anywhere, the update's included: ``CloseRolloutBackend``) cancels it at
-  its next sampling call and joins it, then closes the backend.
+  its next sampling call, closes the backend (a request in flight fails) and joins it.
 * **Checkpoints** hold no rollout: a resumed run samples its first step synchronously (staleness 0), then runs ahead.
 """
 
@@ -26,13 +27,14 @@ from __future__ import annotations
 
 import copy
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import closing
 from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
-from lightning.pytorch.loops.fetchers import _DataFetcher, _PrefetchDataFetcher
+from lightning.pytorch.loops.fetchers import _PrefetchDataFetcher
 from torch import nn
 
 from lightning_grpo.config import GRPOConfig
@@ -137,9 +139,13 @@ class AheadBackend:
         self.backend.release()
 
     def close(self) -> None:
-        """Cancel and join the rollout running ahead, drop it, then close the backend (safe to call twice)."""
-        self.cancel()
-        self.backend.close()
+        """Cancel the rollout running ahead, close the backend (a request in flight then fails instead of running
+        on), join the rollout and drop it (safe to call twice)."""
+        self._cancelled.set()
+        try:
+            self.backend.close()
+        finally:
+            self.cancel()
 
     @property
     def running(self) -> bool:
@@ -201,28 +207,48 @@ def _same_batch(first: Batch, second: Batch) -> bool:
         return False
 
 
+class _Lookahead(Iterator[Any]):
+    """The fit loop's batch iterator, with one item drawn early and held until Lightning asks for it."""
+
+    def __init__(self, iterator: Iterator[Any]) -> None:
+        self.iterator, self.held = iterator, deque[Any]()
+
+    def __next__(self) -> Any:
+        return self.held.popleft() if self.held else next(self.iterator)
+
+    def peek(self) -> Any:
+        """The next item, drawn now (``StopIteration`` at the end)."""
+        if not self.held:
+            self.held.append(next(self.iterator))
+        return self.held[0]
+
+
 def next_batch(trainer: Any, updates: int) -> Batch | None:
     """The batch Lightning will hand to the next ``training_step``, drawn now from the fit loop's data fetcher and
-    kept there; ``None`` when there is none to know of: the epoch's last batch, a fit that stops after this step
+    held there; ``None`` when there is none to know of: the epoch's last batch, a fit that stops after this step
     (``max_steps`` reached by this step's ``updates`` optimizer steps, ``should_stop``), a fetcher of another kind.
 
-    This reads Lightning's fetcher (``_PrefetchDataFetcher``, Lightning 2.x): one batch drawn early, as Lightning does
-    itself for a loader without a length. Lightning hands the batch through its transfer hooks after; the next step
-    compares what it was given with what was sampled (:meth:`AheadBackend.take`).
+    This reads Lightning's fetcher (``_PrefetchDataFetcher``, Lightning 2.x): a batch it prefetched itself (a loader
+    without a length), else one drawn early from its iterator, which it then hands out and counts as usual (so the
+    epoch's last batch is still known as such). Lightning passes the batch through its transfer hooks after; the next
+    step compares what it was given with what was sampled (:meth:`AheadBackend.take`).
     """
     fetcher = getattr(getattr(trainer, "fit_loop", None), "_data_fetcher", None)
-    if not isinstance(fetcher, _PrefetchDataFetcher) or trainer.should_stop:
+    if not isinstance(fetcher, _PrefetchDataFetcher) or trainer.should_stop or fetcher.iterator is None:
         return None
     if 0 <= trainer.max_steps <= trainer.global_step + updates:
         return None
-    if not fetcher.batches:
-        if fetcher.done:
-            return None
+    if fetcher.batches:
+        item = fetcher.batches[0]
+    elif fetcher.done:
+        return None
+    else:
+        if not isinstance(fetcher.iterator, _Lookahead):  # a new one each epoch (Lightning's iter(fetcher))
+            fetcher.iterator = _Lookahead(fetcher.iterator)
         try:
-            fetcher.batches.append(_DataFetcher.__next__(fetcher))  # one more from the loader (counted as fetched)
+            item = fetcher.iterator.peek()
         except StopIteration:
             return None
-    item = fetcher.batches[0]
     return item[0] if isinstance(item, tuple) else item  # (batch, batch_idx, dataloader_idx)
 
 
