@@ -225,3 +225,44 @@ def test_a_batch_other_than_the_one_sampled_ahead_is_sampled_now(make_module):
     assert ahead.take({"prompt": list(BATCHES[1])}, 1) == ("rollout of", tuple(BATCHES[1]))
     ahead.close()
     assert not ahead_threads() and torch.is_tensor(next(module.policy.parameters()))
+
+
+def _stream(**kwargs):
+    from lightning_grpo import PromptDataModule
+    from tests.conftest import prompt_records
+
+    return PromptDataModule(prompt_records(8), batch_size=2, seed=1, **kwargs)  # 4 steps per epoch
+
+
+def test_a_resumed_fit_starts_synchronously_on_the_prompts_not_trained_yet(make_module, tmp_path):
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    straight = Watch(wait=False)
+    make_trainer(max_steps=6, callbacks=[straight]).fit(
+        make_module(rollout_backend=PATH, async_rollout=True), _stream()
+    )
+    first = Watch(wait=False)
+    checkpoint = ModelCheckpoint(dirpath=tmp_path, save_last=True, every_n_train_steps=2)  # mid-epoch, one ahead
+    module = make_module(rollout_backend=PATH, async_rollout=True)
+    make_trainer(max_steps=2, enable_checkpointing=True, callbacks=[checkpoint, first]).fit(module, _stream())
+    resumed = Watch(wait=False)
+    module = make_module(rollout_backend=PATH, async_rollout=True)
+    make_trainer(max_steps=6, callbacks=[resumed]).fit(module, _stream(), ckpt_path=tmp_path / "last.ckpt")
+    assert first.prompts + resumed.prompts == straight.prompts  # the batch drawn ahead at the save is trained after
+    assert first.staleness + resumed.staleness == [0.0, 1.0, 0.0, 1.0, 0.0, 1.0]  # resume, then epoch 2: synchronous
+    assert straight.staleness == [0.0, 1.0, 1.0, 1.0, 0.0, 1.0] and not ahead_threads()
+
+
+def test_validation_waits_for_the_rollout_ahead_and_keeps_it(make_module):
+    from tests.conftest import prompt_records
+
+    watch = Watch(wait=False)
+    module = make_module(rollout_backend=PATH, async_rollout=True)
+    trainer = make_trainer(max_steps=4, val_check_interval=1, callbacks=[watch])
+    trainer.fit(module, _stream(val_data=prompt_records(2)))
+    events = module.rollout_backend.backend.events
+    assert watch.staleness == [0.0, 1.0, 1.0, 1.0]  # the rollouts sampled ahead survived each validation
+    for i, event in enumerate(events):  # no validation sampling while a rollout ahead was in flight
+        if event[0] == "sample" and event[3] == THREAD:
+            done = next(j for j in range(i, len(events)) if events[j][0] == "sampled" and events[j][3] == THREAD)
+            assert all(e[3] == THREAD or e[0] not in ("sample", "sync") for e in events[i:done])
