@@ -105,6 +105,8 @@ class AheadBackend:
         return self._tokenizer[1]
 
     def __getattr__(self, name: str) -> Any:  # settings_class, records_logprobs, a backend's own attributes
+        if "backend" not in self.__dict__:  # being built or copied
+            raise AttributeError(name)
         return getattr(self.__dict__["backend"], name)
 
     def start(self, policy: Any, seed: int, *, sharded: bool) -> None:
