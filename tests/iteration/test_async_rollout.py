@@ -266,3 +266,27 @@ def test_validation_waits_for_the_rollout_ahead_and_keeps_it(make_module):
         if event[0] == "sample" and event[3] == THREAD:
             done = next(j for j in range(i, len(events)) if events[j][0] == "sampled" and events[j][3] == THREAD)
             assert all(e[3] == THREAD or e[0] not in ("sample", "sync") for e in events[i:done])
+
+
+class Agreement(L.Callback):
+    def __init__(self) -> None:
+        self.rows: list[tuple[float, float, float]] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        metrics = trainer.callback_metrics
+        self.rows.append(tuple(float(metrics[name]) for name in (
+            "rollout/staleness", "train/rollout_logprob_diff_max", "train/rollout_is_weight_mean")))  # fmt: skip
+
+
+def test_the_correction_compares_with_the_stale_behaviour_logprobs(make_module):
+    def length(prompts, completions, **_):
+        return [float(len(c)) for c in completions]  # varies within groups: every step updates the adapter
+
+    module = make_module([length], rollout_backend=PATH, async_rollout=True, rollout_correction="token_truncate",
+                         rollout_correction_args={"max": 100.0})  # fmt: skip
+    agreement = Agreement()
+    make_trainer(max_epochs=1, callbacks=[agreement]).fit(module, loader())
+    (fresh, *stale) = agreement.rows
+    assert fresh[0] == 0.0 and fresh[1] < 1e-4 and fresh[2] == pytest.approx(1.0, abs=1e-4)  # the same weights
+    for staleness, diff, weight in stale:  # sampled by the adapter before the last update: the weights see it
+        assert staleness == 1.0 and diff > 1e-3 and abs(weight - 1.0) > 1e-5
