@@ -43,8 +43,8 @@ class PolicyClient(openai.AsyncOpenAI):
     """
 
     def __init__(self, endpoint: TrajectoryEndpoint) -> None:
-        super().__init__(api_key="in-process", base_url=IN_PROCESS_URL, max_retries=0,
-                         http_client=_unused_http_client())  # fmt: skip
+        # the SDK's own __init__ (URL parsing, auth, an HTTP client) gives every client the same state: built once
+        self.__dict__.update(_sdk_state())
         self.endpoint, self.model = endpoint, endpoint.model
         self._chat = _Chat(self)
 
@@ -91,10 +91,13 @@ class _Chat:
 
 
 @functools.cache
-def _unused_http_client() -> Any:
-    """One HTTP client for every policy client: never used (no request leaves the process), but the SDK builds one,
-    and building one per client (an SSL context each) would cost more than the sampling."""
-    return openai.DefaultAsyncHttpxClient()
+def _sdk_state() -> dict[str, Any]:
+    """The attributes ``AsyncOpenAI.__init__`` gives an in-process client, made once: every policy client shares
+    them (its HTTP client is never used, as no request leaves the process). Building them per client costs about as
+    much as the rest of its call (the base URL alone is parsed twice)."""
+    sdk = openai.AsyncOpenAI(api_key="in-process", base_url=IN_PROCESS_URL, max_retries=0,
+                             http_client=openai.DefaultAsyncHttpxClient())  # fmt: skip
+    return dict(vars(sdk))
 
 
 def _httpx() -> Any:
