@@ -130,5 +130,22 @@ AGENTS_PER_POOL = 16
 
 def http_client_for(url: str, key: str, call_timeout: float, http_client: Any) -> openai.AsyncOpenAI:
     """The ``AsyncOpenAI`` a Python agent gets with ``agent_transport="http"``: the server's URL and the trajectory's
-    key; its timeout outlasts the server's own (``agent_call_timeout``, answered with 504), the SDK's retries on."""
-    return openai.AsyncOpenAI(base_url=url, api_key=key, timeout=call_timeout + 10.0, http_client=http_client)
+    key; its timeout outlasts the server's own (``agent_call_timeout``, answered with 504), the SDK's retries on.
+
+    The SDK looks up the platform (for its headers) in a worker thread at each client's first request: a thread hop
+    per agent, and a thread pool grown for it, at every rollout. The clients made here are given it, looked up once.
+    """
+    client = openai.AsyncOpenAI(base_url=url, api_key=key, timeout=call_timeout + 10.0, http_client=http_client)
+    if getattr(client, "_platform", False) is None:  # an SDK that keeps it there (openai >= 1)
+        client._platform = _platform()
+    return client
+
+
+@functools.cache
+def _platform() -> Any:
+    """The SDK's platform headers' source, looked up once per process (``None``: let the SDK look it up)."""
+    try:
+        from openai._base_client import get_platform
+    except ImportError:  # pragma: no cover - an SDK that moved it
+        return None
+    return get_platform()
