@@ -131,14 +131,13 @@ class AgentServer:
             self._server.should_exit = True
             if _close_now(self._server):
                 self._task.cancel()
-            try:
-                await asyncio.wait_for(asyncio.gather(self._task, return_exceptions=True), 5.0)
-            except TimeoutError:
+            done, _ = await asyncio.wait({self._task}, timeout=5.0)  # neither raises its error nor cancels it
+            if not done:
                 self._server.force_exit = True
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(self._task, 5.0)
-            except Exception:  # a failure while stopping must not hide the rollout's own error
-                pass
+            elif not self._task.cancelled():
+                self._task.exception()  # a failure while stopping must not hide the rollout's own error: read, dropped
         if self._socket is not None:
             self._socket.close()
         self._server = self._task = self._socket = None
