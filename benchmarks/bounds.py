@@ -67,7 +67,7 @@ def format_bounds(report: dict[str, Any]) -> str:
     lines = [f"compute bound (real tokens at the measured matmul peak, {peak / 1e9:.0f} GFLOP/s):"]
     for name, side in report["sides"].items():
         parts = [
-            f"{phase} {row['seconds']:.2f} s vs {row['bound_seconds']:.2f} s ({row['fraction']:.0%})"
+            f"{phase} {row['seconds']:.3g} s vs {row['bound_seconds']:.3g} s ({row['fraction']:.1%})"
             for phase, row in side["bounds"].items()
         ]
         lines.append(f"  {name}: " + "; ".join(parts))
