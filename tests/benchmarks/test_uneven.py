@@ -115,3 +115,23 @@ def test_the_hook_refuses_a_batch_it_cannot_map(tiny):
             model(input_ids=torch.full((3, 4), 12))  # 3 rows deciding token 2, where rows may end
     finally:
         scripted.detach()
+
+
+def test_side_bounds_skip_phases_that_did_not_run_and_sum_the_rest():
+    from benchmarks.bounds import side_bounds
+
+    side = {"step_seconds": 10.0, "phase_seconds": {"generate": 4.0, "score": 0.5, "old_logprobs": 0.0,
+                                                   "reference": 1.0, "update": 4.0}}  # fmt: skip
+    bounds = {"generate": 1.0, "score": 0.0, "old_logprobs": 0.5, "reference": 0.5, "update": 1.0, "step": 3.0}
+    rows = side_bounds(side, bounds)
+    assert set(rows) == {"generate", "reference", "update", "step"}
+    assert rows["step"]["bound_seconds"] == 2.5 and rows["update"]["fraction"] == 0.25
+
+
+def test_trl_reward_records_each_rollouts_completion_lengths():
+    pytest.importorskip("trl")
+    from benchmarks.trl_side import _LengthRecorder
+
+    reward = _LengthRecorder()
+    scores = reward(["p", "p"], ["77", "a7"], completion_ids=[[5, 6, 1], [5, 1]], trainer_state=None)
+    assert scores == [1.0, 0.5] and reward.rollouts == [[3, 2]] and reward.__name__ == "fraction_of_sevens"
