@@ -67,6 +67,8 @@ def parse_variant(text: str, work: Any) -> tuple[str, Any]:
     from dataclasses import fields, replace
 
     name, _, spec = text.partition(":")
+    if name in ("ours", "trl"):
+        raise ValueError(f"--variant {text!r}: name it anything but 'ours' or 'trl' (the sides' own names)")
     types = {f.name: type(getattr(work, f.name)) for f in fields(work)}
     changes: dict[str, Any] = {}
     for item in filter(None, spec.split(",")):

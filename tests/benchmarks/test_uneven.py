@@ -46,6 +46,8 @@ def test_the_uneven_preset_has_at_least_half_padding_and_refuses_fixed_lengths()
     assert (name, padded.packing, padded.micro_batch_tokens, padded.kl_coef) == ("padded", "false", 700, 0.04)
     with pytest.raises(ValueError, match="FIELD one of"):
         parse_variant("x:nonsense=1", work)
+    with pytest.raises(ValueError, match="anything but"):
+        parse_variant("trl:packing=false", work)
 
 
 def test_check_lengths_compares_every_rollout_as_a_multiset():
