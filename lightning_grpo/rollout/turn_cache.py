@@ -129,7 +129,10 @@ class TurnCache:
         if kept is None:
             return 0
         count = min(len(kept.tokens), len(context) - 1)
-        same = next((i for i in range(count) if kept.tokens[i] != context[i]), count)
+        if kept.tokens[:count] == context[:count]:  # the usual case, compared at C speed
+            same = count
+        else:
+            same = next(i for i in range(count) if kept.tokens[i] != context[i])
         if same < len(kept.tokens):  # the context changed under the cache: keep only the common part
             kept.tokens = kept.tokens[:same]
             kept.layers = [(k[:, :same], v[:, :same]) for k, v in kept.layers]
@@ -164,7 +167,8 @@ def _take(
     """The compact cache of each row leaving the batch: ``{call row: (tokens held, per-layer keys and values)}``."""
     taken = {}
     for call_row, batch_row, row_mask in zip(call_rows.tolist(), batch_rows.tolist(), mask, strict=True):
-        read = row_mask.bool()
-        layers = [(layer.keys[batch_row][:, read], layer.values[batch_row][:, read]) for layer in cache.layers]
-        taken[call_row] = (int(read.sum()), layers)
+        read = row_mask.nonzero().squeeze(-1)  # one host sync per row, not one per layer (a boolean index each)
+        layers = [(layer.keys[batch_row].index_select(1, read), layer.values[batch_row].index_select(1, read))
+                  for layer in cache.layers]  # fmt: skip
+        taken[call_row] = (len(read), layers)
     return taken
