@@ -150,6 +150,11 @@ def test_the_module_tells_the_backend_whether_its_rollouts_take_turns():
     assert module(environment_factory=CountdownEnv).rollout_backend.multi_turn
     assert not module(environment_factory=CountdownEnv, grpo={"max_turns": 1}).rollout_backend.multi_turn
 
+    async def agent(client, row):  # agent code may call as often as it likes: max_turns does not bound it
+        return 1.0
+
+    assert module(agent=agent, grpo={"max_turns": 1}).rollout_backend.multi_turn
+
 
 def test_a_turn_cache_that_cannot_be_kept_is_a_clear_error(model):
     with pytest.raises(ValueError, match=r"turn_cache=True cannot be kept under FSDP2.*generate"):
