@@ -75,7 +75,8 @@ class TurnCache:
         """
         rows, g = list(rows), settings.num_generations
         self._kept = {row: self._kept[row] for row in rows if row in self._kept}  # finished trajectories leave
-        contexts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask, strict=True)]
+        contexts = [[t for t, m in zip(ids, mask, strict=True) if m]  # two host syncs, not two per row
+                    for ids, mask in zip(prompt_ids.tolist(), prompt_mask.tolist(), strict=True)]  # fmt: skip
         if g > 1:  # a first turn whose groups share their prompt: each prompt prefilled once for its G rows
             state = self._prefill_shared(model, prompt_ids, prompt_mask, g)
             contexts = [context for context in contexts for _ in range(g)]

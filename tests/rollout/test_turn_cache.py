@@ -170,3 +170,23 @@ def test_the_vllm_backend_refuses_a_turn_cache_and_says_what_it_does_instead():
     pytest.importorskip("vllm")
     with pytest.raises(SettingError, match=r"backend 'vllm' does not keep.*prefix cache.*turn_cache to None"):
         build_backend(BackendRun(GRPOConfig(rollout_backend="vllm", turn_cache=True), PolicyConfig(), "tiny"))
+
+
+@pytest.mark.parametrize("layers", [2, 6])
+def test_keeping_a_batch_of_caches_syncs_once_per_row_whatever_the_layers(layers):
+    """Each leaving row's positions are found once (one ``nonzero``) and every layer is read with them, not through a
+    boolean index per layer's keys and values (a host sync each on a GPU)."""
+    from transformers import DynamicCache
+
+    from lightning_grpo.rollout.turn_cache import _take
+    from lightning_grpo.testing.dispatch import DispatchCounter
+
+    data = [(torch.randn(3, 2, 5, 4), torch.randn(3, 2, 5, 4)) for _ in range(layers)]
+    cache = DynamicCache(ddp_cache_data=data)
+    mask = torch.tensor([[1, 1, 0, 1, 1], [0, 1, 1, 1, 1], [1, 1, 1, 1, 1]])
+    with DispatchCounter() as counter:
+        taken = _take(cache, torch.tensor([7, 8, 9]), torch.arange(3), mask)
+    assert counter.syncs == 2 + 3  # the two row lists, then one per row
+    count, kept = taken[7]
+    assert count == 4 and len(kept) == layers
+    torch.testing.assert_close(kept[-1][0], data[-1][0][0][:, [0, 1, 3, 4]], rtol=0, atol=0)
