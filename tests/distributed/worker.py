@@ -373,12 +373,10 @@ def agent_data() -> PromptDataModule:
 
 
 class TurnRecorder(Callback):
-    """Records the turns per trajectory of every training batch of this rank, and whether its rollouts keep the turn
-    cache (``GRPOConfig.turn_cache`` at its default, under this strategy's sampling settings)."""
+    """Records the turns per trajectory of every training batch of this rank, and whether it keeps the turn cache."""
 
     def __init__(self) -> None:
-        self.turns: list[list[int]] = []
-        self.turn_cache: list[bool] = []
+        self.turns, self.turn_cache = list[list[int]](), list[bool]()  # turn_cache: the default, on this strategy
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         self.turns.append(outputs["rollout"].turns.num_turns.tolist())
