@@ -154,7 +154,8 @@ def check_behaviour_logprobs(cls: type, run: BackendRun, name: str) -> None:
 
 def check_async_rollout(cls: type, run: BackendRun, name: str) -> None:
     """Refuse ``GRPOConfig.async_rollout`` with a backend whose ``samples_apart`` is not true (its sampling would
-    race the update in this process), or with a ``generate`` override (it may not sample through the backend).
+    race the update in this process), with a ``generate`` override (it may not sample through the backend), or for a
+    multi-turn run (``run.multi_turn``: tools, environments, agent code).
 
     Raises:
         SettingError: Names the setting, the backend and the backends that allow it.
@@ -175,6 +176,13 @@ def check_async_rollout(cls: type, run: BackendRun, name: str) -> None:
         raise SettingError(
             f"{setting}=True needs GRPOModule.generate: a subclass's own generate is not known to sample only "
             "through the backend (the background thread may not touch the policy); set async_rollout to false",
+            setting, True,
+        )  # fmt: skip
+    if run.multi_turn if run.multi_turn is not None else run.grpo.max_turns > 1:
+        raise SettingError(
+            f"{setting}=True cannot sample ahead multi-turn rollouts (tools or an environment with max_turns > 1, "
+            "or agent code): their tool calls, environments and agent runs would run in the background sampling "
+            "thread, which hosts sampling only; set async_rollout to false",
             setting, True,
         )  # fmt: skip
 

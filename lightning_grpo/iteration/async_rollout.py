@@ -37,7 +37,6 @@ import torch
 from lightning.pytorch.loops.fetchers import _PrefetchDataFetcher
 from torch import nn
 
-from lightning_grpo.config import GRPOConfig
 from lightning_grpo.iteration.context import StepContext
 from lightning_grpo.rollout import Rollout
 from lightning_grpo.rollout.agent_wiring import sample_batch
@@ -254,30 +253,10 @@ def next_batch(trainer: Any, updates: int) -> Batch | None:
     return item[0] if isinstance(item, tuple) else item  # (batch, batch_idx, dataloader_idx)
 
 
-def ahead_of(backend: RolloutBackend, config: GRPOConfig, agent: Any = None, agent_fn: Any = None) -> RolloutBackend:
-    """``backend`` as an :class:`AheadBackend` when ``config.async_rollout`` is on (``lightning_grpo.backends.build``
-    checked that it samples apart), else ``backend`` itself.
-
-    Args:
-        backend: The module's backend.
-        config: The algorithm settings.
-        agent: The module's :class:`~lightning_grpo.rollout.agent.AgentSettings` (tools, environments).
-        agent_fn: The module's agent code (``GRPOModule(agent=...)``), or ``None``.
-
-    Raises:
-        ValueError: ``async_rollout`` with tools, an environment or agent code: their turns run tool calls,
-            environments and agent code, which the background thread does not host (they log, and keep servers).
-    """
-    if not config.async_rollout:
-        return backend
-    if agent_fn is not None or getattr(agent, "multi_turn", False):
-        what = "agent code (agent=)" if agent_fn is not None else "tools or an environment (multi-turn rollouts)"
-        raise ValueError(
-            f"GRPOConfig.async_rollout=True cannot sample ahead with {what}: their tool calls, environments and "
-            "agent runs would run in the background sampling thread, which hosts sampling only; set async_rollout "
-            "to false"
-        )
-    return cast("RolloutBackend", AheadBackend(backend))
+def ahead_of(backend: RolloutBackend, async_rollout: bool) -> RolloutBackend:
+    """``backend`` as an :class:`AheadBackend` when ``GRPOConfig.async_rollout`` is on (``lightning_grpo.backends.
+    build.check_async_rollout`` checked the run), else ``backend`` itself."""
+    return cast("RolloutBackend", AheadBackend(backend)) if async_rollout else backend
 
 
 def step_rollout(module: Any, batch: Batch, context: StepContext) -> Rollout:

@@ -207,7 +207,7 @@ def test_refused_with_tools(tokenizer):
         """
         return a + b
 
-    with pytest.raises(ValueError, match="async_rollout=True cannot sample ahead with tools or an environment"):
+    with pytest.raises(SettingError, match=r"GRPOConfig\.async_rollout=True cannot sample ahead multi-turn rollouts"):
         GRPOModule(build_tiny_model(tokenizer), [lambda prompts, completions, **_: [0.0] * len(completions)],
                    tokenizer=tokenizer, tools=[add], policy=PolicyConfig(lora_r=4),
                    grpo=GRPOConfig(rollout_backend=PATH, async_rollout=True, num_generations=2))  # fmt: skip
