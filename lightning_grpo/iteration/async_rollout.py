@@ -14,10 +14,11 @@ backend is then an :class:`AheadBackend` and ``training_step`` takes its rollout
   it samples with the adapter of the step before the one it trains (staleness 1; the first step of a fit and of each
   epoch, a step after a dropped rollout, samples synchronously: staleness 0). Logged as ``rollout/staleness``. The
   behaviour log-probs the backend recorded (``Rollout.logprobs``) are what the rollout correction compares with.
-* **Threads**: the background thread only samples (:func:`sample_apart`: one session of the backend, as
-  ``generate`` opens, given an empty stand-in for the policy and its own copy of the tokenizer); it holds no
-  collective, never logs, never touches the policy. Every ``sync`` on the main thread (the next step's,
-  validation's) first waits for it; an exception there is raised on the main thread at the next step, as its cause.
+* **Threads**: the background thread only samples (:func:`sample_apart`: through one session of the backend, opened
+  on the main thread within the step's seeding, given an empty stand-in for the policy and its own copy of the
+  tokenizer); it holds no collective, never logs, never touches the policy. Every ``sync`` on the main thread (the
+  next step's, validation's) first waits for it; an exception there is raised on the main thread at the next step,
+  as its cause.
   ``close`` (the end of fit, or an exception anywhere, the update's included: ``CloseRolloutBackend``) cancels it at
   its next sampling call, closes the backend (a request in flight fails) and joins it.
 * **Checkpoints** hold no rollout: a resumed run samples its first step synchronously (staleness 0), then runs ahead.
@@ -131,9 +132,13 @@ class AheadBackend:
         self.backend.sync(policy, version)
 
     def session(self, policy: Any, settings: Any) -> Any:
-        """The backend's session; in the background thread, one that stops at a cancel."""
-        session = self.backend.session(policy, settings)
-        return _CancellableSession(session, self._cancelled) if getattr(self._background, "active", False) else session
+        """The backend's session."""
+        return self.backend.session(policy, settings)
+
+    def session_ahead(self, stand_in: nn.Module, settings: Any) -> Any:
+        """The backend's session for the next rollout, opened here on the main thread (so that what it draws from
+        torch's generators, e.g. its request seeds, comes from this step's seeded stream), stopping at a cancel."""
+        return _CancellableSession(self.backend.session(stand_in, settings), self._cancelled)
 
     def release(self) -> None:
         """The backend's ``release`` (a ``samples_apart`` backend's leaves a running session alone)."""
@@ -281,17 +286,17 @@ def step_rollout(module: Any, batch: Batch, context: StepContext) -> Rollout:
     updates = config.ppo_epochs * -(-len(rollout) // (config.mini_batch_size or len(rollout)))
     following = next_batch(trainer, updates)
     if following is not None:
+        stand_in, settings = backend.stand_in(module.policy), module.sampling_settings()
         sample = partial(
-            sample_apart, backend, backend.stand_in(module.policy), backend.own_tokenizer(module.tokenizer),
-            module.sampling_settings(), module.agent, max_prompt_length=config.max_prompt_length,
-            limits=module.agent_limits,
+            sample_apart, backend.session_ahead(stand_in, settings), stand_in, backend.own_tokenizer(module.tokenizer),
+            settings, module.agent, max_prompt_length=config.max_prompt_length, limits=module.agent_limits,
         )  # fmt: skip
         backend.launch(following, sample, context.global_step)
     return rollout
 
 
 def sample_apart(
-    backend: Any,
+    session: Any,
     stand_in: nn.Module,
     tokenizer: Any,
     settings: SamplingSettings,
@@ -301,10 +306,11 @@ def sample_apart(
     max_prompt_length: int,
     limits: Any,
 ) -> Rollout:
-    """The rollout of ``batch`` through one session of ``backend``, as ``GRPOModule.generate`` samples it (single
-    turn), but given ``stand_in`` for the policy: the background thread never touches the policy (not even its
-    train/eval mode), and a ``samples_apart`` backend samples with the weights it was synced with."""
-    with closing(backend.session(stand_in, settings)) as session:
+    """The rollout of ``batch`` through ``session`` (a backend's, opened for it; closed here), as
+    ``GRPOModule.generate`` samples it (single turn), but given ``stand_in`` for the policy: the background thread
+    never touches the policy (not even its train/eval mode), and a ``samples_apart`` backend samples with the weights
+    it was synced with."""
+    with closing(session):
         rollout, _ = sample_batch(
             stand_in, tokenizer, batch, settings, agent, None, session=session,
             max_prompt_length=max_prompt_length, limits=limits,

@@ -2,8 +2,9 @@
 
 :class:`FrozenCopyBackend` (``rollout_backend: lightning_grpo.testing.apart_backend.FrozenCopyBackend``) declares
 ``samples_apart = True``: at each :meth:`~FrozenCopyBackend.sync` it takes a frozen copy of the policy, and its
-sessions sample from that copy only, with a ``torch.Generator`` of their own (never torch's global one), so a session
-can run in a background thread while the policy is updated. It records every sync and sampling call (the version,
+sessions sample from that copy only, with a ``torch.Generator`` of their own seeded from torch's when the session is
+opened (as the ``vllm_server`` backend draws its request seeds), so a session can run in a background thread while
+the policy is updated. It records every sync and sampling call (the version,
 the thread, the prompts, a checksum of the adapter sampled with) for tests to read, and can sleep a scripted
 ``delay`` per sampling call to stand in for a server's sampling time (``benchmarks.async_rollout``'s dry run).
 """
@@ -52,7 +53,7 @@ class FrozenCopySession:
 
     def __init__(self, backend: FrozenCopyBackend, model: nn.Module, version: int) -> None:
         self.backend, self.model, self.version = backend, model, version
-        self.generator = torch.Generator().manual_seed(backend.seed * 1_000_003 + version * 7_919 + backend.sessions)
+        self.generator = torch.Generator().manual_seed(int(torch.randint(0, 2**62, (1,))))  # as a server's seeds
 
     def sample(
         self,

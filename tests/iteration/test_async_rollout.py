@@ -115,12 +115,15 @@ class FailingAhead(FrozenCopyBackend):
 
     def session(self, policy, settings):
         session = super().session(policy, settings)
-        if threading.current_thread().name == THREAD:
-            session.sample = self.refuse
-        return session
+        original = session.sample
 
-    def refuse(self, *args, **kwargs):
-        raise ConnectionError("server went away")
+        def sample(*args, **kwargs):
+            if threading.current_thread().name == THREAD:
+                raise ConnectionError("server went away")
+            return original(*args, **kwargs)
+
+        session.sample = sample
+        return session
 
 
 def test_a_failed_background_rollout_surfaces_at_the_next_step_and_the_backend_closes(make_module):
@@ -139,14 +142,16 @@ class BlockingAhead(FrozenCopyBackend):
 
     def session(self, policy, settings):
         session = super().session(policy, settings)
-        if threading.current_thread().name == THREAD:
+        original = session.sample
 
-            def blocked(*args, **kwargs):
-                self.record("blocked", self.version)
-                BlockingAhead.closed.wait(60)
-                raise ConnectionError("the server was shut down")  # what a request in flight gets
+        def blocked(*args, **kwargs):
+            if threading.current_thread().name != THREAD:
+                return original(*args, **kwargs)
+            self.record("blocked", self.version)
+            BlockingAhead.closed.wait(60)
+            raise ConnectionError("the server was shut down")  # what a request in flight gets
 
-            session.sample = blocked
+        session.sample = blocked
         return session
 
     def close(self) -> None:
@@ -279,10 +284,10 @@ class Agreement(L.Callback):
 
 
 def test_the_correction_compares_with_the_stale_behaviour_logprobs(make_module):
-    def length(prompts, completions, **_):
-        return [float(len(c)) for c in completions]  # varies within groups: every step updates the adapter
+    def alternate(prompts, completions, **_):
+        return [float(i % 2) for i in range(len(completions))]  # varies within every group: every step updates
 
-    module = make_module([length], rollout_backend=PATH, async_rollout=True, rollout_correction="token_truncate",
+    module = make_module([alternate], rollout_backend=PATH, async_rollout=True, rollout_correction="token_truncate",
                          rollout_correction_args={"max": 100.0})  # fmt: skip
     agreement = Agreement()
     make_trainer(max_epochs=1, callbacks=[agreement]).fit(module, loader())
@@ -290,3 +295,22 @@ def test_the_correction_compares_with_the_stale_behaviour_logprobs(make_module):
     assert fresh[0] == 0.0 and fresh[1] < 1e-4 and fresh[2] == pytest.approx(1.0, abs=1e-4)  # the same weights
     for staleness, diff, weight in stale:  # sampled by the adapter before the last update: the weights see it
         assert staleness == 1.0 and diff > 1e-3 and abs(weight - 1.0) > 1e-5
+
+
+class Completions(L.Callback):
+    def __init__(self) -> None:
+        self.completions: list[list[str]] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.completions.append(outputs["rollout"].completions)
+
+
+def test_an_async_run_repeats_exactly(make_module):
+    runs = []
+    for _ in range(2):  # the session ahead is opened on the main thread, in the step's seeded stream
+        record = Completions()
+        make_trainer(max_epochs=1, callbacks=[record]).fit(
+            make_module(rollout_backend=PATH, async_rollout=True), loader()
+        )
+        runs.append(record.completions)
+    assert runs[0] == runs[1] and len(runs[0]) == 3
