@@ -68,10 +68,11 @@ class RolloutBackend(Protocol):
             checks; ``hf`` and ``vllm`` leave it out: ``False``). ``True`` says that its sampling runs outside the
             trainer process, from the adapter the last :meth:`sync` sent (a server), so a session may run in a
             background thread while the main thread updates the policy (``GRPOConfig.async_rollout``, one step
-            ahead). Such a backend's session must then use nothing the update changes: not the ``policy``
-            argument's weights, not torch's global random generators (derive request seeds from its own state), no
-            collective; its :meth:`release` must leave a running session alone. ``async_rollout`` with a backend
-            that does not declare it is refused at set-up.
+            ahead). Its ``session`` is then opened on the main thread (it may draw request seeds from torch's
+            generators there), and the session's ``sample`` and ``close`` run in the background thread: they must
+            use nothing the update changes (not the ``model`` argument, a stand-in there; not torch's global
+            generators; no collective), and :meth:`release` must leave a running session alone. ``async_rollout``
+            with a backend that does not declare it is refused at set-up.
 
     Example::
 
