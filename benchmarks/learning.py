@@ -84,11 +84,22 @@ def _demo_vllm(seed: int, out: Path) -> dict[str, float]:
 _APART = {
     "frozen": ["--model.init_args.grpo.rollout_backend=lightning_grpo.testing.apart_backend.FrozenCopyBackend"],
     "server": ["--model.init_args.grpo.rollout_backend=vllm_server",
-               '--model.init_args.grpo.rollout_backend_args={"start": true}',
-               "--model.init_args.model.init_args.num_heads=2"],  # vLLM's CPU attention: heads of 32
+               '--model.init_args.grpo.rollout_backend_args={"start": true, "cpu_threads": 1}'],
 }  # fmt: skip
 #: ``async_rollout`` with the correction docs/vllm.md recommends for it (truncated IS on the one-step staleness).
 _ASYNC = ["--model.init_args.grpo.async_rollout=true", "--model.init_args.grpo.rollout_correction=token_truncate"]
+
+
+def _served_demo_model(folder: Path) -> Path:
+    """The demo's warmed ``TinyModel("addition")`` with 2 heads of 32 and its tokenizer, saved where a ``vllm
+    serve`` started by the backend can load them."""
+    from lightning_grpo.testing import TinyModel, build_tiny_tokenizer
+
+    model = TinyModel("addition", num_heads=2)
+    model.config.architectures = ["Qwen2ForCausalLM"]
+    model.save_pretrained(folder)
+    build_tiny_tokenizer().save_pretrained(folder)
+    return folder
 
 
 def _demo_apart(backend: str, async_rollout: bool, max_steps: int | None = None) -> Callable[..., dict[str, float]]:
@@ -102,6 +113,8 @@ def _demo_apart(backend: str, async_rollout: bool, max_steps: int | None = None)
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         args = demo._cli_args(demo.DEFAULT_CONFIG, max_steps, out, seed) + _APART[backend]
         args += _ASYNC if async_rollout else []
+        if backend == "server":  # the server serves a folder: the demo's warmed model with heads of 32 (vLLM's CPU)
+            args.append(f"--model.init_args.model={_served_demo_model(out / 'served-model')}")
         cli = GRPOCLI(args=args)
         first, last = demo.summarize(demo.read_rewards(Path(cli.trainer.logger.log_dir) / "metrics.csv"))
         return _rise(first, last)
