@@ -151,7 +151,8 @@ class GRPOConfig:
     rollout_backend_args: dict[str, Any] | None = None
     """The backend's own settings: keyword arguments of its ``settings_class`` (for ``"vllm"``: ``VLLMConfig``'s
     fields; for ``"vllm_server"``: ``VLLMServerConfig``'s); an unknown key is an error naming the allowed ones. Saved
-    in the checkpoint's hyper-parameters with the rest of this config; a resume with other values logs them and uses them (``docs/backends.md``)."""
+    in the checkpoint's hyper-parameters with the rest of this config; a resume with other values logs them and uses
+    them (``docs/backends.md``)."""
     val_num_generations: int = 1
     """Samples per validation prompt (k of ``val/pass@k``)."""
     val_temperature: float | None = None
