@@ -173,6 +173,7 @@ class VLLMServerBackend:
         self._retired: list[str] = []
         self._lock = threading.Lock()
         self._started = False
+        self.run_id = uuid.uuid4().hex[:8]  # names this run's adapters on a server others may share
 
     def start(self, policy: PeftModel, seed: int, *, sharded: bool) -> None:
         """Start the server (``start: true``, rank 0) or check the one at ``url`` answers; later calls do nothing.
@@ -244,7 +245,7 @@ class VLLMServerBackend:
 
     def _load(self, policy: PeftModel, version: int, state: dict[str, torch.Tensor] | None) -> str:
         assert self.adapter_root is not None
-        name = f"lightning-grpo-{uuid.uuid4().hex[:8]}-v{version}"
+        name = f"lightning-grpo-{self.run_id}-v{version}"
         path = self.adapter_root / name
         policy.save_pretrained(str(path), state_dict=state)
         try:

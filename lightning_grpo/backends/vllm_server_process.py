@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -69,11 +70,14 @@ def _call(url: str, body: dict[str, Any] | None, timeout: float, *, what: str, h
                 continue
             if _is_timeout(error):
                 raise ServerError(
-                    f"{what} to the vLLM server at {url} timed out twice after {timeout:g} s "
+                    f"{what} to the vLLM server ({url}) timed out twice after {timeout:g} s "
                     "(GRPOConfig.rollout_backend_args.request_timeout_s): raise request_timeout_s, or check that the "
                     "server is not overloaded"
                 ) from error
-            raise ServerError(f"the vLLM server at {url} is unreachable during {what} ({error}); {hint}") from error
+            base = "{0.scheme}://{0.netloc}".format(urllib.parse.urlsplit(url))
+            raise ServerError(
+                f"the vLLM server at {base} is unreachable during {what} ({url}: {error}); {hint}"
+            ) from error
     raise AssertionError("unreachable")  # pragma: no cover
 
 
@@ -141,9 +145,9 @@ class ServerProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process is None or self.process.poll() is not None:
-                code = None if self.process is None else self.process.returncode
+                code, tail = None if self.process is None else self.process.returncode, self.log_tail()
                 self.close()
-                raise ServerError(f"the vLLM server this run started exited (code {code}):\n{self.log_tail()}")
+                raise ServerError(f"the vLLM server this run started exited (code {code}):\n{tail}")
             try:
                 _request(f"{url}/health", None, timeout=5)
                 return
