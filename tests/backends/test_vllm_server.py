@@ -64,7 +64,7 @@ def _diff_to_training(module: GRPOModule, temperature: float) -> float:
     rollout = module.generate({"prompt": PROMPTS})
     assert rollout.completion_mask.sum() > len(rollout)  # something was sampled
     ours = completion_logprobs(module.policy, rollout, temperature=temperature).logprobs
-    return float(((ours - rollout.logprobs).abs() * rollout.completion_mask).max())
+    return float(((ours.detach() - rollout.logprobs).abs() * rollout.completion_mask).max())
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -172,7 +172,8 @@ def test_two_ddp_ranks_sample_their_own_prompts_from_one_server_with_rank_0_load
 def test_an_adapter_the_server_refuses_stops_the_run_with_vllms_message(server):
     module = server_module(server)
     module.policy.peft_config["default"].r = 16  # written as rank 16: above the server's --max-lora-rank 8
-    with pytest.raises(ServerError, match=r"refused loading the adapter .*HTTP 400.*max_lora_rank"):
+    refused = r"refused loading the adapter .*HTTP 500\): .*LoRA rank 16 is greater than max_lora_rank 8"
+    with pytest.raises(ServerError, match=refused):
         fit(module, steps=1)
     assert module.rollout_backend.adapter_root is None  # closed on the exception
 
@@ -224,10 +225,12 @@ def test_a_server_dying_mid_run_stops_it_with_the_error_and_the_checkpoint_loads
         ).fit(module, loader())  # fmt: skip
     saved = torch.load(tmp_path / "epoch=0-step=1.ckpt", weights_only=False)
     assert saved["global_step"] == 1
-    fresh = server_module(server)
-    fresh.load_state_dict(saved["state_dict"])
-    trained = {n: p for n, p in module.policy.named_parameters() if p.requires_grad}
-    assert all(torch.equal(p, trained[n]) for n, p in fresh.policy.named_parameters() if p.requires_grad)
+    fresh = server_module(server)  # the checkpoint holds the adapter (and optimizer): it loads into a new module
+    trained = {f"policy.{n}": p for n, p in module.policy.named_parameters() if p.requires_grad}
+    assert trained.keys() <= saved["state_dict"].keys()
+    assert fresh.load_state_dict(saved["state_dict"], strict=False).unexpected_keys == []
+    fresh_adapter = {f"policy.{n}": p for n, p in fresh.policy.named_parameters() if p.requires_grad}
+    assert all(torch.equal(p, trained[n]) for n, p in fresh_adapter.items())  # the step-1 adapter the run had
 
 
 def test_zz_close_stops_the_started_server_and_its_engine(server):
