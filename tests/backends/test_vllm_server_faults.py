@@ -140,3 +140,35 @@ def test_start_true_needs_the_models_name():
     with pytest.raises(ValueError, match="start: true serves the run's model by its hub id or folder"):
         backend.start(_policy(), seed=0, sharded=False)
     backend.close()
+
+
+@pytest.mark.parametrize("capability", ["default", None])
+def test_the_launcher_asks_for_scalar_kernels_in_the_spawned_engine_process_under_the_default_capability(capability):
+    """vLLM's CPU build spawns its engine process, which imports the launcher as ``__mp_main__`` first: the compiler
+    setting of the in-process engine's fix is made there (and only under ``ATEN_CPU_CAPABILITY=default``)."""
+    import os
+    import subprocess
+
+    from tests.conftest import repo_pythonpath
+
+    env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
+    env.update({"PYTHONPATH": repo_pythonpath()}, **({"ATEN_CPU_CAPABILITY": capability} if capability else {}))
+    code = (
+        "import runpy; runpy.run_module('lightning_grpo.backends.vllm_server_launch', run_name='__mp_main__'); "
+        "import torch._inductor.config as c; print(c.cpp.simdlen)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == ("1" if capability else "None")
+
+
+def test_the_multi_node_config_names_a_server_whose_settings_build():
+    from lightning_grpo.backends.build import backend_settings
+    from lightning_grpo.cli import parse_config
+    from tests.conftest import REPO
+
+    path = REPO / "configs/qwen2.5-0.5b/gsm8k-lora-vllm-server.yaml"
+    fit = parse_config(["fit", "--config", str(path)])["fit"]
+    grpo = fit.model.init_args.grpo
+    assert grpo.rollout_backend == "vllm_server" and fit.trainer.num_nodes == 2 and fit.trainer.strategy == "ddp"
+    settings = backend_settings(VLLMServerBackend, grpo.rollout_backend_args, "vllm_server")
+    assert settings.url == "http://10.0.0.5:8000" and settings.adapter_dir == "/shared/grpo-adapters"
