@@ -17,7 +17,7 @@ import tempfile
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, ClassVar
@@ -58,6 +58,27 @@ def _from_rank_zero(value: Any) -> Any:
     box = [value]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def _outcome_of_rank_zero(work: Callable[[], str]) -> str:
+    """What ``work()`` returns on rank 0 (run there only), on every rank; its failure raised on every rank, so no
+    rank waits forever for a rank 0 that failed.
+
+    Raises:
+        ServerError: ``work`` raised a :class:`ServerError` or ``ValueError`` on rank 0 (re-raised as it was there).
+    """
+    outcome: tuple[str, str] = ("", "")
+    if _rank() == 0:
+        try:
+            outcome = ("ok", work())
+        except (ServerError, ValueError) as error:
+            if not (dist.is_available() and dist.is_initialized()):
+                raise
+            outcome = ("error", str(error))
+    kind, text = _from_rank_zero(outcome)
+    if kind == "error":
+        raise ServerError(text if _rank() == 0 else f"rank 0 failed: {text}")
+    return text
 
 
 class VLLMServerSession:
@@ -188,7 +209,7 @@ class VLLMServerBackend:
         self._started = True
         atexit.register(self.close)
         if self.config.start:
-            self.url = _from_rank_zero(self._start_server(policy, seed) if _rank() == 0 else None)
+            self.url = _outcome_of_rank_zero(lambda: self._start_server(policy, seed))
         hint = start_hint(self.model_name, lora_rank=self.lora_rank, max_model_len=self.max_model_len)
         get_json(f"{self.url}/v1/models", min(30.0, self.config.request_timeout_s),
                  what="the start-up check (GET /v1/models)", hint=hint)  # fmt: skip
@@ -228,17 +249,9 @@ class VLLMServerBackend:
         if version == self.synced_version:
             return
         state = full_adapter_state_dict(policy) if is_sharded(policy) else None
-        outcome: tuple[str, str] = ("", "")
-        if _rank() == 0:
-            try:
-                outcome = ("ok", self._load(policy, version, state))
-            except ServerError as error:
-                outcome = ("error", str(error))
-        kind, text = _from_rank_zero(outcome)
-        if kind == "error":
-            raise ServerError(text if _rank() == 0 else f"rank 0 could not load the adapter: {text}")
+        name = _outcome_of_rank_zero(lambda: self._load(policy, version, state))
         with self._lock:
-            previous, self.adapter, self.synced_version = self.adapter, text, version
+            previous, self.adapter, self.synced_version = self.adapter, name, version
             if previous is not None:
                 self._retired.append(previous)
         self._unload_retired()

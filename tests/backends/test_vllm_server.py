@@ -76,6 +76,11 @@ def test_behaviour_logprobs_agree_with_the_training_pass_to_1e_4(server, tempera
     probe = _Probe(lambda m: _diff_to_training(m, temperature))
     fit(server_module(server, temperature=temperature), steps=1, callbacks=[probe])
     assert probe.results[0] < 1e-4
+    steps = [float(out["metrics"]["rollout_logprob_diff_max"]) for out in outputs]
+    print(
+        f"vllm_server behaviour log-probs vs training pass, temperature {temperature}: max |diff| per step "
+        f"{', '.join(f'{d:.1e}' for d in steps)}; over every token of a fresh rollout {probe.results[0]:.1e}"
+    )
 
 
 def _greedy(module: GRPOModule) -> tuple[list[list[int]], list[list[int]]]:
@@ -156,6 +161,37 @@ def _served(backend) -> list[str]:
     """The adapters of ``backend``'s run that the server has loaded."""
     models = get_json(f"{backend.url}/v1/models", 30, what="listing")["data"]
     return [m["id"] for m in models if m["id"].startswith(f"lightning-grpo-{backend.run_id}-")]
+
+
+def test_a_session_samples_in_a_thread_while_the_next_version_is_synced(server):
+    """``samples_apart``: a session keeps sampling with its adapter while the main thread syncs the next one; the
+    replaced adapter stays loaded until that session closes, then it is unloaded."""
+    module, found = server_module(server), {}
+    fit(module, steps=1, callbacks=[_Probe(lambda m: found.update(_overlap(m)))])
+    old, new = found["adapters"]
+    assert found["during"] == sorted([old, new]) and found["after"] == [new] and old != new
+    assert found["sampled"].shape == (8, 11)
+
+
+def _overlap(module: GRPOModule) -> dict:
+    backend, settings = module.rollout_backend, SamplingSettings(num_generations=4, max_new_tokens=8)
+    backend.sync(module.policy, 100)
+    session, old, result = backend.session(module.policy, settings), backend.adapter, {}
+    ids = torch.tensor([[5, 6, 7]] * 2)
+
+    def sample() -> None:
+        result["out"] = session.sample(None, module.tokenizer, ids, torch.ones_like(ids), settings, rows=range(8))
+
+    thread = threading.Thread(target=sample)
+    thread.start()
+    with torch.no_grad():
+        next(p for p in module.policy.parameters() if p.requires_grad).add_(0.1)  # the update, meanwhile
+    backend.sync(module.policy, 101)
+    thread.join()
+    during = sorted(_served(backend))
+    session.close()
+    return {"adapters": (old, backend.adapter), "during": during, "after": _served(backend),
+            "sampled": result["out"].sequences}  # fmt: skip
 
 
 def test_two_ddp_ranks_sample_their_own_prompts_from_one_server_with_rank_0_loading(server, tmp_path):
