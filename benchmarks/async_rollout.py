@@ -106,7 +106,7 @@ def _loader(tokenizer: Any, args: argparse.Namespace) -> DataLoader:
 
 
 def _reward(completions: list[str], **_: Any) -> list[float]:
-    return [float(len(c.split())) for c in completions]  # any varying reward: the step's work is what is timed
+    return [float(sum(map(ord, c)) % 7) for c in completions]  # varies within groups: every step updates
 
 
 def run_mode(async_rollout: bool, model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
