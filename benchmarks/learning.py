@@ -95,9 +95,10 @@ def _served_demo_model(folder: Path) -> Path:
     serve`` started by the backend can load them."""
     from lightning_grpo.testing import TinyModel, build_tiny_tokenizer
 
-    model = TinyModel("addition", num_heads=2)
-    model.config.architectures = ["Qwen2ForCausalLM"]
-    model.save_pretrained(folder)
+    TinyModel("addition", num_heads=2).save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["architectures"] = ["Qwen2ForCausalLM"]  # what vLLM serves it as (saving writes the class's own name)
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
     build_tiny_tokenizer().save_pretrained(folder)
     return folder
 
