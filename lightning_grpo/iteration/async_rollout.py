@@ -74,7 +74,7 @@ class AheadBackend:
     """A ``samples_apart`` backend that also samples one rollout ahead, in a background thread.
 
     It is the backend: ``start``, ``session``, ``release`` and every other attribute are the wrapped backend's;
-    ``sync`` first waits for the rollout running ahead (a no-op inside it), ``close`` cancels and joins it first.
+    ``sync`` first waits for the rollout running ahead; ``close`` cancels it, closes the backend, then joins it.
 
     Args:
         backend: The backend built from ``GRPOConfig.rollout_backend`` (its ``samples_apart`` is true).
@@ -152,11 +152,6 @@ class AheadBackend:
             self.backend.close()
         finally:
             self.cancel()
-
-    @property
-    def running(self) -> bool:
-        """Whether a rollout is being sampled ahead now."""
-        return self._thread is not None and self._thread.is_alive()
 
     def launch(self, batch: Batch, generate: Callable[[Batch], Rollout], version: int) -> None:
         """Sample ``generate(batch)`` in a background thread, with the adapter synced at ``version``."""

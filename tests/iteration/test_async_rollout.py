@@ -314,3 +314,9 @@ def test_an_async_run_repeats_exactly(make_module):
         )
         runs.append(record.completions)
     assert runs[0] == runs[1] and len(runs[0]) == 3
+
+
+def test_refused_under_fsdp2_at_start(make_module):
+    module = make_module(rollout_backend=PATH, async_rollout=True)
+    with pytest.raises(ValueError, match=r"GRPOConfig\.async_rollout=True is not supported under FSDP2"):
+        module.rollout_backend.start(module.policy, 0, sharded=True)
