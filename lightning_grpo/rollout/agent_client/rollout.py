@@ -32,8 +32,8 @@ from lightning_grpo.rollout.sampling_settings import SampleFn, SamplingSettings,
 from lightning_grpo.rollout.session import RolloutSession, draw
 
 __all__ = [
-    "AGENT_COLUMNS", "AgentLimits", "AgentRun", "AgentStats", "agent_reward", "check_agent", "is_agent_rollout",
-    "module_agent", "per_trajectory", "run_agents", "spread_to_branches", "trajectory_rewards_nan",
+    "AGENT_COLUMNS", "AgentLimits", "AgentRun", "AgentStats", "NoAgentCallError", "agent_reward", "check_agent",
+    "is_agent_rollout", "module_agent", "per_trajectory", "run_agents", "spread_to_branches", "trajectory_rewards_nan",
 ]  # fmt: skip
 
 log = logging.getLogger(__name__)
@@ -62,6 +62,14 @@ class AgentLimits:
         """The limits a ``GRPOConfig`` sets (its ``agent_*`` settings)."""
         return cls(config.agent_call_timeout, config.agent_timeout, config.agent_batch_window,
                    transport=config.agent_transport, port=config.agent_http_port)  # fmt: skip
+
+
+class NoAgentCallError(RuntimeError):
+    """No agent run of the batch made a chat call, so the rollout has no row; ``stats`` says what the agents did."""
+
+    def __init__(self, message: str, stats: AgentStats) -> None:
+        super().__init__(message)
+        self.stats = stats
 
 
 @dataclass
@@ -149,7 +157,7 @@ def run_agents(
     """Run ``agent`` G times per row, concurrently; the rollout of their branches and what happened.
 
     Raises:
-        RuntimeError: No trajectory recorded a single call (every agent failed before calling, or none called).
+        NoAgentCallError: No trajectory recorded a single call (every agent failed before calling, or none called).
     """
     counter = itertools.count()
     g = settings.num_generations
@@ -267,7 +275,7 @@ def _rollout(tokenizer: PreTrainedTokenizerBase, rows: Sequence[dict[str, Any]],
                for t, run in enumerate(runs) for i, branch in enumerate(run.recorder.branches)]  # fmt: skip
     if not entries:
         first = f"; the first error: {stats.failures[0][1]!r}" if stats.failures else ""
-        raise RuntimeError(f"no agent run made a chat call, so there is nothing to train on{first}")
+        raise NoAgentCallError(f"no agent run made a chat call, so there is nothing to train on{first}", stats)
     pad = tokenizer.pad_token_id
     p = max(len(b.prompt_ids) for _, _, b, _ in entries)
     t = max(1, *(len(b.tokens) for _, _, b, _ in entries))
@@ -301,7 +309,7 @@ def _rollout(tokenizer: PreTrainedTokenizerBase, rows: Sequence[dict[str, Any]],
 
 def trajectory_rewards_nan(rewards: torch.Tensor, rollout: Rollout) -> torch.Tensor:
     """``rewards`` with every row but each trajectory's last branch set to NaN (left out of group statistics)."""
-    last = torch.tensor(rollout.columns["agent_last"], device=rewards.device)
+    last = torch.tensor(rollout.columns["agent_last"], dtype=torch.bool, device=rewards.device)
     return torch.where(last, rewards, torch.full_like(rewards, math.nan))
 
 
@@ -314,15 +322,15 @@ def spread_to_branches(advantages: torch.Tensor, rollout: Rollout) -> torch.Tens
         )
     trajectory, last = rollout.columns["agent_trajectory"], rollout.columns["agent_last"]
     source = {t: i for i, (t, is_last) in enumerate(zip(trajectory, last, strict=True)) if is_last}
-    index = torch.tensor([source[t] for t in trajectory], device=advantages.device)
+    index = torch.tensor([source[t] for t in trajectory], dtype=torch.long, device=advantages.device)
     return advantages[index]
 
 
 def per_trajectory(rewards: torch.Tensor, rollout: Rollout, trajectories: int) -> torch.Tensor:
     """``(trajectories,)`` rewards, one per agent run in batch order (its last branch's; NaN for a run with no row)."""
     out = torch.full((trajectories,), math.nan, dtype=rewards.dtype, device=rewards.device)
-    last = torch.tensor(rollout.columns["agent_last"], device=rewards.device)
-    index = torch.tensor(rollout.columns["agent_trajectory"], device=rewards.device)
+    last = torch.tensor(rollout.columns["agent_last"], dtype=torch.bool, device=rewards.device)
+    index = torch.tensor(rollout.columns["agent_trajectory"], dtype=torch.long, device=rewards.device)
     out[index[last]] = rewards[last]
     return out
 
