@@ -30,7 +30,7 @@ from lightning_grpo.testing.agents import CountdownEnv, short_turn_model
 from tests.conftest import make_trainer
 from tests.distributed.worker import make_strategy, rank, write_json
 
-MCP_SERVER = [sys.executable, str(Path(__file__).parents[1] / "agents" / "mcp_servers.py"), "stdio"]
+MCP_SERVER = [sys.executable, str(Path(__file__).with_name("mcp_die_server.py"))]
 PEER_WAIT = 60.0  # seconds a rank waits for the other's error file
 
 
@@ -80,23 +80,26 @@ class Recorder(Callback):
         self.rows.append(len(outputs["rollout"]))
 
 
-def module(**options: Any) -> GRPOModule:
+def module(prompt_length: int = 64, **options: Any) -> GRPOModule:
     tokenizer = build_tiny_tokenizer()
-    grpo = GRPOConfig(num_generations=2, max_new_tokens=8, max_prompt_length=64, kl_coef=0.0, max_turns=2,
+    grpo = GRPOConfig(num_generations=2, max_new_tokens=8, max_prompt_length=prompt_length, kl_coef=0.0, max_turns=2,
                       agent_timeout=30.0, collective_timeout_s=60.0)  # fmt: skip
     return GRPOModule(short_turn_model(tokenizer), options.pop("reward_funcs", None), tokenizer=tokenizer,
                       policy=PolicyConfig(lora_r=4, lora_alpha=8), grpo=grpo,
                       optimizer=lambda params: torch.optim.AdamW(params, lr=1e-2), **options)  # fmt: skip
 
 
+def raising_env(row: dict[str, Any]) -> RaisingEnv:
+    return RaisingEnv({"turns": 2})
+
+
 def modules() -> dict[str, Any]:
+    die_server = {"command": MCP_SERVER, "on_exit": "stop"}
     return {
         "no-call": lambda: module(agent=calling_agent),
         "agent-raises": lambda: module(agent=raising_agent),
-        "env-raises": lambda: module(reward_funcs=[length_reward], environment_factory=lambda row: RaisingEnv(
-            {"turns": 2})),  # fmt: skip
-        "mcp-dies": lambda: module(reward_funcs=[length_reward], tool_parser=DieParser(),
-                                   tools=[{"command": MCP_SERVER, "on_exit": "stop"}]),  # fmt: skip
+        "env-raises": lambda: module(reward_funcs=[length_reward], environment_factory=raising_env),
+        "mcp-dies": lambda: module(400, reward_funcs=[length_reward], tool_parser=DieParser(), tools=[die_server]),
     }
 
 
@@ -135,7 +138,7 @@ def _peer(path: Path) -> dict[str, Any] | None:
     while time.monotonic() < deadline:
         if path.exists():
             try:
-                return json.loads(path.read_text())
+                return {key: value for key, value in json.loads(path.read_text()).items() if key != "peer"}
             except json.JSONDecodeError:  # being written
                 pass
         time.sleep(0.1)
