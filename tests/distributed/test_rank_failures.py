@@ -75,3 +75,19 @@ def test_dist_failing_rank_cause_reaches_the_other_rank_before_either_exits(runs
     assert rank0["peer"] is not None and rank1["peer"] is not None
     assert rank0["peer"]["message"] == rank1["message"] and rank1["peer"]["message"] == rank0["message"]
     assert abs(rank0["time"] - rank1["time"]) < 30.0  # the same step, not the gloo connection closing later
+
+
+def test_dist_turn_loop_votes_pair_up_with_a_failure_in_any_turn(tmp_path):
+    """FSDP2's turn loop: a failure in any turn answers the other rank's next question; no collective is unpaired."""
+    run_ranks([str(tmp_path)], tmp_path, timeout=120, worker="tests.distributed.votes_worker")
+    ranks = [json.loads((tmp_path / f"votes-rank{rank}.json").read_text()) for rank in (0, 1)]
+    for name, turn in [("first-turn", 0), ("last-turn", 2)]:
+        for rank, result in enumerate(ranks):
+            assert result[name]["causes"] == {"1": f"RuntimeError: tool failed in turn {turn} on rank 1"}
+            assert f"this is rank {rank}" in result[name]["message"]
+        assert ranks[0][name]["own"] is None and ranks[1][name]["own"] == f"tool failed in turn {turn} on rank 1"
+    for rank, result in enumerate(ranks):  # both failed: both named, each chained to its own error
+        assert set(result["both-fail"]["causes"]) == {"0", "1"} and "ranks 0, 1 of 2" in result["both-fail"]["message"]
+        assert result["both-fail"]["own"] == f"tool failed in turn 1 on rank {rank}"
+        assert result["fine"] == {"returned": [0, 1, 2]}
+        assert "empty on every one of the 2 ranks" in result["all-empty"]["message"]
