@@ -1,8 +1,9 @@
 """One rank of the rank-failure run: ``python -m tests.distributed.rank_failures_worker WORKDIR SCENARIO...``.
 
-Under DDP on 2 gloo ranks, rank 1 alone meets a problem in its rollout; rank 0 samples normally:
+Under DDP on 2 gloo ranks, one rank alone meets a problem in its rollout; the other samples normally:
 
-* ``no-call``: rank 1's agents return without a chat call: the step completes, rank 1 with an empty batch.
+* ``no-call``: rank 0's agents (here rank 0's, whose callbacks alone log samples) return without a chat call: the
+  step completes, rank 0 with an empty batch.
 * ``agent-raises``: rank 1's agents raise before any call.
 * ``env-raises``: rank 1's environment raises in ``step``.
 * ``mcp-dies``: rank 1's policy calls the MCP tool ``die``, which ends its (``on_exit="stop"``) tool server.
@@ -35,8 +36,8 @@ PEER_WAIT = 60.0  # seconds a rank waits for the other's error file
 
 
 async def calling_agent(client: Any, row: dict[str, Any]) -> float:
-    """One chat call on rank 0; on rank 1 no call at all (a reward without a trajectory)."""
-    if rank() == 1:
+    """One chat call on rank 1; on rank 0 no call at all (a reward without a trajectory)."""
+    if rank() == 0:
         return 1.0
     reply = await client.chat.completions.create(model="policy", messages=row["prompt"])
     return float(len(reply.choices[0].message.content or "") % 3)

@@ -42,7 +42,7 @@ def _agreed_failure(workdir: Path, name: str, cause: str) -> list[dict]:
 
 def test_dist_rank_whose_agents_make_no_call_trains_on_an_empty_batch(runs):
     ranks = _read(runs, "no-call")
-    assert [r["rows"] for r in ranks] == [[2], [0]]  # rank 1: an empty batch, not an error
+    assert [r["rows"] for r in ranks] == [[0], [2]]  # rank 0: an empty batch, not an error
     assert [r["global_step"] for r in ranks] == [1, 1] and [r["optimizer_steps"] for r in ranks] == [1, 1]
     adapters = [torch.load(runs / f"no-call-adapter-rank{rank}.pt") for rank in (0, 1)]
     assert all(torch.equal(adapters[0][k], adapters[1][k]) for k in adapters[0])  # the gradients were paired
