@@ -158,6 +158,7 @@ class ParamCounts:
         embedding: Input-embedding parameters (a lookup: no FLOPs); shared with ``head`` when tied.
         total: Distinct parameters (tied weights counted once).
         layers, kv_heads, head_dim: Shape of the KV cache.
+        attention_dim: Query heads × head dimension (the width of the attention scores' products).
     """
 
     body: int
@@ -167,6 +168,7 @@ class ParamCounts:
     layers: int
     kv_heads: int
     head_dim: int
+    attention_dim: int = 0
 
 
 def param_counts(model: Path | PretrainedConfig) -> ParamCounts:
@@ -181,4 +183,4 @@ def param_counts(model: Path | PretrainedConfig) -> ParamCounts:
     embedding = cfg.vocab_size * h
     tied = bool(getattr(cfg, "tie_word_embeddings", False))
     total = body + embedding + (0 if tied else embedding)
-    return ParamCounts(body, embedding, embedding, total, layers, cfg.num_key_value_heads, head_dim)
+    return ParamCounts(body, embedding, embedding, total, layers, cfg.num_key_value_heads, head_dim, q)

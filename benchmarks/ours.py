@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader
 
 from benchmarks.measure import reset_peak_rss, rss_bytes, trim_heap
 from benchmarks.models import load_tokenizer
+from benchmarks.uneven import ScriptedEOS
 from benchmarks.workload import Workload, fraction_of_sevens, make_prompts
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig, Rollout
 from lightning_grpo.iteration import UpdateBatch
@@ -36,9 +37,17 @@ class BenchModule(GRPOModule):
     :meth:`compute_logprobs` and :meth:`update_policy` only add CPU-time accounting.
     """
 
-    def __init__(self, *args: Any, sampling: Mapping[str, Any], logprob_options: Mapping[str, Any], **kwargs: Any):
+    def __init__(
+        self,
+        *args: Any,
+        sampling: Mapping[str, Any],
+        logprob_options: Mapping[str, Any],
+        scripted: ScriptedEOS | None = None,
+        **kwargs: Any,
+    ):
         super().__init__(*args, **kwargs)
         self.extra_sampling, self.logprob_options = dict(sampling), dict(logprob_options)
+        self.scripted = scripted.attach(self.policy) if scripted is not None else None
         self.cpu_seconds: dict[str, float] = {}
         self.phase_peak_rss: dict[str, int] = {}
         self.step_peak_rss = 0
@@ -86,8 +95,8 @@ class BenchModule(GRPOModule):
         num_generations: int | None = None,
         temperature: float | None = None,
     ) -> Rollout:
-        """As :meth:`GRPOModule.generate` (CPU time recorded)."""
-        with self._cpu("generate"):
+        """As :meth:`GRPOModule.generate` (CPU time recorded; the scripted lengths forced, if any)."""
+        with self._cpu("generate"), self.scripted.sampling() if self.scripted is not None else nullcontext():
             return super().generate(batch, num_generations=num_generations, temperature=temperature)
 
     def score(self, rollout: Rollout) -> RewardScores:
@@ -140,6 +149,7 @@ class StepRecorder(Callback):
                 "phases": {phase: float(timings.get(phase, 0.0)) for phase in PHASES},
                 "cpu_phases": {phase: pl_module.cpu_seconds.get(phase, 0.0) for phase in PHASES},
                 "generated_tokens": int(outputs["rollout"].completion_mask.sum()),
+                "completion_lengths": outputs["rollout"].completion_mask.sum(-1).tolist(),
                 "trained_tokens": int(outputs["loss_mask"].sum()) * pl_module.config.ppo_epochs,
                 "rss_start_bytes": self._rss_start,  # weights, adapter, optimizer state (from step 2), libraries
                 "step_peak_rss_bytes": self._step_peak(pl_module),  # this step's peak alone
@@ -170,6 +180,7 @@ def _module(work: Workload, model_dir: Path) -> BenchModule:
         temperature=work.temperature,
         ppo_epochs=work.ppo_epochs,
         micro_batch_size=work.micro,
+        micro_batch_tokens=work.micro_batch_tokens or None,
         kl_coef=work.kl_coef,
         old_logprobs=work.old_logprobs,
         packing={"true": True, "false": False}.get(work.packing, work.packing),
@@ -180,16 +191,20 @@ def _module(work: Workload, model_dir: Path) -> BenchModule:
     )
     sampling = {"min_new_tokens": work.max_new_tokens if work.fixed_length else 0, "share_prompt": work.share_prompt}
     sampling.update(static_cache=work.static_cache, sampler=work.sampler, drop_finished=work.drop_finished)
+    tokenizer = load_tokenizer(model_dir)
+    lengths = work.scripted_lengths()
+    scripted = None if lengths is None else ScriptedEOS(lengths, work.prompt_length, tokenizer.eos_token_id)
     return BenchModule(
         str(model_dir),
         [fraction_of_sevens],
-        tokenizer=load_tokenizer(model_dir),
+        tokenizer=tokenizer,
         policy=policy,
         grpo=grpo,
         optimizer=lambda params: torch.optim.AdamW(params, lr=work.lr, weight_decay=0.0),
         seed=work.seed,
         sampling=sampling,
         logprob_options={"share_prompt": work.share_prompt_logprobs, "fused_head": work.fused_head},
+        scripted=scripted,
     )
 
 

@@ -2,6 +2,10 @@
 
 ``python -m benchmarks.packing --prompts 2 --G 8 --min-len 8 --max-len 256 --repeats 3 --threads 1``
 
+``--length-dist lognormal`` draws the lengths as ``benchmarks.run --workload uneven`` scripts them
+(:func:`benchmarks.uneven.draw_lengths`: lognormal of median ``--length-median`` and log-deviation ``--length-sigma``,
+clipped to ``[--min-len, --max-len]``, the longest set to ``--max-len``; issue 55).
+
 A rollout of ``prompts × G`` rows: prompts of ``--prompt-length`` tokens, completion lengths drawn once from a seeded
 uniform distribution over ``[--min-len, --max-len]`` (the same lengths on every run and every side). Four layouts of
 the same passes, run round-robin (so that load on a shared machine hits all of them alike): padded rows with the
@@ -23,6 +27,7 @@ import torch
 
 from benchmarks.measure import median, profiled_peak_bytes
 from benchmarks.models import load_tokenizer, prepare_model
+from benchmarks.uneven import draw_lengths, format_summary, length_summary
 from lightning_grpo.rollout import Rollout, completion_logprobs
 
 __all__ = ["main", "scripted_rollout"]
@@ -97,7 +102,12 @@ def run(args: argparse.Namespace) -> dict:
     model_dir = prepare_model(args.model, Path(args.model_dir))
     vocab = len(load_tokenizer(model_dir))
     policy = load_policy(str(model_dir), PolicyConfig(lora_r=16, dtype="float32"))
-    lengths = scripted_lengths(args.prompts * args.G, args.min_len, args.max_len, args.seed)
+    n = args.prompts * args.G
+    if args.length_dist == "lognormal":
+        lengths = draw_lengths(n, args.min_len, args.max_len, args.length_median, args.length_sigma, args.seed)
+    else:
+        lengths = scripted_lengths(n, args.min_len, args.max_len, args.seed)
+    print(f"completion lengths: {format_summary(length_summary(lengths))}", flush=True)
     rollout = scripted_rollout(vocab, args.prompts, args.G, args.prompt_length, lengths, args.seed)
     rollout = rollout.select(torch.randperm(len(rollout), generator=torch.Generator().manual_seed(args.seed)))
     micro = args.micro_batch_size or len(rollout)
@@ -109,6 +119,7 @@ def run(args: argparse.Namespace) -> dict:
             results[name]["logprobs"].append(_timed(_logprob_pass, policy, rollout, micro, share, packing))
     real = int(rollout.prompt_mask.sum() + rollout.completion_mask.sum())
     out = {"args": vars(args), "real_tokens": real, "lengths": lengths, "layouts": {}}
+    out["length_summary"] = length_summary(lengths)
     for name, (share, packing) in LAYOUTS.items():
         peak = profiled_peak_bytes(lambda s=share, p=packing: _update_pass(policy, rollout, micro, s, p))
         entry = {"tokens": processed_tokens(rollout, micro, share, packing), "peak_update_bytes": peak}
@@ -125,14 +136,16 @@ def print_table(result: dict) -> None:
     """Markdown table of :func:`run`'s result."""
     base = result["layouts"]["padded"]
     print(f"real tokens (prompt + completion): {result['real_tokens']:,}")
-    print("| layout | tokens processed | update s wall (range) | update s CPU | log-prob s wall | peak MiB (update) |")
+    print("| layout | tokens processed | update s wall (range); vs padded | update s CPU | log-prob s wall (range); vs "
+          "padded | peak MiB (update) |")  # fmt: skip
     print("|---|---|---|---|---|---|")
     for name, e in result["layouts"].items():
         u, c, lp = e["update_wall"], e["update_cpu"], e["logprobs_wall"]
         print(
             f"| {name} | {e['tokens']:,} | {u['median']:.2f} ({u['min']:.2f}-{u['max']:.2f}); "
             f"{u['median'] / base['update_wall']['median']:.2f}x | {c['median']:.2f} | {lp['median']:.2f} "
-            f"({lp['min']:.2f}-{lp['max']:.2f}) | {e['peak_update_bytes'] / MiB:,.0f} |"
+            f"({lp['min']:.2f}-{lp['max']:.2f}); {lp['median'] / base['logprobs_wall']['median']:.2f}x | "
+            f"{e['peak_update_bytes'] / MiB:,.0f} |"
         )
 
 
@@ -146,6 +159,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prompt-length", type=int, default=64)
     parser.add_argument("--min-len", type=int, default=8)
     parser.add_argument("--max-len", type=int, default=256)
+    parser.add_argument("--length-dist", choices=["uniform", "lognormal"], default="uniform")
+    parser.add_argument("--length-median", type=float, default=64.0)
+    parser.add_argument("--length-sigma", type=float, default=1.0)
     parser.add_argument("--micro-batch-size", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)

@@ -39,6 +39,8 @@ def summarize(raw: dict[str, Any], work: Workload, counts: ParamCounts, limits: 
         "framework": raw["framework"],
         "measured_steps": len(steps),
         "step_seconds": median([s["step_seconds"] for s in steps]),
+        "step_seconds_range": _range([s["step_seconds"] for s in steps]),
+        "phase_seconds_range": {p: _range([s["phases"][p] for s in steps]) for p in PHASES},
         "step_cpu_seconds": median([s["step_cpu_seconds"] for s in steps]),
         "phase_seconds": phases,
         "phase_cpu_seconds": cpu_phases,
@@ -54,6 +56,11 @@ def summarize(raw: dict[str, Any], work: Workload, counts: ParamCounts, limits: 
     }
 
 
+def _range(values: list[float]) -> list[float]:
+    """``[min, max]`` of ``values`` (NaNs for none)."""
+    return [min(values), max(values)] if values else [float("nan")] * 2
+
+
 def compare(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, float]:
     """Our figures over theirs (below 1 is better for us)."""
     return {
@@ -66,9 +73,15 @@ def compare(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, float]:
 def _rows(sides: dict[str, dict[str, Any]]) -> list[tuple[str, list[str]]]:
     pick = lambda fn: [fn(s) for s in sides.values()]  # noqa: E731
     rows = [("step s, wall (cpu)", pick(lambda s: f"{s['step_seconds']:.2f} ({s['step_cpu_seconds']:.2f})"))]
+    rows += [("  step s, min-max", pick(lambda s: "{:.2f}-{:.2f}".format(*s.get("step_seconds_range", [0, 0]))))]
     rows += [
         (f"  {p} s", pick(lambda s, p=p: f"{s['phase_seconds'][p]:.2f} ({s['phase_cpu_seconds'][p]:.2f})"))
         for p in PHASES
+    ]
+    rows += [
+        (f"  {p} s, min-max", pick(lambda s, p=p: "{:.2f}-{:.2f}".format(*s["phase_seconds_range"][p])))
+        for p in ("reference", "update")
+        if all("phase_seconds_range" in s for s in sides.values())
     ]
     rows += [
         ("generated tok/s", pick(lambda s: f"{s['generated_tokens_per_s']:.0f}")),

@@ -7,6 +7,10 @@ Example::
 
     python -m benchmarks.run --model small-30m --prompts 16 --G 8 --prompt-length 64 --max-new-tokens 64 \\
         --threads 1 --compare trl --json build/bench.json
+
+``--workload uneven`` sets the defaults of issue 55's workload (:data:`UNEVEN`: scripted long-tailed lengths, forced
+on both sides, checked after each side); ``--variant NAME:FIELD=VALUE,...`` adds our side again with those workload
+fields changed (e.g. ``padded:packing=false``), its ratios to our side printed below the table.
 """
 
 from __future__ import annotations
@@ -22,9 +26,18 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main", "parse_args", "spawn_side"]
+__all__ = ["UNEVEN", "main", "parse_args", "parse_variant", "spawn_side"]
 
 _ROOT = Path(__file__).resolve().parents[1]
+
+#: ``--workload uneven`` (issue 55): 8 prompts x G=8 on small-30m, completions of 8-512 tokens (lognormal, median
+#: 64, sigma 1; about 80 % padding against the longest row), beta 0.04 (a log-prob pass: the reference), micro-batches
+#: of 8 completions, 2 threads, 3 measured steps after 1 warm-up step. Any flag given overrides these.
+UNEVEN: dict[str, Any] = {
+    "model": "small-30m", "prompts": 8, "num_generations": 8, "prompt_length": 64, "max_new_tokens": 512,
+    "fixed_length": False, "length_dist": "lognormal", "length_min": 8, "length_median": 64.0, "length_sigma": 1.0,
+    "kl_coef": 0.04, "micro_batch_size": 8, "steps": 3, "warmup_steps": 1, "threads": 2,
+}  # fmt: skip
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -36,7 +49,38 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--compare", choices=["trl"], default=None, help="also run TRL's GRPOTrainer")
     parser.add_argument("--json", type=Path, default=None, help="write the report here")
     parser.add_argument("--verbose", action="store_true", help="show the sides' own output")
+    parser.add_argument("--workload", choices=["default", "uneven"], default="default", help="a preset of defaults")
+    parser.add_argument("--variant", action="append", default=[], help="NAME:FIELD=VALUE,... our side again")
+    parser.add_argument("--min-padding", type=float, default=0.5, help="refuse scripted lengths with less padding")
+    known, _ = parser.parse_known_args(argv)
+    if known.workload == "uneven":
+        parser.set_defaults(**UNEVEN)
     return parser.parse_args(argv)
+
+
+def parse_variant(text: str, work: Any) -> tuple[str, Any]:
+    """``NAME:FIELD=VALUE,...`` as ``(NAME, work with those fields)``; values take the type of the field.
+
+    Raises:
+        ValueError: Malformed text or an unknown field (the message lists the fields).
+    """
+    from dataclasses import fields, replace
+
+    name, _, spec = text.partition(":")
+    if name in ("ours", "trl"):
+        raise ValueError(f"--variant {text!r}: name it anything but 'ours' or 'trl' (the sides' own names)")
+    types = {f.name: type(getattr(work, f.name)) for f in fields(work)}
+    changes: dict[str, Any] = {}
+    for item in filter(None, spec.split(",")):
+        key, sep, value = item.partition("=")
+        if not name or not sep or key not in types:
+            raise ValueError(f"--variant {text!r}: write NAME:FIELD=VALUE,... with FIELD one of {sorted(types)}")
+        if types[key] is bool and value.lower() not in ("true", "false"):
+            raise ValueError(f"--variant {text!r}: {key} takes true or false")
+        changes[key] = value.lower() == "true" if types[key] is bool else types[key](value)
+    variant = replace(work, **changes)
+    variant.check()
+    return name, variant
 
 
 def spawn_side(side: str, workload_json: str, model_dir: Path, tmp: Path, verbose: bool) -> dict[str, Any]:
@@ -73,33 +117,110 @@ def _machine() -> dict[str, Any]:
     }
 
 
+def _spawn_all(sides: dict[str, Any], model_dir: Path, tmp: Path, verbose: bool) -> dict[str, Any]:
+    """Run every side (our first one also measures the limits); check each one's lengths against the script."""
+    from benchmarks.uneven import check_lengths
+
+    raw = {}
+    for index, (side, work) in enumerate(sides.items()):  # each side's raw figures are printed as it ends
+        kind = "trl" if side == "trl" else ("ours+limits" if index == 0 else "ours")
+        raw[side] = spawn_side(kind, work.to_json(), model_dir, tmp, verbose)
+        steps = [round(step["step_seconds"], 3) for step in raw[side]["steps"]]
+        print(f"{side}: step seconds {steps}, peak memory {raw[side]['peak_memory_bytes'] / 2**30:.2f} GiB", flush=True)
+        scripted = work.scripted_lengths()
+        if scripted is not None:
+            check_lengths(side, [step.get("completion_lengths") or [] for step in raw[side]["steps"]], scripted)
+            print(f"{side}: completion lengths of all {len(steps)} rollouts match the script", flush=True)
+    return raw
+
+
+def _summaries(raw: dict[str, Any], sides: dict[str, Any], counts: Any, limits: dict[str, Any]) -> dict[str, Any]:
+    """Each side's summary, with its phases against their compute bounds where the lengths are known."""
+    from benchmarks.bounds import phase_bounds, side_bounds
+    from benchmarks.report import summarize
+
+    out = {}
+    for side, work in sides.items():
+        summary = summarize(raw[side], work, counts, limits)
+        if side not in ("ours", "trl"):
+            summary["framework"] = f"ours [{side}]"
+        lengths = work.scripted_lengths() or ([work.max_new_tokens] * work.rows if work.fixed_length else None)
+        if lengths is not None:
+            bounds = phase_bounds(counts, work.prompts, work.prompt_length, lengths, limits["matmul_flops_per_s"],
+                                  work.ppo_epochs)  # fmt: skip
+            summary["bounds"] = side_bounds(summary, bounds)
+        out[side] = summary
+    return out
+
+
 def _run(work: Any, args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     from benchmarks.models import param_counts, prepare_model
-    from benchmarks.report import compare, summarize
+    from benchmarks.report import compare
 
-    sides = ["ours", *(["trl"] if args.compare == "trl" else [])]
+    sides = {"ours": work, **dict(parse_variant(text, work) for text in args.variant)}
+    if args.compare == "trl":
+        sides["trl"] = work
     with tempfile.TemporaryDirectory(prefix="grpo-bench-") as tmp:
         model_dir = prepare_model(work.model, Path(tmp) / "model", dtype=work.torch_dtype, seed=work.seed)
-        names = {"ours": "ours+limits", "trl": "trl"}  # our process also measures the device limits
-        raw = {}
-        for side in sides:  # each side's raw figures are printed as it ends: a run cut short keeps them
-            raw[side] = spawn_side(names[side], work.to_json(), model_dir, Path(tmp), args.verbose)
-            steps = [round(step["step_seconds"], 3) for step in raw[side]["steps"]]
-            print(f"{side}: step seconds {steps}, peak memory {raw[side]['peak_memory_bytes'] / 2**30:.2f} GiB",
-                  flush=True)  # fmt: skip
+        raw = _spawn_all(sides, model_dir, Path(tmp), args.verbose)
         counts = param_counts(model_dir)
     limits = raw["ours"].pop("limits")
     report: dict[str, Any] = {
         "command": " ".join(["python -m benchmarks.run", *argv]),
         "workload": json.loads(work.to_json()),
+        "variants": {side: json.loads(w.to_json()) for side, w in sides.items() if side not in ("ours", "trl")},
         "machine": _machine(),
         "limits": limits,
         "params": vars(counts),
-        "sides": {side: summarize(raw[side], work, counts, limits) for side in sides},
+        "sides": _summaries(raw, sides, counts, limits),
     }
+    if work.scripted_lengths() is not None:
+        from benchmarks.uneven import length_summary
+
+        report["lengths"] = length_summary(work.scripted_lengths())
     if "trl" in report["sides"]:
         report["comparison"] = compare(report["sides"]["ours"], report["sides"]["trl"])
+    report["variant_ratios"] = {
+        side: _ratios(report["sides"]["ours"], report["sides"][side]) for side in report["variants"]
+    }
     return report
+
+
+def _ratios(ours: dict[str, Any], other: dict[str, Any]) -> dict[str, float]:
+    """Our side's figures over a variant's: step, log-prob passes, update, peak memory (below 1: ours is lower)."""
+    ratio = lambda a, b: a / b if b > 0 else float("nan")  # noqa: E731
+    out = {"step": ratio(ours["step_seconds"], other["step_seconds"])}
+    out |= {p: ratio(ours["phase_seconds"][p], other["phase_seconds"][p]) for p in ("old_logprobs", "reference")}
+    out["update"] = ratio(ours["phase_seconds"]["update"], other["phase_seconds"]["update"])
+    out["peak_memory"] = ratio(ours["peak_memory_bytes"], other["peak_memory_bytes"])
+    return out
+
+
+def _print_extras(report: dict[str, Any]) -> None:
+    """The ratios to each variant and the split against the compute bound."""
+    from benchmarks.bounds import format_bounds
+
+    for side, ratios in report["variant_ratios"].items():
+        shown = ", ".join(f"{key} {value:.2f}x" for key, value in ratios.items() if value == value)  # NaN: not run
+        print(f"ours / {side}: {shown}")
+    if all("bounds" in side for side in report["sides"].values()):
+        print(format_bounds(report))
+
+
+def _check_padding(work: Any, least: float) -> None:
+    """Print the scripted lengths' summary; refuse less padding than ``least`` (``--min-padding``)."""
+    from benchmarks.uneven import format_summary, length_summary
+
+    lengths = work.scripted_lengths()
+    if lengths is None:
+        return
+    summary = length_summary(lengths)
+    print(f"scripted lengths: {format_summary(summary)}", flush=True)
+    if summary["padding_share"] < least:
+        raise ValueError(
+            f"the scripted lengths are {summary['padding_share']:.1%} padding against the longest row, below "
+            f"--min-padding {least}: widen --length-sigma or lower --length-median"
+        )
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -111,8 +232,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     work = Workload.from_args(args)
     work.check()
+    _check_padding(work, args.min_padding)
     report = _run(work, args, argv)
     print(format_table(report))
+    _print_extras(report)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2))

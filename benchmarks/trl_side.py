@@ -26,6 +26,7 @@ from peft import LoraConfig
 from transformers import TrainerCallback
 
 from benchmarks.models import load_tokenizer
+from benchmarks.uneven import ScriptedEOS
 from benchmarks.workload import Workload, fraction_of_sevens, make_prompts
 
 __all__ = ["run_trl"]
@@ -64,6 +65,19 @@ class _Profiles:
         return events
 
 
+class _LengthRecorder:
+    """The synthetic reward, recording each rollout's completion lengths (TRL's ``completion_ids``, EOS included)."""
+
+    def __init__(self) -> None:
+        self.rollouts: list[list[int]] = []
+        self.__name__ = fraction_of_sevens.__name__  # TRL names the reward's metrics after it
+
+    def __call__(self, prompts: list, completions: list, completion_ids: list | None = None, **kw: Any) -> list:
+        if completion_ids is not None:
+            self.rollouts.append([len(ids) for ids in completion_ids])
+        return fraction_of_sevens(prompts, completions, **kw)
+
+
 def _phases(events: list[tuple[str, float, float, tuple[str, ...]]], work: Workload, step: float, cpu: bool) -> dict:
     """Map TRL's profiled blocks onto our phases (wall or CPU seconds); ``update`` is the step minus
     ``_prepare_inputs`` (generation, scoring and the fixed log-probs)."""
@@ -83,8 +97,8 @@ def _phases(events: list[tuple[str, float, float, tuple[str, ...]]], work: Workl
 class _StepClock(TrainerCallback):
     """One record per rollout: wall and CPU time of its ``num_iterations`` optimizer steps, phases and tokens."""
 
-    def __init__(self, work: Workload, profiles: _Profiles, device: str) -> None:
-        self.work, self.profiles, self.device = work, profiles, device
+    def __init__(self, work: Workload, profiles: _Profiles, device: str, lengths: _LengthRecorder) -> None:
+        self.work, self.profiles, self.device, self.lengths = work, profiles, device, lengths
         self.steps: list[dict[str, Any]] = []
         self._start, self._seconds, self._cpu_start, self._cpu_seconds = 0.0, 0.0, 0.0, 0.0
 
@@ -119,6 +133,7 @@ class _StepClock(TrainerCallback):
                 "cpu_phases": _phases(events, self.work, self._cpu_seconds, cpu=True),
                 "generated_tokens": rows * self.work.max_new_tokens,  # corrected by on_log when lengths vary
                 "trained_tokens": rows * self.work.max_new_tokens * self.work.ppo_epochs,
+                "completion_lengths": self.lengths.rollouts[-1] if self.lengths.rollouts else None,
             }
         )
         self._seconds = self._cpu_seconds = 0.0
@@ -166,16 +181,21 @@ def run_trl(work: Workload, model_dir: Path) -> dict[str, Any]:
     lora = LoraConfig(
         r=work.lora_r, lora_alpha=work.alpha, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM"
     )  # exactly the adapter lightning_grpo.policy.load_policy builds
-    clock = _StepClock(work, profiles, work.resolved_device())
+    reward = _LengthRecorder()
+    clock = _StepClock(work, profiles, work.resolved_device(), reward)
     with tempfile.TemporaryDirectory() as output_dir:
         trainer = GRPOTrainer(
             model=str(model_dir),
-            reward_funcs=[fraction_of_sevens],
+            reward_funcs=[reward],
             args=_config(work, output_dir),
             train_dataset=Dataset.from_list([{"prompt": p} for p in prompts]),
             processing_class=tokenizer,
             peft_config=lora,
             callbacks=[clock],
         )
+        lengths = work.scripted_lengths()
+        if lengths is not None:  # forced while TRL's "transformers.generate" block runs, on the model it samples from
+            sampling = lambda: any(name == "transformers.generate" for name, _ in profiles.stack)  # noqa: E731
+            ScriptedEOS(lengths, work.prompt_length, tokenizer.eos_token_id, active=sampling).attach(trainer.model)
         trainer.train()
     return {"steps": clock.steps, "framework": f"trl {trl.__version__}"}

@@ -34,9 +34,16 @@ class Workload:
         max_new_tokens: Longest completion.
         fixed_length: Suppress EOS (``min_new_tokens = max_new_tokens``) so that every completion on both sides has
             exactly ``max_new_tokens`` tokens; off, completions end at EOS (for ``drop_finished``).
+        length_dist: ``"none"``, or ``"lognormal"``: scripted uneven lengths forced on both sides by an EOS hook
+            (:mod:`benchmarks.uneven`; needs ``fixed_length`` off), drawn once from ``seed``.
+        length_min: Shortest scripted length; the longest is ``max_new_tokens``.
+        length_median: Median of the scripted lengths' lognormal (before clipping).
+        length_sigma: Standard deviation of the scripted lengths' logarithm.
         kl_coef: β of the KL loss (0 skips the reference forward on both sides).
         ppo_epochs: Updates per rollout (TRL ``num_iterations``).
         micro_batch_size: Completions per forward/backward; 0 means the whole rollout.
+        micro_batch_tokens: Ours only: ``GRPOConfig.micro_batch_tokens`` (token-budget micro-batches, at most
+            ``micro_batch_size`` rows each); 0: micro-batches by ``micro_batch_size`` alone.
         steps: Measured steps.
         warmup_steps: Steps run first and left out of the medians.
         threads: ``torch.set_num_threads`` in each side's process, pinned through ``OMP_NUM_THREADS`` before torch
@@ -69,9 +76,14 @@ class Workload:
     prompt_length: int = 16
     max_new_tokens: int = 16
     fixed_length: bool = True
+    length_dist: str = "none"
+    length_min: int = 8
+    length_median: float = 64.0
+    length_sigma: float = 1.0
     kl_coef: float = 0.0
     ppo_epochs: int = 1
     micro_batch_size: int = 0
+    micro_batch_tokens: int = 0
     steps: int = 2
     warmup_steps: int = 1
     threads: int = 1
@@ -116,6 +128,16 @@ class Workload:
             return "cuda" if torch.cuda.is_available() else "cpu"
         return self.device
 
+    def scripted_lengths(self) -> list[int] | None:
+        """The scripted completion length of each row (``None`` without ``length_dist``)."""
+        if self.length_dist == "none":
+            return None
+        from benchmarks.uneven import draw_lengths
+
+        return draw_lengths(
+            self.rows, self.length_min, self.max_new_tokens, self.length_median, self.length_sigma, self.seed
+        )
+
     def to_json(self) -> str:
         """The workload as JSON (read back with :meth:`from_json`)."""
         return json.dumps(asdict(self))
@@ -136,6 +158,10 @@ class Workload:
             raise ValueError(f"micro_batch_size={self.micro} must divide prompts*G={self.rows}")
         if self.num_generations < 2 or self.steps < 1 or self.warmup_steps < 0:
             raise ValueError("need G >= 2, steps >= 1 and warmup_steps >= 0")
+        if self.length_dist not in ("none", "lognormal"):
+            raise ValueError(f"length_dist={self.length_dist!r}: choose 'none' or 'lognormal'")
+        if self.length_dist != "none" and self.fixed_length:
+            raise ValueError("scripted lengths (length_dist) need EOS: add --no-fixed-length")
 
 
 def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
@@ -149,7 +175,7 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
         else:
             choices = {"dtype": list(_DTYPES), "sampler": ["multinomial", "inverse_cdf"], "quantization": QUANTIZATIONS,
                        "old_logprobs": ["recompute", "rollout"], "packing": ["auto", "true", "false"],
-                       "decode": ["auto", "eager", "compiled"]}  # fmt: skip
+                       "decode": ["auto", "eager", "compiled"], "length_dist": ["none", "lognormal"]}  # fmt: skip
             choices = choices.get(f.name)
             parser.add_argument(flag, dest=f.name, type=type(default), default=default, choices=choices)
 

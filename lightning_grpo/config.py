@@ -128,7 +128,9 @@ class GRPOConfig:
     run: ``lightning_grpo.rollout.compiled_decode``; exact against the eager loop for a seed; not with
     ``drop_finished`` or ``static_cache``), or ``"auto"``: eager on CUDA until a GPU has measured the compiled path,
     on the CPU compiled only where it measured faster (``lightning_grpo.rollout.buckets.CPU_PREFERS_COMPILED``). A
-    model transformers cannot compile with a static cache is an error with ``"compiled"``, eager with ``"auto"``."""
+    model transformers cannot compile with a static cache is an error with ``"compiled"``, eager with ``"auto"``. The
+    agent turns of a multi-turn run keep the turn cache (``turn_cache``, on by default) and are sampled by the eager
+    loop; ``turn_cache: false`` samples them compiled."""
     decode_lengths: list[int] | None = None
     """Static KV cache lengths (prompt + completion positions) of the compiled decode path, one compiled graph each;
     rows are rounded up to a power of two. ``None``: one, ``max_prompt_length + max_new_tokens`` rounded up to a
@@ -228,11 +230,14 @@ class GRPOConfig:
     micro-batches by ``micro_batch_size`` alone."""
     turn_cache: bool | None = None
     """Keep each trajectory's KV cache from one agent turn to the next, so a turn prefills only the inserted
-    tool/environment tokens (``docs/agents.md``, cost). ``None`` (auto): on with a backend that keeps it (``hf``)
-    when ``max_turns > 1`` and sampling already runs our own decoding loop (``sampler: inverse_cdf`` or
-    ``drop_finished``, on one process); ``True``: on, also for the default ``multinomial`` sampler (our loop draws as
-    ``generate`` does), an error where it cannot be kept (the ``vllm`` backend, FSDP2, ``static_cache``); ``False``:
-    every turn re-prefills its whole context."""
+    tool/environment tokens (``docs/agents.md``, cost). ``None`` (auto, the default): on with a backend that keeps it
+    (``hf``) for every multi-turn run (tools or an environment with ``max_turns > 1``, or ``agent=`` code), whatever
+    the sampler (the default ``multinomial`` too: our own loop then draws as ``generate`` does, the same tokens for a
+    seed), on one process and under DDP; off under FSDP2 and with ``static_cache`` (``generate`` samples those) and
+    with other backends (``vllm``: its prefix cache). It wins over ``decode: compiled`` for the agent turns, which
+    the eager loop then samples (logged once). ``True``: on, also for single-turn runs, an error where it cannot be
+    kept (the ``vllm`` backend, FSDP2, ``static_cache``); ``False``: every turn re-prefills its whole context (and
+    with ``decode: compiled`` is sampled compiled)."""
     # entropy control, rollout correction, off-policy masking (docs/math.md; lightning_grpo.algorithms.entropy, ...)
     entropy_control: EntropyControlKind | ImportPath = "constant"
     """What sets the entropy bonus's coefficient each step: ``"constant"`` (``entropy_coef``), ``"adaptive"``

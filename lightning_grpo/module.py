@@ -119,9 +119,8 @@ class GRPOModule(LightningModule):
         self.policy_config = policy or PolicyConfig()
         self.agent_fn = agent_wiring.agent_code(agent, tools, environment_factory,
                                                 dynamic_sampling=cfg.dynamic_sampling)  # fmt: skip
-        factory, self.rewards = agent_wiring.agent_rewards(
-            self.agent_fn, environment_factory, reward_funcs, reward_weights, timeout=cfg.reward_timeout
-        )
+        factory, self.rewards = agent_wiring.agent_rewards(self.agent_fn, environment_factory, reward_funcs,
+                                                           reward_weights, timeout=cfg.reward_timeout)  # fmt: skip
         check_function_rewards(cfg, self.rewards, agent=self.agent_fn is not None)  # gdpo: two functions or more
         name = model if isinstance(model, str | Path) else None
         self.tokenizer = load_tokenizer(tokenizer, name, trust_remote_code=self.policy_config.trust_remote_code)
@@ -135,7 +134,8 @@ class GRPOModule(LightningModule):
         self.optimizer_factory, self.scheduler_factory, self.seed = optimizer, lr_scheduler, seed
         self.use_default_callbacks = default_callbacks
         run = BackendRun(cfg, self.policy_config, None if name is None else str(name),
-                         generate_overridden=type(self).generate is not GRPOModule.generate)  # fmt: skip
+                         generate_overridden=type(self).generate is not GRPOModule.generate,
+                         multi_turn=(self.agent.multi_turn and cfg.max_turns > 1) or bool(self.agent_fn))  # fmt: skip
         self.rollout_backend: RolloutBackend = build_backend(run, vllm)  # always one (docs/backends.md)
         self.timer, self._warned = PhaseTimer(), set[str]()  # the run's warnings given: shared by every step's context
         self._context: StepContext | None = None  # the running training_step's context

@@ -34,6 +34,8 @@ Example::
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -52,6 +54,7 @@ __all__ = [
     "aggregate_turn_rewards",
     "normalize_observation",
     "step_episodes",
+    "turn_reward_problem",
 ]
 
 #: What ``reset`` and ``step`` may return as an observation.
@@ -112,6 +115,28 @@ def normalize_observation(observation: Observation, *, name: str = "observation"
             f"{name} must be None, a string, a message dict or a list of messages, got {type(observation).__name__}."
         )
     return validate_messages(observation, name=name)
+
+
+def turn_reward_problem(reward: Any) -> str:
+    """Why ``reward`` cannot be a turn's reward (``""``: it can, being ``None`` or a finite real number).
+
+    The one check of an environment's turn rewards: :meth:`EnvironmentEpisode.step` and the per-turn credit of
+    process supervision (:mod:`lightning_grpo.rollout.process_supervision`) both refuse what it names.
+
+    Example::
+
+        >>> turn_reward_problem(0.5), turn_reward_problem(None)
+        ('', '')
+        >>> turn_reward_problem(float("nan"))
+        'reward nan is not finite'
+    """
+    if reward is None:
+        return ""
+    if isinstance(reward, bool) or not isinstance(reward, numbers.Real):
+        return f"reward {reward!r} is not a number"
+    if not math.isfinite(reward):
+        return f"reward {reward!r} is not finite"
+    return ""
 
 
 def aggregate_turn_rewards(rewards: Sequence[float | None], mode: Literal["sum", "last"] = "sum") -> float | None:
@@ -178,9 +203,9 @@ class EnvironmentEpisode:
         result = self._call(self.environment.step, "step()", message)
         if not isinstance(result, EnvStep):
             raise self._error("step()", f"returned {type(result).__name__}; it must return an EnvStep")
-        reward = result.reward
-        if reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float))):
-            raise self._error("step()", f"returned reward {reward!r}; it must be a number or None")
+        reward, problem = result.reward, turn_reward_problem(result.reward)
+        if problem:
+            raise self._error("step()", f"returned a {problem}; it must be a finite number or None")
         observation = self._normalize(result.observation, "step()")
         self.rewards.append(None if reward is None else float(reward))
         self.done = bool(result.done)

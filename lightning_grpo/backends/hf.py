@@ -2,11 +2,13 @@
 
 Sampling is :func:`~lightning_grpo.rollout.generation.sample_tokens`: Hugging Face ``generate`` with each prompt
 prefilled once for its G samples, or our own decoding loop (``GRPOConfig.sampler``, ``drop_finished``). With the turn
-cache (``GRPOConfig.turn_cache``) a session keeps each trajectory's KV cache from one agent turn to the next
-(:class:`~lightning_grpo.rollout.turn_cache.TurnCache`, our own loop). With ``GRPOConfig.decode: compiled`` the
-backend keeps a :class:`~lightning_grpo.rollout.compiled_decode.CompiledDecoder` for the run: its static KV caches
-(one per shape bucket) and compiled step serve every session. The policy *is* the sampler's weights, so there is
-nothing to start or sync; ``GRPOConfig.sampling_adapter`` sets how the adapter samples for the length of a session.
+cache (``GRPOConfig.turn_cache``, on by default for multi-turn runs) a session keeps each trajectory's KV cache from
+one agent turn to the next (:class:`~lightning_grpo.rollout.turn_cache.TurnCache`, our own loop). With
+``GRPOConfig.decode: compiled`` the backend keeps a :class:`~lightning_grpo.rollout.compiled_decode.CompiledDecoder`
+for the run: its static KV caches (one per shape bucket) and compiled step serve every session (the agent turns of a
+multi-turn run excepted when the turn cache is kept: the turn cache samples those). The policy *is* the sampler's
+weights, so there is nothing to start or sync; ``GRPOConfig.sampling_adapter`` sets how the adapter samples for the
+length of a session.
 """
 
 from __future__ import annotations
@@ -108,7 +110,7 @@ class HFBackend:
     def __init__(self, settings: None, run: BackendRun) -> None:
         self.adapter_mode = run.grpo.sampling_adapter
         self.turn_cache: bool | None = getattr(run.grpo, "turn_cache", None)
-        self.multi_turn = run.grpo.max_turns > 1
+        self.multi_turn = run.multi_turn if run.multi_turn is not None else run.grpo.max_turns > 1
         self.decode: str = getattr(run.grpo, "decode", "auto")
         self.buckets = DecodeBuckets.for_run(
             getattr(run.grpo, "decode_lengths", None),
@@ -125,19 +127,40 @@ class HFBackend:
         """Nothing to send: the policy's weights are the sampled ones."""
 
     def session(self, policy: PeftModel, settings: SamplingSettings) -> HFSession:
-        """A session with the adapter in ``GRPOConfig.sampling_adapter``'s mode, keeping a turn cache if
-        ``GRPOConfig.turn_cache`` asks for one (``None``: when ``max_turns > 1`` and ``settings`` already sample with
-        our own loop, ``sampler: inverse_cdf`` or ``drop_finished``; the default ``multinomial`` sampler keeps
-        ``generate`` unless ``turn_cache`` is ``True``).
+        """A session with the adapter in ``GRPOConfig.sampling_adapter``'s mode, keeping a turn cache when
+        :meth:`turn_cache_for` says so.
 
         With ``GRPOConfig.decode`` resolving to the compiled path (:func:`~lightning_grpo.rollout.buckets.
-        pick_decode_path`), the session samples with the backend's :class:`~lightning_grpo.rollout.compiled_decode.
-        CompiledDecoder`; the turn cache then stays off unless ``turn_cache`` is ``True``, in which case the turn cache
-        (our eager loop) samples the agent turns instead (logged once).
+        pick_decode_path`), the session keeps the backend's :class:`~lightning_grpo.rollout.compiled_decode.
+        CompiledDecoder` for the calls the turn cache does not sample; a multi-turn rollout's turns are sampled by the
+        turn cache (our eager loop), which wins over the compiled path (logged once): ``turn_cache: false`` samples
+        every turn compiled instead.
 
         Raises:
             ValueError: ``turn_cache=True`` with settings our own loop cannot sample under (FSDP2's synchronised
                 sampling, ``static_cache``); ``decode="compiled"`` with a model that cannot compile.
+        """
+        keep = self.turn_cache_for(settings)
+        decoder = self._decoder(policy, settings)
+        if keep and decoder is not None and self.multi_turn:
+            self._tell_once(
+                "decode: compiled with the turn cache (turn_cache: null, the default, or true): the agent turns are "
+                "sampled by the eager loop, which keeps each trajectory's KV cache between turns (set turn_cache: "
+                "false to sample every turn compiled, re-prefilling its context)"
+            )
+        return HFSession(policy, self.adapter_mode, turn_cache=keep, decoder=decoder)
+
+    def turn_cache_for(self, settings: SamplingSettings) -> bool:
+        """Whether a session under ``settings`` keeps each trajectory's KV cache across turns.
+
+        ``GRPOConfig.turn_cache`` ``None`` (the default): yes for a multi-turn run (tools or an environment with
+        ``max_turns > 1``, or agent code; :attr:`BackendRun.multi_turn <lightning_grpo.backends.protocol.BackendRun>`)
+        with any sampler, ``multinomial`` included (our loop draws as ``generate`` does: the same tokens for a seed),
+        on one process or under DDP; not under FSDP2's synchronised sampling or with ``static_cache``, which
+        ``generate`` samples. ``True``: yes, also for a single-turn run. ``False``: no.
+
+        Raises:
+            ValueError: ``turn_cache=True`` with settings our own loop cannot sample under (its reason named).
         """
         blocker = _turn_cache_blocker(settings)
         if self.turn_cache is True and blocker:
@@ -145,15 +168,9 @@ class HFBackend:
                 f"GRPOConfig.turn_cache=True cannot be kept {blocker}: the Hugging Face backend samples those with "
                 "generate, which re-prefills every turn; set turn_cache to None (auto) or False"
             )
-        decoder = self._decoder(policy, settings)
-        own_loop = settings.own_loop and decoder is None
-        keep = self.turn_cache is True or (self.turn_cache is None and self.multi_turn and own_loop)
-        if keep and decoder is not None and self.multi_turn:
-            self._tell_once(
-                "decode: compiled with turn_cache: true: the agent turns are sampled by the eager loop, which keeps "
-                "each trajectory's KV cache between turns (set turn_cache: null to sample every turn compiled)"
-            )
-        return HFSession(policy, self.adapter_mode, turn_cache=keep, decoder=decoder)
+        if self.turn_cache is None:
+            return self.multi_turn and not blocker
+        return self.turn_cache
 
     def _decoder(self, policy: nn.Module, settings: SamplingSettings) -> CompiledDecoder | None:
         """The compiled decode path if ``GRPOConfig.decode`` picks it on the policy's device (made once), else None

@@ -37,12 +37,15 @@ class BackendRun:
         policy: The policy's settings (LoRA rank, quantization).
         model_name: The model's hub id or folder; ``None``: the policy was given as an object.
         generate_overridden: Whether the module's ``generate`` is a subclass's own (it may never call the backend).
+        multi_turn: Whether a trajectory can be sampled in several calls (tools or an environment with
+            ``grpo.max_turns > 1``, or agent code); ``None``: unknown, taken to be ``grpo.max_turns > 1``.
     """
 
     grpo: GRPOConfig
     policy: PolicyConfig
     model_name: str | None = None
     generate_overridden: bool = False
+    multi_turn: bool | None = None
 
     def settings_in_use(self) -> dict[str, Any]:
         """The :data:`OPTIONAL_SETTINGS` this run sets to a value that needs the backend, by name (``"top_k"``)."""

@@ -28,9 +28,10 @@ class SampleLogger(IterationCounter):
 
     The table holds the first ``num_samples`` rows of the rank-zero rollout (samples of a group are consecutive, so
     with ``num_samples <= G`` it shows one prompt's group side by side) with columns ``step``, ``prompt``,
-    ``completion``, ``reward`` (NaN where every reward function skipped the row) and ``advantage`` (the mean over the
-    row's valid tokens for token-level advantages). Conversational prompts and multi-turn completions (lists of chat
-    messages) are shown whole, one message per line with its role, tool calls included (:func:`conversation_text`).
+    ``completion``, ``reward`` (NaN where every reward function skipped the row) and ``advantage`` (for token-level
+    advantages, the mean over the row's sampled tokens: tool and environment tokens, which carry none, are left out).
+    Conversational prompts and multi-turn completions (lists of chat messages) are shown whole, one message per line
+    with its role, tool calls included (:func:`conversation_text`).
     It goes, on rank zero only, to:
 
     * a logger with a ``log_table`` method (``WandbLogger``): ``log_table(key, columns, data, step)``;
@@ -111,8 +112,8 @@ def sample_rows(step: Mapping[str, Any], num_samples: int) -> list[list[Any]]:
     """``[prompt, completion, reward, advantage]`` for the first ``num_samples`` rows of a step output."""
     rollout, advantages = step["rollout"], step["advantages"]
     n = min(num_samples, len(rollout))
-    if advantages.dim() == 2:  # (N, T): the mean over each row's valid tokens
-        mask = rollout.completion_mask[:n].to(advantages.dtype)
+    if advantages.dim() == 2:  # (N, T): the mean over each row's sampled tokens (not the inserted ones)
+        mask = (rollout.sampled_mask[:n] * rollout.completion_mask[:n]).to(advantages.dtype)
         advantages = (advantages[:n] * mask).sum(-1) / mask.sum(-1).clamp(min=1)
     rewards = step["rewards"].rewards[:n].float().tolist()
     advantages = advantages[:n].float().tolist()

@@ -62,10 +62,11 @@ def agent_rewards(
 ) -> tuple[Any, RewardFunctions]:
     """The environment factory left for the turn loop and the run's reward functions.
 
-    Agent code without ``reward_funcs`` is rewarded with what each run returned; a TRL-style environment with
-    ``get_reward()`` adds its reward (:func:`~lightning_grpo.agents.trl_environment.with_environment_rewards`).
+    Agent code without ``reward_funcs`` (``None`` or empty) is rewarded with what each run returned; a TRL-style
+    environment with ``get_reward()`` adds its reward (:func:`~lightning_grpo.agents.trl_environment.
+    with_environment_rewards`).
     """
-    if code is not None and reward_funcs is None:
+    if code is not None and not reward_funcs:  # [] or {}: nothing given, as with environment_factory
         reward_funcs = [agent_client.agent_reward]  # the reward each agent returned
     factory, funcs, weights = with_environment_rewards(environment_factory, reward_funcs, reward_weights)
     return factory, RewardFunctions.of(funcs, weights, timeout=timeout)

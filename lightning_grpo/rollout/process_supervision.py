@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedTokenizerBase
 
+from lightning_grpo.agents.environment import turn_reward_problem
 from lightning_grpo.rewards.process_supervision import StepRewards
 from lightning_grpo.rollout.batch import Rollout
 
@@ -137,8 +138,9 @@ def step_rewards_tensor(
     if rollout.turns is not None:
         for row, (rewards, ends) in enumerate(zip(rollout.turns.turn_rewards, rollout.turns.turn_ends, strict=True)):
             for turn, (reward, end) in enumerate(zip(rewards, ends, strict=True)):
-                if reward is not None and not math.isfinite(reward):
-                    raise ValueError(f"row {row}: the environment's reward {reward} for turn {turn} is not finite")
+                problem = turn_reward_problem(reward)
+                if problem:
+                    raise ValueError(f"row {row}, turn {turn}: the environment's {problem}")
                 if reward is not None:
                     _add(out, row, end, float(reward))
     return out.to(rollout.completion_ids.device)

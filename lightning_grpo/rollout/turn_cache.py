@@ -75,7 +75,8 @@ class TurnCache:
         """
         rows, g = list(rows), settings.num_generations
         self._kept = {row: self._kept[row] for row in rows if row in self._kept}  # finished trajectories leave
-        contexts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask, strict=True)]
+        contexts = [[t for t, m in zip(ids, mask, strict=True) if m]  # two host syncs, not two per row
+                    for ids, mask in zip(prompt_ids.tolist(), prompt_mask.tolist(), strict=True)]  # fmt: skip
         if g > 1:  # a first turn whose groups share their prompt: each prompt prefilled once for its G rows
             state = self._prefill_shared(model, prompt_ids, prompt_mask, g)
             contexts = [context for context in contexts for _ in range(g)]
@@ -129,7 +130,10 @@ class TurnCache:
         if kept is None:
             return 0
         count = min(len(kept.tokens), len(context) - 1)
-        same = next((i for i in range(count) if kept.tokens[i] != context[i]), count)
+        if kept.tokens[:count] == context[:count]:  # the usual case, compared at C speed
+            same = count
+        else:
+            same = next(i for i in range(count) if kept.tokens[i] != context[i])
         if same < len(kept.tokens):  # the context changed under the cache: keep only the common part
             kept.tokens = kept.tokens[:same]
             kept.layers = [(k[:, :same], v[:, :same]) for k, v in kept.layers]
@@ -164,7 +168,8 @@ def _take(
     """The compact cache of each row leaving the batch: ``{call row: (tokens held, per-layer keys and values)}``."""
     taken = {}
     for call_row, batch_row, row_mask in zip(call_rows.tolist(), batch_rows.tolist(), mask, strict=True):
-        read = row_mask.bool()
-        layers = [(layer.keys[batch_row][:, read], layer.values[batch_row][:, read]) for layer in cache.layers]
-        taken[call_row] = (int(read.sum()), layers)
+        read = row_mask.nonzero().squeeze(-1)  # one host sync per row, not one per layer (a boolean index each)
+        layers = [(layer.keys[batch_row].index_select(1, read), layer.values[batch_row].index_select(1, read))
+                  for layer in cache.layers]  # fmt: skip
+        taken[call_row] = (len(read), layers)
     return taken

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from lightning_grpo.agents import (
@@ -12,6 +14,7 @@ from lightning_grpo.agents import (
     normalize_observation,
     step_episodes,
 )
+from lightning_grpo.agents.environment import turn_reward_problem
 
 
 class GuessNumber:
@@ -115,3 +118,19 @@ def test_aggregate_turn_rewards():
     assert aggregate_turn_rewards([], "last") is None
     with pytest.raises(ValueError, match="'sum' or 'last'"):
         aggregate_turn_rewards([1.0], "mean")
+
+
+@pytest.mark.parametrize("reward", [math.nan, math.inf, -math.inf, "1.0", True])
+def test_a_step_reward_that_is_not_a_finite_number_is_refused_naming_it(reward):
+    class Rewards(GuessNumber):
+        def step(self, message):
+            return EnvStep(observation=None, reward=reward, done=True)
+
+    kind = "not finite" if isinstance(reward, float) else "not a number"
+    with pytest.raises(EnvironmentFailedError, match=rf"Rewards failed in step\(\).*returned a reward .* is {kind}"):
+        EnvironmentEpisode(Rewards, ROW, index=0).step(say("1"))
+
+
+def test_the_step_check_is_the_one_the_per_turn_credit_uses():
+    assert turn_reward_problem(math.nan) == "reward nan is not finite"
+    assert turn_reward_problem(2) == turn_reward_problem(None) == turn_reward_problem(0.5) == ""

@@ -35,9 +35,10 @@ def eager_compile(monkeypatch):
     torch._dynamo.reset()
 
 
-def _backend(**grpo: Any) -> HFBackend:
+def _backend(multi_turn: bool = False, **grpo: Any) -> HFBackend:
+    """A backend for a single-turn run (``multi_turn=True``: a run with tools or an environment)."""
     settings = {"max_prompt_length": 16, "max_new_tokens": 8, "num_generations": 2, **grpo}
-    return HFBackend(None, BackendRun(GRPOConfig(**settings), PolicyConfig()))
+    return HFBackend(None, BackendRun(GRPOConfig(**settings), PolicyConfig(), multi_turn=multi_turn))
 
 
 def _policy(tokenizer, dtype=torch.float64):
@@ -100,23 +101,26 @@ def test_a_model_that_cannot_compile(tokenizer, monkeypatch, caplog):
     assert sum("decode: auto samples eagerly" in r.message for r in caplog.records) == 1
 
 
-def test_turn_cache_true_samples_agent_turns_eagerly(tokenizer, caplog):
-    """Item 6: with ``turn_cache: true`` the turn cache (the eager loop) samples the turns, said once; with the turn
-    cache left to ``null``, the compiled path samples every turn and no turn cache is kept."""
+@pytest.mark.parametrize("turn_cache", [None, True], ids=["default", "true"])
+def test_the_turn_cache_wins_over_the_compiled_path_for_agent_turns(tokenizer, caplog, turn_cache):
+    """The rule of which one wins: in a multi-turn run the turn cache (on by default) keeps each trajectory's KV cache
+    and our eager loop samples the turns, said once; ``turn_cache: false`` samples every turn compiled; a single-turn
+    run samples compiled whatever ``turn_cache`` is left to."""
     policy = _policy(tokenizer)
-    settings = SamplingSettings(2, 8, sampler="inverse_cdf")
-    backend = _backend(decode="compiled", sampler="inverse_cdf", turn_cache=True, max_turns=3)
+    settings = SamplingSettings(2, 8)
+    backend = _backend(True, decode="compiled", turn_cache=turn_cache, max_turns=3)
     with caplog.at_level(logging.WARNING):
         session = backend.session(policy, settings)
         backend.session(policy, settings).close()
-    assert sum("turn_cache: true" in r.message for r in caplog.records) == 1
+    assert sum("agent turns are sampled by the eager loop" in r.message for r in caplog.records) == 1
     _call(session, policy, tokenizer, settings)
     assert session.turn_cache.prefilled > 0 and not backend.decoder._buckets  # the turn cache sampled it
     session.close()
-    auto = _backend(decode="compiled", sampler="inverse_cdf", max_turns=3).session(policy, settings)
-    assert auto.turn_cache is None  # without decode: compiled this would keep one (inverse_cdf, max_turns > 1)
-    _call(auto, policy, tokenizer, settings)
-    assert auto.decoder._buckets
+    for off in (_backend(True, decode="compiled", turn_cache=False, max_turns=3), _backend(decode="compiled")):
+        compiled = off.session(policy, settings)
+        assert compiled.turn_cache is None
+        _call(compiled, policy, tokenizer, settings)
+        assert compiled.decoder._buckets  # the compiled path sampled it
 
 
 @pytest.mark.parametrize(

@@ -159,3 +159,21 @@ def test_conversations_are_shown_whole_with_their_roles(tmp_path):
         rows = list(csv.DictReader(file))
     assert [row["completion"] for row in rows] == [shown, "[assistant] 7"] and rows[0]["prompt"] == shown_prompt
     assert sample_logger_module.conversation_text("plain text") == "plain text"  # string prompts are unchanged
+
+
+def test_token_advantages_are_averaged_over_the_sampled_tokens_only():
+    """Tool and environment tokens carry no advantage: they do not pull a row's mean toward zero."""
+    import torch
+
+    from lightning_grpo.rollout.batch import Rollout
+
+    rollout = Rollout(
+        prompt_ids=torch.ones(2, 1, dtype=torch.long), prompt_mask=torch.ones(2, 1, dtype=torch.long),
+        completion_ids=torch.ones(2, 4, dtype=torch.long), completion_mask=torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]]),
+        truncated=torch.tensor([False, False]), group_ids=torch.tensor([0, 0]), prompts=["p", "p"],
+        completions=["a", "b"], sampled_mask=torch.tensor([[1, 0, 1, 0], [1, 1, 0, 0]]),
+    )  # fmt: skip
+    advantages = torch.tensor([[1.0, 0.0, 3.0, 0.0], [-2.0, -4.0, 0.0, 0.0]])  # zeros on inserted tokens and padding
+    step = {"rollout": rollout, "rewards": SimpleNamespace(rewards=torch.tensor([1.0, 0.0])), "advantages": advantages}
+    rows = sample_logger_module.sample_rows(step, 2)
+    assert [row[3] for row in rows] == [2.0, -3.0]  # not 4/3 and -1.5, the means over every completion token

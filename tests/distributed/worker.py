@@ -373,13 +373,14 @@ def agent_data() -> PromptDataModule:
 
 
 class TurnRecorder(Callback):
-    """Records the turns per trajectory of every training batch of this rank."""
+    """Records the turns per trajectory of every training batch of this rank, and whether it keeps the turn cache."""
 
     def __init__(self) -> None:
-        self.turns: list[list[int]] = []
+        self.turns, self.turn_cache = list[list[int]](), list[bool]()  # turn_cache: the default, on this strategy
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         self.turns.append(outputs["rollout"].turns.num_turns.tolist())
+        self.turn_cache.append(pl_module.rollout_backend.turn_cache_for(pl_module.sampling_settings()))
 
 
 def scenario_agents(strategy: str, workdir: Path) -> None:
@@ -399,7 +400,7 @@ def scenario_agents(strategy: str, workdir: Path) -> None:
         resumed, agent_data(), ckpt_path=workdir / "agents-ckpt" / "last.ckpt"
     )
     save_adapter(resumed, workdir / "agents-resumed.pt")
-    write_json(workdir / f"agents-rank{rank()}.json", {"turns": recorder.turns})
+    write_json(workdir / f"agents-rank{rank()}.json", {"turns": recorder.turns, "turn_cache": recorder.turn_cache})
 
 
 def scenario_rewards(strategy: str, workdir: Path) -> None:

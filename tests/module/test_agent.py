@@ -95,3 +95,14 @@ def test_bad_agent_settings_are_refused(tokenizer):
         GRPOModule(short_turn_model(tokenizer), tokenizer=tokenizer, agent=branching_agent, tools=[add])
     with pytest.raises(ValueError, match="agent_timeout"):
         GRPOConfig(agent_timeout=0)
+
+
+@pytest.mark.parametrize("empty", [[], {}], ids=["list", "mapping"])
+def test_empty_reward_funcs_leave_the_reward_to_the_agents(tokenizer, empty):
+    """``reward_funcs=[]`` means none given, as a TRL-style environment's ``get_reward`` fills an empty list: each run
+    is rewarded with what it returned (it was refused: "RewardFunctions needs at least one reward function")."""
+    module = GRPOModule(short_turn_model(tokenizer), empty, tokenizer=tokenizer, agent=branching_agent,
+                        grpo=GRPOConfig(num_generations=2, max_new_tokens=40, max_prompt_length=64))  # fmt: skip
+    torch.manual_seed(0)
+    rollout = module.generate(BATCH)
+    assert module.score(rollout).rewards.tolist() == [float(r) for r in rollout.columns["agent_reward"]]

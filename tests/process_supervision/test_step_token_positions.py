@@ -129,5 +129,5 @@ def test_environment_turn_rewards_end_at_the_last_token_of_the_judged_turn(token
         expected[turns.turn_ends[i]] = torch.tensor(turns.turn_rewards[i])
         torch.testing.assert_close(got[i], expected, equal_nan=True)
     rollout.turns.turn_rewards[1][0] = math.nan  # an environment that returned NaN for a turn
-    with pytest.raises(ValueError, match="row 1: the environment's reward nan for turn 0 is not finite"):
+    with pytest.raises(ValueError, match="row 1, turn 0: the environment's reward nan is not finite"):
         step_rewards_tensor(tokenizer, rollout, {}, {})

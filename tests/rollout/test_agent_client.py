@@ -119,6 +119,8 @@ def _scripted(tokenizer, reply, first_delay=0.0):
 
     def sample(model, tok, prompt_ids, prompt_mask, settings):
         time.sleep(delays.pop() if delays else 0.0)
+        g = settings.num_generations  # a prompt shared by g calls is given once, for g rows
+        prompt_ids, prompt_mask = prompt_ids.repeat_interleave(g, 0), prompt_mask.repeat_interleave(g, 0)
         rows = [tokenizer(reply(tokenizer.decode(ids[m.bool()])), add_special_tokens=False)["input_ids"]
                 + [tokenizer.eos_token_id] for ids, m in zip(prompt_ids, prompt_mask, strict=True)]  # fmt: skip
         width = max(map(len, rows))

@@ -11,7 +11,7 @@ import torch
 from lightning_grpo import GRPOConfig, PolicyConfig
 from lightning_grpo.agents import EnvStep
 from lightning_grpo.backends.build import build_backend
-from lightning_grpo.backends.hf import HFBackend, HFSession
+from lightning_grpo.backends.hf import HFBackend
 from lightning_grpo.backends.protocol import BackendRun
 from lightning_grpo.rollout import SamplingSettings
 from lightning_grpo.rollout.agent import AgentSettings
@@ -51,11 +51,13 @@ def tokenizer_module():
     return build_tiny_tokenizer()
 
 
-def _rollout(model, tokenizer, settings, *, turn_cache: bool, g: int = 3, seed: int = 0):
+def _rollout(model, tokenizer, settings, *, turn_cache: bool | None, g: int = 3, seed: int = 0):
+    """A rollout through the Hugging Face backend's session, ``turn_cache`` as ``GRPOConfig.turn_cache``."""
     agent = AgentSettings(environment_factory=RaggedEnv, max_turns=4)
-    session = HFSession(model, "as_trained", turn_cache=turn_cache)
+    settings = SamplingSettings(num_generations=g, max_new_tokens=120, **settings)
+    session = _backend(max_turns=4, turn_cache=turn_cache).session(model, settings)
     calls: list[tuple[int, int]] = []  # (rows asked, trajectories whose caches are kept) per call
-    if turn_cache:
+    if session.turn_cache is not None:
         sample = session.sample
 
         def counting(*args, **kwargs):
@@ -65,7 +67,6 @@ def _rollout(model, tokenizer, settings, *, turn_cache: bool, g: int = 3, seed: 
 
         session.sample = counting
     torch.manual_seed(seed)
-    settings = SamplingSettings(num_generations=g, max_new_tokens=120, **settings)
     rollout = generate_conversations(model, tokenizer, PROMPTS, settings, agent, max_prompt_length=64,
                                      columns={"turns": [3, 4]}, sample=session)  # fmt: skip
     return rollout, session, calls
@@ -76,10 +77,14 @@ def _rollout(model, tokenizer, settings, *, turn_cache: bool, g: int = 3, seed: 
     [{}, {"sampler": "inverse_cdf"}, {"sampler": "inverse_cdf", "drop_finished": True}, {"drop_finished": True}],
     ids=["multinomial-vs-generate", "inverse_cdf", "inverse_cdf-drop_finished", "multinomial-drop_finished"],
 )
-def test_the_kept_cache_samples_the_tokens_of_a_full_re_prefill(model, tokenizer_module, settings):
+@pytest.mark.parametrize("turn_cache", [None, True], ids=["default", "true"])
+def test_the_kept_cache_samples_the_tokens_of_a_full_re_prefill(model, tokenizer_module, settings, turn_cache):
+    """At the default settings (``turn_cache: None``, ``sampler: multinomial``) the turn cache is kept, and our loop's
+    draws are ``generate``'s: the same tokens as a full re-prefill (``turn_cache: false``) for the same seed."""
     for seed in (0, 1):
-        full, _, _ = _rollout(model, tokenizer_module, settings, turn_cache=False, seed=seed)
-        kept, session, calls = _rollout(model, tokenizer_module, settings, turn_cache=True, seed=seed)
+        full, plain, _ = _rollout(model, tokenizer_module, settings, turn_cache=False, seed=seed)
+        kept, session, calls = _rollout(model, tokenizer_module, settings, turn_cache=turn_cache, seed=seed)
+        assert plain.turn_cache is None and session.turn_cache is not None
         assert full.turns.num_turns.max() >= 3  # several turns, so later turns did run from the kept caches
         assert torch.equal(kept.completion_ids, full.completion_ids)
         assert torch.equal(kept.sampled_mask, full.sampled_mask) and torch.equal(kept.truncated, full.truncated)
@@ -113,18 +118,42 @@ def test_a_context_that_changed_under_the_cache_is_prefilled_from_where_it_diffe
     assert cache.reused >= 2
 
 
-def _backend(**grpo: Any) -> HFBackend:
-    return HFBackend(None, BackendRun(GRPOConfig(**grpo), PolicyConfig()))
+def _backend(multi_turn: bool | None = None, **grpo: Any) -> HFBackend:
+    return HFBackend(None, BackendRun(GRPOConfig(**grpo), PolicyConfig(), multi_turn=multi_turn))
 
 
-def test_auto_keeps_the_cache_where_our_loop_samples_a_multi_turn_rollout(model):
+def test_the_default_keeps_the_cache_for_every_multi_turn_run_whatever_the_sampler(model):
     inverse = SamplingSettings(2, 8, sampler="inverse_cdf")
     default = SamplingSettings(2, 8)
+    assert _backend(max_turns=3).session(model, default).turn_cache is not None  # the default sampler too
     assert _backend(max_turns=3).session(model, inverse).turn_cache is not None
-    assert _backend(max_turns=3).session(model, default).turn_cache is None  # generate, as before
-    assert _backend(max_turns=1).session(model, inverse).turn_cache is None
-    assert _backend(max_turns=3, turn_cache=True).session(model, default).turn_cache is not None
+    assert _backend(max_turns=1).session(model, default).turn_cache is None  # one turn: nothing to keep
+    assert _backend(max_turns=3, multi_turn=False).session(model, default).turn_cache is None  # no tools/environment
+    assert _backend(max_turns=1, multi_turn=True).session(model, default).turn_cache is not None  # agent code
+    assert _backend(max_turns=1, turn_cache=True).session(model, default).turn_cache is not None
     assert _backend(max_turns=3, turn_cache=False).session(model, inverse).turn_cache is None
+
+
+def test_the_module_tells_the_backend_whether_its_rollouts_take_turns():
+    from lightning_grpo import GRPOModule
+    from lightning_grpo.testing import build_tiny_model, build_tiny_tokenizer
+    from lightning_grpo.testing.agents import CountdownEnv
+
+    tokenizer = build_tiny_tokenizer()
+
+    def module(**kwargs: Any) -> GRPOModule:
+        grpo = GRPOConfig(**kwargs.pop("grpo", {}))
+        return GRPOModule(build_tiny_model(tokenizer), [lambda completions, **_: [0.0] * len(completions)],
+                          tokenizer=tokenizer, grpo=grpo, **kwargs)  # fmt: skip
+
+    assert not module().rollout_backend.multi_turn  # max_turns is 4 by default, but nothing takes a turn
+    assert module(environment_factory=CountdownEnv).rollout_backend.multi_turn
+    assert not module(environment_factory=CountdownEnv, grpo={"max_turns": 1}).rollout_backend.multi_turn
+
+    async def agent(client, row):  # agent code may call as often as it likes: max_turns does not bound it
+        return 1.0
+
+    assert module(agent=agent, grpo={"max_turns": 1}).rollout_backend.multi_turn
 
 
 def test_a_turn_cache_that_cannot_be_kept_is_a_clear_error(model):
@@ -141,3 +170,23 @@ def test_the_vllm_backend_refuses_a_turn_cache_and_says_what_it_does_instead():
     pytest.importorskip("vllm")
     with pytest.raises(SettingError, match=r"backend 'vllm' does not keep.*prefix cache.*turn_cache to None"):
         build_backend(BackendRun(GRPOConfig(rollout_backend="vllm", turn_cache=True), PolicyConfig(), "tiny"))
+
+
+@pytest.mark.parametrize("layers", [2, 6])
+def test_keeping_a_batch_of_caches_syncs_once_per_row_whatever_the_layers(layers):
+    """Each leaving row's positions are found once (one ``nonzero``) and every layer is read with them, not through a
+    boolean index per layer's keys and values (a host sync each on a GPU)."""
+    from transformers import DynamicCache
+
+    from lightning_grpo.rollout.turn_cache import _take
+    from lightning_grpo.testing.dispatch import DispatchCounter
+
+    data = [(torch.randn(3, 2, 5, 4), torch.randn(3, 2, 5, 4)) for _ in range(layers)]
+    cache = DynamicCache(ddp_cache_data=data)
+    mask = torch.tensor([[1, 1, 0, 1, 1], [0, 1, 1, 1, 1], [1, 1, 1, 1, 1]])
+    with DispatchCounter() as counter:
+        taken = _take(cache, torch.tensor([7, 8, 9]), torch.arange(3), mask)
+    assert counter.syncs == 2 + 3  # the two row lists, then one per row
+    count, kept = taken[7]
+    assert count == 4 and len(kept) == layers
+    torch.testing.assert_close(kept[-1][0], data[-1][0][0][:, [0, 1, 3, 4]], rtol=0, atol=0)

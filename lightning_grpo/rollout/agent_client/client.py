@@ -43,8 +43,8 @@ class PolicyClient(openai.AsyncOpenAI):
     """
 
     def __init__(self, endpoint: TrajectoryEndpoint) -> None:
-        super().__init__(api_key="in-process", base_url=IN_PROCESS_URL, max_retries=0,
-                         http_client=_unused_http_client())  # fmt: skip
+        # the SDK's own __init__ (URL parsing, auth, an HTTP client) gives every client the same state: built once
+        self.__dict__.update(_sdk_state())
         self.endpoint, self.model = endpoint, endpoint.model
         self._chat = _Chat(self)
 
@@ -91,10 +91,13 @@ class _Chat:
 
 
 @functools.cache
-def _unused_http_client() -> Any:
-    """One HTTP client for every policy client: never used (no request leaves the process), but the SDK builds one,
-    and building one per client (an SSL context each) would cost more than the sampling."""
-    return openai.DefaultAsyncHttpxClient()
+def _sdk_state() -> dict[str, Any]:
+    """The attributes ``AsyncOpenAI.__init__`` gives an in-process client, made once: every policy client shares
+    them (its HTTP client is never used, as no request leaves the process). Building them per client costs about as
+    much as the rest of its call (the base URL alone is parsed twice)."""
+    sdk = openai.AsyncOpenAI(api_key="in-process", base_url=IN_PROCESS_URL, max_retries=0,
+                             http_client=openai.DefaultAsyncHttpxClient())  # fmt: skip
+    return dict(vars(sdk))
 
 
 def _httpx() -> Any:
@@ -127,5 +130,22 @@ AGENTS_PER_POOL = 16
 
 def http_client_for(url: str, key: str, call_timeout: float, http_client: Any) -> openai.AsyncOpenAI:
     """The ``AsyncOpenAI`` a Python agent gets with ``agent_transport="http"``: the server's URL and the trajectory's
-    key; its timeout outlasts the server's own (``agent_call_timeout``, answered with 504), the SDK's retries on."""
-    return openai.AsyncOpenAI(base_url=url, api_key=key, timeout=call_timeout + 10.0, http_client=http_client)
+    key; its timeout outlasts the server's own (``agent_call_timeout``, answered with 504), the SDK's retries on.
+
+    The SDK looks up the platform (for its headers) in a worker thread at each client's first request: a thread hop
+    per agent, and a thread pool grown for it, at every rollout. The clients made here are given it, looked up once.
+    """
+    client = openai.AsyncOpenAI(base_url=url, api_key=key, timeout=call_timeout + 10.0, http_client=http_client)
+    if getattr(client, "_platform", False) is None:  # an SDK that keeps it there (openai >= 1)
+        client._platform = _platform()
+    return client
+
+
+@functools.cache
+def _platform() -> Any:
+    """The SDK's platform headers' source, looked up once per process (``None``: let the SDK look it up)."""
+    try:
+        from openai._base_client import get_platform
+    except ImportError:  # pragma: no cover - an SDK that moved it
+        return None
+    return get_platform()

@@ -4,7 +4,8 @@
 while calls wait, when ``window`` seconds pass with no new call and no agent finishing (the other agents are busy
 with their own work: a tool, a sleep). All calls waiting at that moment are sampled together, in one call of the
 rollout backend, in trajectory order (not arrival order, which differs between the in-process client and HTTP);
-calls that arrive meanwhile wait for the next batch. A call cancelled before its batch (a timeout)
+calls that arrive meanwhile wait for the next batch. The sampler prefills a context shared by several calls of the
+batch once (:mod:`~lightning_grpo.rollout.agent_client.grouping`). A call cancelled before its batch (a timeout)
 is left out; one cancelled during it has its result dropped.
 """
 
@@ -16,19 +17,22 @@ from dataclasses import dataclass, field
 
 __all__ = ["BatchSampler", "CallGatherer", "Request"]
 
-#: Samples a batch: ``(contexts, max new tokens of each, row of each) -> [(tokens, logprobs, ended)]``.
-BatchSampler = Callable[[list[list[int]], list[int], list[int]], list[tuple[list[int], list[float], bool]]]
-
 
 @dataclass
 class Request:
-    """One waiting call."""
+    """One waiting call: its context, token cap, row (branch), trajectory, and whether it starts a new branch
+    (``shared``: it may share its prefill with other calls of the same context)."""
 
     context: list[int]
     max_tokens: int
     row: int
     owner: int
+    shared: bool
     future: asyncio.Future = field(repr=False)  # type: ignore[type-arg]
+
+
+#: Samples a batch of requests (in trajectory order): ``[(tokens, logprobs, ended)]``, one per request.
+BatchSampler = Callable[[list[Request]], list[tuple[list[int], list[float], bool]]]
 
 
 class CallGatherer:
@@ -47,11 +51,11 @@ class CallGatherer:
         self._wake = asyncio.Event()
 
     async def submit(
-        self, context: list[int], max_tokens: int, row: int, owner: int
+        self, context: list[int], max_tokens: int, row: int, owner: int, *, shared: bool = False
     ) -> tuple[list[int], list[float], bool]:
         """Wait for the call to be sampled in a batch: its tokens, their log-probs, whether it ended its turn."""
         future = asyncio.get_running_loop().create_future()
-        self.waiting.append(Request(context, max_tokens, row, owner, future))
+        self.waiting.append(Request(context, max_tokens, row, owner, shared, future))
         self._wake.set()
         return await future
 
@@ -79,9 +83,7 @@ class CallGatherer:
                         continue
             batch, self.waiting = sorted(self.waiting, key=lambda r: r.owner), []  # trajectory order, not arrival
             self.batches.append(len(batch))
-            results = await asyncio.to_thread(
-                self.sample, [r.context for r in batch], [r.max_tokens for r in batch], [r.row for r in batch]
-            )
+            results = await asyncio.to_thread(self.sample, batch)
             for request, result in zip(batch, results, strict=True):
                 if not request.future.done():
                     request.future.set_result(result)

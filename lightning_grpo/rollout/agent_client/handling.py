@@ -81,7 +81,7 @@ async def answer(endpoint: TrajectoryEndpoint, messages: Any, model: Any, option
     cap = plan.budget if max_tokens is None else min(plan.budget, max_tokens)
     if cap <= 0:  # the trajectory's budget is spent: nothing is sampled or recorded
         return completion_body(endpoint.model, "", [], "length", plan.context, [], [], endpoint.decode, options)
-    submitted = endpoint.gatherer.submit(plan.context, cap, plan.row, endpoint.owner)
+    submitted = endpoint.gatherer.submit(plan.context, cap, plan.row, endpoint.owner, shared=plan.branch is None)
     tokens, logprobs, ended = await asyncio.wait_for(submitted, endpoint.call_timeout)
     turn = endpoint.parser.parse(endpoint.decode(tokens))
     calls = [c for c in turn.tool_calls if c.error is None]

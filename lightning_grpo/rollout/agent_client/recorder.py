@@ -16,6 +16,7 @@ event loop or HTTP, so a server can share it (one recorder per trajectory key).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -85,14 +86,22 @@ class TrajectoryRecorder:
         max_tokens: Longest branch after its prompt (``GRPOConfig.max_new_tokens``): sampled plus inserted tokens.
         max_prompt_tokens: Longest rendered prompt of a new branch (``GRPOConfig.max_prompt_length``).
         next_row: Gives each new branch its row number (shared by the rollout's recorders).
+        prompts: Token ids of rendered prompts by their messages and tools, shared by the rollout's recorders (the G
+            runs of a row render their first call's messages once); ``None``: this recorder's own.
     """
 
     def __init__(
-        self, tokenizer: PreTrainedTokenizerBase, max_tokens: int, max_prompt_tokens: int, next_row: Any
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        max_tokens: int,
+        max_prompt_tokens: int,
+        next_row: Any,
+        prompts: dict[str, list[int]] | None = None,
     ) -> None:
         self.tokenizer, self.max_tokens, self.max_prompt_tokens = tokenizer, max_tokens, max_prompt_tokens
         self.branches: list[Branch] = []
         self._next_row = next_row
+        self._prompts = {} if prompts is None else prompts
 
     def plan(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> CallPlan:
         """The context of a call with these (normalised) messages; changes nothing.
@@ -111,13 +120,26 @@ class TrajectoryRecorder:
                 budget = self.max_tokens - len(branch.tokens) - len(inserted)
                 context = [*branch.prompt_ids, *branch.tokens, *inserted]
                 return CallPlan(messages, tools, context, budget, branch.row, branch, inserted, len(branch.tokens))
-        ids = self.tokenizer(_render(self.tokenizer, messages, tools), add_special_tokens=False)["input_ids"]
+        ids = self._prompt_ids(messages, tools)
         if len(ids) > self.max_prompt_tokens:
             raise ValueError(
                 f"the call's messages render to {len(ids)} tokens, more than max_prompt_length={self.max_prompt_tokens}"
                 " (a call that does not continue an earlier one starts a new sequence from its full rendering)"
             )
         return CallPlan(messages, tools, ids, self.max_tokens, self._next_row())
+
+    def _prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+        """The tokens of the messages' full rendering, rendered once per rollout for equal messages and tools."""
+        try:
+            key = json.dumps([messages, tools], sort_keys=True)
+        except (TypeError, ValueError):  # a value JSON cannot hold: render without the cache
+            key = None
+        ids = self._prompts.get(key) if key is not None else None
+        if ids is None:
+            ids = self.tokenizer(_render(self.tokenizer, messages, tools), add_special_tokens=False)["input_ids"]
+            if key is not None:
+                self._prompts[key] = ids
+        return list(ids)
 
     def record(self, plan: CallPlan, tokens: Sequence[int], logprobs: Sequence[float], ended: bool,
                reply: dict[str, Any]) -> Branch:  # fmt: skip

@@ -23,7 +23,8 @@ from transformers import PreTrainedTokenizerBase
 
 from lightning_grpo.agents import ToolCallParser
 from lightning_grpo.extras import require
-from lightning_grpo.rollout.agent_client.gather import CallGatherer
+from lightning_grpo.rollout.agent_client.gather import BatchSampler, CallGatherer, Request
+from lightning_grpo.rollout.agent_client.grouping import PADDING, group_calls
 from lightning_grpo.rollout.agent_client.handling import TrajectoryEndpoint
 from lightning_grpo.rollout.agent_client.recorder import TrajectoryRecorder
 from lightning_grpo.rollout.batch import Rollout, left_pad
@@ -159,9 +160,10 @@ def run_agents(
     Raises:
         NoAgentCallError: No trajectory recorded a single call (every agent failed before calling, or none called).
     """
-    counter = itertools.count()
+    counter, prompts = itertools.count(), {}  # branch rows; rendered prompts, shared by the rollout's recorders
     g = settings.num_generations
-    recorder = lambda: TrajectoryRecorder(tokenizer, settings.max_new_tokens, max_prompt_length, counter.__next__)  # noqa: E731
+    recorder = lambda: TrajectoryRecorder(tokenizer, settings.max_new_tokens, max_prompt_length, counter.__next__,  # noqa: E731
+                                          prompts)  # fmt: skip
     runs = [AgentRun(b, recorder()) for b in range(len(rows)) for _ in range(g)]
     sampler = _batch_sampler(model, tokenizer, settings, sample)
     with eval_mode(model):
@@ -172,20 +174,27 @@ def run_agents(
 
 
 def _batch_sampler(model: nn.Module, tokenizer: PreTrainedTokenizerBase, settings: SamplingSettings,
-                   sample: SampleFn | RolloutSession | None) -> Any:  # fmt: skip
+                   sample: SampleFn | RolloutSession | None) -> BatchSampler:  # fmt: skip
+    """Samples a gathered batch in one call of ``sample``, each context shared by calls that start a new branch
+    prefilled once (:func:`~lightning_grpo.rollout.agent_client.grouping.group_calls`)."""
     eos = set(eos_token_ids(tokenizer).tolist())
     device = next(model.parameters()).device
+    padding_rows = itertools.count(-1, -1)  # padding rows' trajectory numbers: never a branch's, never reused
 
     @torch.no_grad()
-    def sample_batch(contexts: list[list[int]], caps: list[int], rows: list[int]) -> list[Any]:
-        ids, mask = left_pad(contexts, tokenizer.pad_token_id, device)
-        one = replace(settings, num_generations=1, max_new_tokens=max(caps))
-        out = draw(sample, model, tokenizer, ids, mask, one, rows=rows)
-        results = []
-        for new, logprobs, cap in zip(out.sequences[:, ids.shape[1] :].tolist(), out.logprobs.tolist(), caps,
-                                      strict=True):  # fmt: skip
-            end = next((i + 1 for i, t in enumerate(new[:cap]) if t in eos), None)
-            results.append((new[: end or cap], logprobs[: end or cap], end is not None))
+    def sample_batch(batch: list[Request]) -> list[Any]:
+        groups = group_calls([r.context for r in batch], [r.shared for r in batch])
+        ids, mask = left_pad([batch[i].context for i in groups.prompts], tokenizer.pad_token_id, device)
+        rows = [batch[i].row if i != PADDING else next(padding_rows) for i in groups.members]
+        call = replace(settings, num_generations=groups.g, max_new_tokens=max(r.max_tokens for r in batch))
+        out = draw(sample, model, tokenizer, ids, mask, call, rows=rows)
+        results: list[Any] = [None] * len(batch)
+        for i, new, logprobs in zip(groups.members, out.sequences[:, ids.shape[1] :].tolist(), out.logprobs.tolist(),
+                                    strict=True):  # fmt: skip
+            if i != PADDING:
+                cap = batch[i].max_tokens
+                end = next((k + 1 for k, t in enumerate(new[:cap]) if t in eos), None)
+                results[i] = (new[: end or cap], logprobs[: end or cap], end is not None)
         return results
 
     return sample_batch
@@ -276,18 +285,16 @@ def _rollout(tokenizer: PreTrainedTokenizerBase, rows: Sequence[dict[str, Any]],
     if not entries:
         first = f"; the first error: {stats.failures[0][1]!r}" if stats.failures else ""
         raise NoAgentCallError(f"no agent run made a chat call, so there is nothing to train on{first}", stats)
+    branches = [b for _, _, b, _ in entries]
+    p = max(len(b.prompt_ids) for b in branches)
+    t = max(1, *(len(b.tokens) for b in branches))
     pad = tokenizer.pad_token_id
-    p = max(len(b.prompt_ids) for _, _, b, _ in entries)
-    t = max(1, *(len(b.tokens) for _, _, b, _ in entries))
-    n = len(entries)
-    prompt_ids, prompt_mask = torch.full((n, p), pad, dtype=torch.long), torch.zeros((n, p), dtype=torch.long)
-    ids, mask = torch.full((n, t), pad, dtype=torch.long), torch.zeros((n, t), dtype=torch.long)
-    sampled, logprobs = torch.zeros((n, t), dtype=torch.long), torch.zeros((n, t), dtype=torch.float32)
-    for i, (_, _, b, _) in enumerate(entries):
-        prompt_ids[i, p - len(b.prompt_ids) :], prompt_mask[i, p - len(b.prompt_ids) :] = torch.tensor(b.prompt_ids), 1
-        k = len(b.tokens)
-        ids[i, :k], mask[i, :k] = torch.tensor(b.tokens, dtype=torch.long), 1
-        sampled[i, :k], logprobs[i, :k] = torch.tensor(b.sampled, dtype=torch.long), torch.tensor(b.logprobs)
+    prompt_ids = torch.tensor([[pad] * (p - len(b.prompt_ids)) + b.prompt_ids for b in branches], dtype=torch.long)
+    prompt_mask = (torch.arange(p) >= p - torch.tensor([len(b.prompt_ids) for b in branches])[:, None]).long()
+    mask = (torch.arange(t) < torch.tensor([len(b.tokens) for b in branches])[:, None]).long()
+    ids = _right_pad([b.tokens for b in branches], pad, t, torch.long)
+    sampled = _right_pad([b.sampled for b in branches], 0, t, torch.long)
+    logprobs = _right_pad([b.logprobs for b in branches], 0.0, t, torch.float32)
     columns = {key: [rows[run.row][key] for _, run, _, _ in entries] for key in rows[0] if key != "prompt"}
     clash = sorted(set(columns) & set(AGENT_COLUMNS))
     if clash:
@@ -305,6 +312,11 @@ def _rollout(tokenizer: PreTrainedTokenizerBase, rows: Sequence[dict[str, Any]],
         completions=[b.messages[len(b.prompt) :] for _, _, b, _ in entries],
         columns=columns, sampled_mask=sampled, logprobs=logprobs,
     )  # fmt: skip
+
+
+def _right_pad(rows: list[list[Any]], value: Any, width: int, dtype: torch.dtype) -> torch.Tensor:
+    """``(len(rows), width)`` rows padded on the right with ``value`` (one tensor built, not one per row)."""
+    return torch.tensor([row + [value] * (width - len(row)) for row in rows], dtype=dtype)
 
 
 def trajectory_rewards_nan(rewards: torch.Tensor, rollout: Rollout) -> torch.Tensor:

@@ -98,7 +98,8 @@ class AgentServer:
 
         self._socket = bind_loopback(self.port)
         self.port = self._socket.getsockname()[1]
-        config = uvicorn.Config(self._app(), lifespan="off", log_level="warning", access_log=False,
+        # log_config=None: uvicorn's loggers go through the process's logging, not re-configured at every rollout
+        config = uvicorn.Config(self._app(), lifespan="off", log_level="warning", access_log=False, log_config=None,
                                 timeout_keep_alive=30, limit_concurrency=None)  # fmt: skip
         self._server = uvicorn.Server(config)
         # Ctrl-C and SIGTERM stay the trainer's: uvicorn would catch them for the rollout and re-raise them after it
@@ -116,21 +117,27 @@ class AgentServer:
         await self.close()
 
     async def close(self) -> None:
-        """Stop serving: pending answers are cancelled, connections closed, the port released."""
+        """Stop serving: pending answers are cancelled, connections closed, the port released.
+
+        The server stops at once: uvicorn's own exit waits for its next 0.1 s tick and then 0.1 s more (0.2 s per
+        rollout), so the listener and the connections (idle once every agent is done) are closed here and the serving
+        task cancelled; uvicorn's graceful exit is the fallback where its attributes differ.
+        """
         pending = [t for trajectory in self._trajectories.values() for t in trajectory.answers.values()]
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
         if self._server is not None and self._task is not None:
             self._server.should_exit = True
-            try:
-                await asyncio.wait_for(asyncio.shield(self._task), 5.0)
-            except TimeoutError:
+            if _close_now(self._server):
+                self._task.cancel()
+            done, _ = await asyncio.wait({self._task}, timeout=5.0)  # neither raises its error nor cancels it
+            if not done:
                 self._server.force_exit = True
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(self._task, 5.0)
-            except Exception:  # a failure while stopping must not hide the rollout's own error
-                pass
+            elif not self._task.cancelled():
+                self._task.exception()  # a failure while stopping must not hide the rollout's own error: read, dropped
         if self._socket is not None:
             self._socket.close()
         self._server = self._task = self._socket = None
@@ -178,6 +185,19 @@ class AgentServer:
         task = asyncio.ensure_future(answer(trajectory.endpoint, messages, model, body))
         trajectory.answers[same] = task
         return task
+
+
+def _close_now(server: Any) -> bool:
+    """Stop ``server`` (a started ``uvicorn.Server``) listening and close its connections, as its own shutdown does
+    but without its waits; ``False`` (nothing done) where its attributes are not uvicorn's known ones."""
+    listeners, state = getattr(server, "servers", None), getattr(server, "server_state", None)
+    if not isinstance(listeners, list) or not hasattr(state, "connections"):
+        return False
+    for listener in listeners:
+        listener.close()
+    for connection in list(state.connections):
+        connection.shutdown()  # an idle keep-alive connection closes now; a busy one after its response
+    return True
 
 
 def _chat_body(raw: bytes) -> dict[str, Any]:
