@@ -5,7 +5,8 @@ Under DDP on 2 gloo ranks, one rank alone meets a problem in its rollout; the ot
 * ``no-call``: rank 0's agents (here rank 0's, whose callbacks alone log samples) return without a chat call: the
   step completes, rank 0 with an empty batch.
 * ``agent-raises``: rank 1's agents raise before any call.
-* ``env-raises``: rank 1's environment raises in ``step``.
+* ``env-raises``: rank 1's environment raises in ``step`` (``env-raises-fsdp``: under FSDP2, whose turn loop asks the
+  ranks before each turn whether any still samples).
 * ``mcp-dies``: rank 1's policy calls the MCP tool ``die``, which ends its (``on_exit="stop"``) tool server.
 
 Each rank writes ``SCENARIO-rankR.json``: what it trained, or the error ``trainer.fit`` raised; after an error it
@@ -100,6 +101,7 @@ def modules() -> dict[str, Any]:
         "no-call": lambda: module(agent=calling_agent),
         "agent-raises": lambda: module(agent=raising_agent),
         "env-raises": lambda: module(reward_funcs=[length_reward], environment_factory=raising_env),
+        "env-raises-fsdp": lambda: module(reward_funcs=[length_reward], environment_factory=raising_env),
         "mcp-dies": lambda: module(400, reward_funcs=[length_reward], tool_parser=DieParser(), tools=[die_server]),
     }
 
@@ -111,7 +113,8 @@ def data() -> PromptDataModule:
 
 def run(name: str, workdir: Path) -> None:
     recorder, trained = Recorder(), modules()[name]()
-    trainer = make_trainer(devices=2, strategy=make_strategy("ddp"), max_steps=1, callbacks=[recorder])
+    strategy = make_strategy("fsdp" if name.endswith("-fsdp") else "ddp")
+    trainer = make_trainer(devices=2, strategy=strategy, max_steps=1, callbacks=[recorder])
     try:
         trainer.fit(trained, data())
     except Exception as error:  # every rank must get the error, with the failing rank's cause

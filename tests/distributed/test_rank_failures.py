@@ -14,7 +14,7 @@ from tests.distributed.launch import run_ranks
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
 WORKER = "tests.distributed.rank_failures_worker"
-SCENARIOS = ["no-call", "agent-raises", "env-raises", "mcp-dies"]
+SCENARIOS = ["no-call", "agent-raises", "env-raises", "mcp-dies", "env-raises-fsdp"]
 
 
 @pytest.fixture(scope="module")
@@ -62,12 +62,13 @@ def test_dist_tool_server_dying_on_one_rank_stops_every_rank_naming_it(runs):
     assert all("mcp_die_server.py" in r["message"] and "tool 'die'" in r["message"] for r in ranks)
 
 
-def test_dist_environment_raising_on_one_rank_stops_every_rank_naming_it(runs):
-    ranks = _agreed_failure(runs, "env-raises", "EnvironmentFailedError: Environment RaisingEnv failed in step()")
+@pytest.mark.parametrize("name", ["env-raises", "env-raises-fsdp"])
+def test_dist_environment_raising_on_one_rank_stops_every_rank_naming_it(runs, name):
+    ranks = _agreed_failure(runs, name, "EnvironmentFailedError: Environment RaisingEnv failed in step()")
     assert all("environment step failed on rank 1" in r["message"] for r in ranks)
 
 
-@pytest.mark.parametrize("name", ["agent-raises", "env-raises", "mcp-dies"])
+@pytest.mark.parametrize("name", ["agent-raises", "env-raises", "mcp-dies", "env-raises-fsdp"])
 def test_dist_failing_rank_cause_reaches_the_other_rank_before_either_exits(runs, name):
     rank0, rank1 = _read(runs, name)
     assert rank0["cause"] is None and rank0["message"].endswith(rank1["message"].split("\n", 1)[1])  # rank 1's cause
