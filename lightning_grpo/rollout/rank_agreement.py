@@ -114,25 +114,26 @@ def agreed_rollout(
     """
     if ranks is None:
         return sample()
-    result, error, counted = None, None, False
     try:
         result = sample()
-    except _PeerFailed:  # a peer's failure answered this rank's turn-loop vote: that vote was this step's
-        counted = True
-    except Exception as err:  # any failure of this rank's rollout: the ranks agree on it below
-        error = err
-    empty = error is None and not counted and is_empty(result)  # type: ignore[arg-type]
-    totals = None if counted else ranks._vote(failed=error is not None, empty=empty)
-    if counted or totals[_FAILED]:  # type: ignore[index]
+    except _PeerFailed:  # a peer's failure answered this rank's turn-loop vote: that was this rollout's vote
+        causes = ranks.causes(None)
+        raise RankFailureError(_message(causes, ranks), causes) from None
+    except Exception as error:  # any failure of this rank's rollout: every rank learns of it in the vote
+        ranks._vote(failed=True)
         causes = ranks.causes(error)
         raise RankFailureError(_message(causes, ranks), causes) from error
-    if totals[_EMPTY] == ranks.world_size:  # type: ignore[index]
+    _, failed, empty = ranks._vote(empty=is_empty(result))
+    if failed:
+        causes = ranks.causes(None)
+        raise RankFailureError(_message(causes, ranks), causes)
+    if empty == ranks.world_size:
         raise RankFailureError(
             f"the rollout is empty on every one of the {ranks.world_size} ranks (no agent run made a chat call), so "
             "there is nothing to train on",
             {},
         )
-    return result  # type: ignore[return-value]
+    return result
 
 
 def _message(causes: dict[int, str], ranks: RankVotes) -> str:
