@@ -54,7 +54,7 @@ def _out_of_step_agent(replies: dict[str, list]):
     return agent
 
 
-def _run(model, tokenizer, turn_cache: bool):
+def _run(model, tokenizer, turn_cache: bool, transport: str = "in_process"):
     """The three runs through a Hugging Face session; each sampling call's (rows, tokens prefilled, caches kept)."""
     session, replies, calls = HFSession(model, "as_trained", turn_cache=turn_cache), {}, []
     if turn_cache:
@@ -70,7 +70,8 @@ def _run(model, tokenizer, turn_cache: bool):
     torch.manual_seed(0)
     settings = SamplingSettings(num_generations=1, max_new_tokens=200)
     rollout, stats = run_agents(model, tokenizer, _out_of_step_agent(replies), ROWS, settings, HermesToolCallParser(),
-                                max_prompt_length=64, limits=AgentLimits(window=0.05), sample=session)  # fmt: skip
+                                max_prompt_length=64, limits=AgentLimits(window=0.05, transport=transport),
+                                sample=session)  # fmt: skip
     return rollout, stats, session, replies, calls
 
 
@@ -80,11 +81,8 @@ def test_a_run_out_of_step_keeps_its_cache_and_prefills_only_its_new_tokens(mode
     assert len(rollout) == 3 and rollout.truncated.tolist() == [False] * 3  # one open branch per run
     cache = session.turn_cache
 
-    def new_tokens(name: str, call: int) -> int:  # the cache holds the last context and the turn but its last token
-        last, now = replies[name][call - 1], replies[name][call]
-        return len(now.prompt_token_ids) - (len(last.prompt_token_ids) + len(last.choices[0].token_ids) - 1)
-
     first = sum(len(replies[name][0].prompt_token_ids) for name in ("fast", "slow", "once"))
+    new_tokens = lambda name, call: _new_tokens(replies[name], call)  # noqa: E731
     assert [prefilled for _, prefilled, _ in calls] == [
         first, new_tokens("fast", 1), new_tokens("fast", 2) + new_tokens("slow", 1)
     ]  # fmt: skip
@@ -93,6 +91,23 @@ def test_a_run_out_of_step_keeps_its_cache_and_prefills_only_its_new_tokens(mode
     # memory: "once" returned after the first batch: its cache is gone at the second; the last runs' at the end
     assert [kept for _, _, kept in calls] == [3, 2, 2]
     assert len(cache) == 0
+
+
+@pytest.mark.parametrize("transport", ["in_process", "http"])
+def test_over_either_transport_each_later_call_prefills_only_its_new_tokens(model, tokenizer, transport):
+    """Whatever the batches (HTTP's timing may split or join them), the rollout prefills each run's first context and
+    then only what each later call adds."""
+    _, _, session, replies, _ = _run(model, tokenizer, turn_cache=True, transport=transport)
+    calls = replies.values()
+    expected = sum(len(r[0].prompt_token_ids) + sum(_new_tokens(r, i) for i in range(1, len(r))) for r in calls)
+    assert sorted(len(r) for r in calls) == [1, 2, 3]
+    assert session.turn_cache.prefilled == expected and len(session.turn_cache) == 0
+
+
+def _new_tokens(replies: list, call: int) -> int:
+    """The tokens a run's ``call`` adds to what its cache holds: the last context and reply but its last token."""
+    last, now = replies[call - 1], replies[call]
+    return len(now.prompt_token_ids) - (len(last.prompt_token_ids) + len(last.choices[0].token_ids) - 1)
 
 
 def test_keeping_the_cache_of_a_run_out_of_step_samples_the_tokens_of_a_full_re_prefill(model, tokenizer):
