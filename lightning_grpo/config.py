@@ -147,12 +147,14 @@ class GRPOConfig:
     readiness"."""
     rollout_backend: str = "hf"
     """What samples the rollouts: ``"hf"`` (Hugging Face ``generate``, or our own loop), ``"vllm"`` (a colocated vLLM
-    engine; the module's ``vllm`` settings, ``docs/vllm.md``; TRL ``use_vllm`` with ``vllm_mode="colocate"``), or the
-    import path of a user's ``RolloutBackend`` class (``"my_project.backends.MyBackend"``, ``docs/backends.md``)."""
+    engine; the module's ``vllm`` settings, ``docs/vllm.md``; TRL ``use_vllm`` with ``vllm_mode="colocate"``),
+    ``"vllm_server"`` (a vLLM server on other GPUs or machines; TRL ``vllm_mode="server"``), or the import path of a
+    user's ``RolloutBackend`` class (``"my_project.backends.MyBackend"``, ``docs/backends.md``)."""
     rollout_backend_args: dict[str, Any] | None = None
     """The backend's own settings: keyword arguments of its ``settings_class`` (for ``"vllm"``: ``VLLMConfig``'s
-    fields); an unknown key is an error naming the allowed ones. Saved in the checkpoint's hyper-parameters with the
-    rest of this config; a resume with other values logs them and uses them (``docs/backends.md``)."""
+    fields; for ``"vllm_server"``: ``VLLMServerConfig``'s); an unknown key is an error naming the allowed ones. Saved
+    in the checkpoint's hyper-parameters with the rest of this config; a resume with other values logs them and uses
+    them (``docs/backends.md``)."""
     val_num_generations: int = 1
     """Samples per validation prompt (k of ``val/pass@k``)."""
     val_temperature: float | None = None

@@ -166,10 +166,10 @@ def component(config: Any, setting: str) -> Any:
 def _check_backend(config: Any) -> None:
     """The backend's name reads as one (it is imported when the module is built: ``lightning_grpo.backends``)."""
     backend, args = config.rollout_backend, config.rollout_backend_args
-    if backend not in ("hf", "vllm") and not is_import_path(backend):
+    if backend not in ("hf", "vllm", "vllm_server") and not is_import_path(backend):
         raise ValueError(
-            f"rollout_backend={backend!r} is not valid; choose one of 'hf', 'vllm', or the import path of a "
-            "RolloutBackend class such as 'my_project.backends.MyBackend'"
+            f"rollout_backend={backend!r} is not valid; choose one of 'hf', 'vllm', 'vllm_server', or the import path "
+            "of a RolloutBackend class such as 'my_project.backends.MyBackend'"
         )
     if args is not None and not (isinstance(args, dict) and all(isinstance(key, str) for key in args)):
         raise TypeError(f"rollout_backend_args must be a mapping of setting names to values, got {args!r}")

@@ -1,7 +1,8 @@
 """Rollout backends: what samples a run's rollouts, behind one :class:`RolloutBackend` interface.
 
 ``rollout_backend: hf`` (the default, :class:`HFBackend`: Hugging Face ``generate`` or our own decoding loop),
-``rollout_backend: vllm`` (:class:`VLLMBackend`: a colocated vLLM engine, ``docs/vllm.md``), or the import path of
+``rollout_backend: vllm`` (:class:`VLLMBackend`: a colocated vLLM engine, ``docs/vllm.md``), ``rollout_backend:
+vllm_server`` (:class:`VLLMServerBackend`: a vLLM server on other GPUs or machines), or the import path of
 a user's own class with its settings in ``rollout_backend_args`` (``docs/backends.md``). Nothing here imports vLLM
 until a vLLM engine starts.
 """
@@ -10,6 +11,8 @@ from lightning_grpo.backends.build import BACKENDS, backend_class, build_backend
 from lightning_grpo.backends.hf import HFBackend, HFSession
 from lightning_grpo.backends.protocol import OPTIONAL_SETTINGS, BackendRun, RolloutBackend, RolloutSession
 from lightning_grpo.backends.vllm import VLLMBackend, VLLMSession
+from lightning_grpo.backends.vllm_server import VLLMServerBackend, VLLMServerSession
+from lightning_grpo.backends.vllm_server_settings import VLLMServerConfig
 from lightning_grpo.backends.vllm_settings import VLLMConfig
 
 __all__ = [
@@ -22,6 +25,9 @@ __all__ = [
     "RolloutSession",
     "VLLMBackend",
     "VLLMConfig",
+    "VLLMServerBackend",
+    "VLLMServerConfig",
+    "VLLMServerSession",
     "VLLMSession",
     "backend_class",
     "build_backend",

@@ -1,5 +1,5 @@
-"""Choosing a rollout backend: a built-in name (``"hf"``, ``"vllm"``) or a class's import path, its settings checked
-key by key, and the run's settings it must honour (``docs/backends.md``).
+"""Choosing a rollout backend: a built-in name (``"hf"``, ``"vllm"``, ``"vllm_server"``) or a class's import path,
+its settings checked key by key, and the run's settings it must honour (``docs/backends.md``).
 
 Every error is a :class:`~lightning_grpo.settings_checks.SettingError` whose message starts with the setting it
 refuses (``GRPOConfig.rollout_backend=...``, ``GRPOConfig.rollout_backend_args.<key>=...``, ``GRPOConfig.top_k=...``).
@@ -17,15 +17,19 @@ from lightning_grpo.algorithms.rollout_correction import behaviour_logprob_setti
 from lightning_grpo.backends.hf import HFBackend
 from lightning_grpo.backends.protocol import OPTIONAL_SETTINGS, PROTOCOL_MEMBERS, BackendRun, RolloutBackend
 from lightning_grpo.backends.vllm import VLLMBackend
+from lightning_grpo.backends.vllm_server import VLLMServerBackend
 from lightning_grpo.backends.vllm_settings import VLLMConfig
 from lightning_grpo.settings_checks import SettingError
 
 __all__ = ["BACKENDS", "backend_class", "backend_settings", "build_backend", "check_behaviour_logprobs"]
 
 #: The built-in backends by name.
-BACKENDS: dict[str, type] = {"hf": HFBackend, "vllm": VLLMBackend}
+BACKENDS: dict[str, type] = {"hf": HFBackend, "vllm": VLLMBackend, "vllm_server": VLLMServerBackend}
 _FIELD = "GRPOConfig.rollout_backend"
-_FIX = "choose 'hf', 'vllm' or the import path of a RolloutBackend class such as 'my_project.backends.MyBackend'"
+_FIX = (
+    "choose 'hf', 'vllm', 'vllm_server' or the import path of a RolloutBackend class such as "
+    "'my_project.backends.MyBackend'"
+)
 
 
 def backend_class(name: str) -> type:

@@ -160,7 +160,7 @@ def test_a_plain_sample_function_still_samples(tokenizer):
     ("backend", "message"),
     [
         ("tests.backends.test_user_backend.Missing", r"^GRPOConfig\.rollout_backend='tests\.backends\..*Missing': "
-         r"cannot import it \(.*has no attribute 'Missing'\); choose 'hf', 'vllm' or the import path"),
+         r"cannot import it \(.*has no attribute 'Missing'\); choose 'hf', 'vllm', 'vllm_server' or the import path"),
         ("no_such_package.Backend", r"cannot import it \(No module named 'no_such_package'\)"),
         ("tests.backends.test_user_backend.not_a_class", r"a backend is a class, got a function"),
         ("tests.backends.test_user_backend.HalfBackend",
