@@ -289,6 +289,13 @@ class GRPOConfig:
     agent_http_port: int = 0
     """Port of the ``agent_transport="http"`` server on 127.0.0.1; 0 picks a free port each rollout (each rank its
     own). A port in use is an error naming it; with several processes rank r listens on ``agent_http_port + r``."""
+    collective_timeout_s: float | None = 900.0
+    """Seconds any collective of a run of several processes may wait for the other ranks (1 to 604800, a week); then
+    it raises (NCCL: its watchdog ends the process) instead of hanging. The ranks agree on a failed rollout before
+    their next collective, so this bounds only the waits no agreement can prevent (a peer killed by the OS, a failure
+    inside a sampling call under FSDP2). 900 s: longer than any wait a healthy run has (with agent code, one rank may
+    wait ``agent_timeout``, 600 s, for another's agents: it must exceed that), half of torch's 30 min. ``None`` keeps
+    the strategy's (``DDPStrategy(timeout=...)``, else 30 min); docs/distributed.md, "When a rank fails"."""
 
     def __post_init__(self) -> None:
         config_checks.check_config(self)  # every setting; an error names the field, the value, why and the fix

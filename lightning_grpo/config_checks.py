@@ -68,6 +68,7 @@ NUMBER_RULES: dict[str, dict[str, Any]] = {
     "agent_timeout": {"minimum": 0.0, "exclusive_minimum": True},
     "agent_batch_window": {"minimum": 0.0},
     "agent_http_port": {"integer": True, "minimum": 0, "maximum": 65535},
+    "collective_timeout_s": {"minimum": 1.0, "maximum": 604800.0, "allow_none": True},
 }
 
 

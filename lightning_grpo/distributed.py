@@ -13,6 +13,11 @@ Lightning's FSDP1 ``FSDPStrategy`` cannot run manual optimization (Lightning iss
 Both strategies *average* gradients over ranks, while the module's micro-batch loss is ``local sum / global count``
 (docs/math.md), whose gradient over the whole batch is the *sum* of the ranks' gradients. :func:`grad_scale` is the
 factor (the world size) that turns the average back into that sum.
+
+:func:`set_up` also bounds every collective's wait (``GRPOConfig.collective_timeout_s``,
+:func:`set_collective_timeout`): the ranks agree on a failed rollout before their next collective
+(:mod:`lightning_grpo.rollout.rank_agreement`), and the timeout ends the waits no agreement can prevent, such as a
+peer killed by the OS (docs/distributed.md).
 """
 
 from __future__ import annotations
@@ -20,10 +25,12 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
+from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy, ParallelStrategy, Strategy
 from peft import PeftModel
 from torch import nn
@@ -41,6 +48,8 @@ __all__ = [
     "is_fsdp2",
     "is_sharded",
     "keep_trainable_in_state_dict",
+    "set_collective_timeout",
+    "set_up",
     "shard_module",
     "shard_policy",
 ]
@@ -67,14 +76,10 @@ _ROOT_RESHARD_AFTER_FORWARD = False
 
 
 def _fsdp2() -> Any:
-    """The FSDP2 module (``torch.distributed.fsdp`` from torch 2.6, earlier ``_composable.fsdp``), imported lazily."""
+    """The FSDP2 module, ``torch.distributed.fsdp`` (``fully_shard``, ``FSDPModule``), imported lazily."""
     from torch.distributed import fsdp
 
-    if hasattr(fsdp, "fully_shard"):
-        return fsdp
-    from torch.distributed._composable import fsdp as composable  # torch 2.4 / 2.5
-
-    return composable
+    return fsdp
 
 
 def fsdp_units(model: nn.Module) -> list[nn.Module]:
@@ -116,6 +121,57 @@ def check_strategy(strategy: Strategy) -> None:
                 "FSDP2 over the data-parallel dimension only. Put every process in that dimension:\n  "
                 f"{FSDP2_STRATEGY_CONFIG}"
             )
+
+
+def set_up(strategy: Strategy, config: Any, *, agents: bool) -> None:
+    """At the module's ``setup``: refuse what GRPO cannot run (:func:`check_strategy`), then bound every collective's
+    wait (:func:`set_collective_timeout`) to ``config.collective_timeout_s``.
+
+    Args:
+        strategy: The trainer's strategy (its process groups already made).
+        config: The module's ``GRPOConfig``.
+        agents: Whether the rollouts run agent code (``agent=``): the timeout must then exceed ``agent_timeout``.
+    """
+    check_strategy(strategy)
+    agent_timeout = config.agent_timeout if agents else None
+    set_collective_timeout(strategy, config.collective_timeout_s, agent_timeout=agent_timeout)
+
+
+def set_collective_timeout(strategy: Strategy, seconds: float | None, *, agent_timeout: float | None = None) -> None:
+    """Make every process group of the run give up on a collective after ``seconds`` (then the process raises).
+
+    The process groups exist before any hook of the module runs (Lightning makes them in its strategy's
+    ``setup_environment``), so their timeout is changed in place (``torch.distributed``'s ``_set_pg_timeout``): the
+    default group and the sub-groups of a device mesh alike. A collective that outwaits it raises (gloo), or NCCL's
+    watchdog ends the process. Nothing happens on one process or with ``seconds=None``.
+
+    Args:
+        strategy: The trainer's strategy.
+        seconds: ``GRPOConfig.collective_timeout_s``; ``None`` keeps the strategy's own (``timeout=``, else 30 min).
+        agent_timeout: With agent code, ``GRPOConfig.agent_timeout``: one rank may wait that long for another's
+            rollout, so ``seconds`` must exceed it.
+
+    Raises:
+        ValueError: The strategy was given a ``timeout=`` of its own that differs from ``seconds``, or ``seconds``
+            does not exceed ``agent_timeout``.
+    """
+    if seconds is None or not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return
+    timeout, own = timedelta(seconds=seconds), getattr(strategy, "_timeout", None)
+    if own is not None and own not in (default_pg_timeout, timeout):
+        raise ValueError(
+            f"{type(strategy).__name__}(timeout={own}) and GRPOConfig.collective_timeout_s={seconds:g} disagree: set "
+            f"collective_timeout_s={own.total_seconds():g} (or None to keep the strategy's), or drop timeout="
+        )
+    if agent_timeout is not None and seconds <= agent_timeout:
+        raise ValueError(
+            f"GRPOConfig.collective_timeout_s={seconds:g} must exceed agent_timeout={agent_timeout:g}: a rank may wait "
+            "that long for another rank's agents before their next collective; raise collective_timeout_s"
+        )
+    from torch.distributed import distributed_c10d
+
+    for group in list(distributed_c10d._world.pg_map):  # the default group and every sub-group (device meshes)
+        distributed_c10d._set_pg_timeout(timeout, group)
 
 
 def grad_scale(strategy: Strategy | None, world_size: int) -> float:

@@ -31,7 +31,6 @@ from lightning_grpo.checkpoint import check_resume, describe_policy, install_che
 from lightning_grpo.config import GRPOConfig
 from lightning_grpo.iteration import LossCounts, PhaseTimer, StepContext, StepOutput, UpdateBatch
 from lightning_grpo.iteration.async_rollout import ahead_of, step_rollout
-from lightning_grpo.iteration.context import any_rank
 from lightning_grpo.iteration.cpu_threads import apply_default_cpu_threads
 from lightning_grpo.iteration.dynamic_sampling import dynamic_sample
 from lightning_grpo.iteration.fit_checks import check_fit_inputs, check_loader_batch_size
@@ -49,6 +48,7 @@ from lightning_grpo.rewards import RewardFunctions, RewardScores, TrainerState
 from lightning_grpo.rollout import Rollout, TokenLogProbs, agent_client, agent_wiring, completion_logprobs
 from lightning_grpo.rollout.agent import AgentSettings
 from lightning_grpo.rollout.packing import packing_for, sharded_logprob_settings
+from lightning_grpo.rollout.rank_agreement import RankVotes
 from lightning_grpo.rollout.sampling_settings import SamplingSettings
 
 __all__ = ["GRPOModule", "StepOutput"]  # StepOutput is defined in lightning_grpo.iteration
@@ -198,14 +198,14 @@ class GRPOModule(LightningModule):
     ) -> Rollout:
         """Step 1: G completions (trajectories) per prompt of ``batch["prompt"]``; other keys become row columns."""
         settings = self.sampling_settings(num_generations=num_generations, temperature=temperature)
-        sync = partial(any_rank, sum_across_ranks=self._sum_across_ranks, device=self.device)
         backend, rank = self.rollout_backend, self.global_rank if self._trainer is not None else 0
+        ranks = RankVotes.of(self._sum_across_ranks, self.device, rank, self.trainer.world_size if self._trainer else 1)
         backend.sync(self.policy, self.global_step if self._trainer is not None else 0)  # no-op once synced
         with nonfinite_sampling(self.global_step), closing(backend.session(self.policy, settings)) as session:
             rollout, stats = agent_wiring.sample_batch(
                 self.policy, self.tokenizer, batch, settings, self.agent, self.agent_fn, session=session,
                 max_prompt_length=self.config.max_prompt_length, limits=self.agent_limits, rank=rank,
-                any_rank_active=sync if settings.synced_gpus else None,
+                ranks=ranks,  # the ranks agree on the rollout before their next collective (docs/distributed.md)
             )  # fmt: skip
         if stats is not None and self._trainer is not None and self._context is not None:  # agent code's runs
             self.log_dict(stats.metrics(len(rollout)), batch_size=stats.runs)
@@ -315,8 +315,8 @@ class GRPOModule(LightningModule):
     # ---------------------------------------------------------------- distributed set-up
 
     def setup(self, stage: str) -> None:
-        """Refuse strategies GRPO cannot run (FSDP1: :mod:`lightning_grpo.distributed`); on CPU, set a thread count."""
-        distributed.check_strategy(self.trainer.strategy)
+        """Refuse strategies GRPO cannot run, bound collectives' waits (``distributed.set_up``); on CPU, set threads."""
+        distributed.set_up(self.trainer.strategy, self.config, agents=self.agent_fn is not None)
         agent_wiring.check_agent_strategy(self.agent_fn, fsdp2=distributed.is_fsdp2(self.trainer.strategy))
         if distributed.is_fsdp2(self.trainer.strategy):
             check_shardable(self.policy)  # a bitsandbytes base cannot be sharded: use DDP (docs/quantization.md)

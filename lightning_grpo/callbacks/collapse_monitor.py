@@ -128,6 +128,7 @@ class CollapseMonitor(Callback):
         total, count, informative_count, cut_count, no_step_count, n = reduce_across_ranks(
             torch.stack([*stats, torch.ones_like(cut).sum()])
         ).tolist()
+        n = max(n, 1.0)  # every rank without rows: none of them is cut
         return total / max(count, 1.0), informative_count == 0, cut_count / n, no_step_count / n
 
     @override

@@ -53,7 +53,9 @@ class CompletionStats(Callback):
         count, total, cut = reduce_across_ranks(
             torch.stack([torch.ones_like(lengths).sum(), lengths.sum(), truncated.sum()])
         )
-        negative_min, length_max = reduce_across_ranks(torch.stack([-lengths.min(), lengths.max()]), "max")
+        none = lengths.new_tensor([float("-inf")] * 2)  # a rank without rows (its agents made no chat call)
+        extremes = torch.stack([-lengths.min(), lengths.max()]) if len(lengths) else none
+        negative_min, length_max = reduce_across_ranks(extremes, "max")
         metrics = {
             "length_mean": total / count,
             "length_min": -negative_min,

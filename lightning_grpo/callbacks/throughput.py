@@ -42,6 +42,8 @@ class _Meter:
     def update(self, rollout: Rollout, device: torch.device, flops: int | None) -> None:
         if device.type == "cuda":
             torch.cuda.synchronize(device)  # the clock must see the step's kernels
+        if not len(rollout):  # a rank whose agents made no chat call: no completion, and the meter needs one a batch
+            return
         self.completions += len(rollout)
         self.tokens += int(rollout.sampled_mask.sum())
         self.iterations += 1
@@ -50,6 +52,8 @@ class _Meter:
 
     def metrics(self, stage: str) -> dict[str, float]:
         """``<stage>/<name>``, Lightning's running totals renamed (:data:`TOTALS`)."""
+        if not self.iterations:  # nothing counted yet (a rank without rows so far)
+            return {}
         return {f"{stage}/{TOTALS.get(k, k)}": float(v) for k, v in self.throughput.compute().items()}
 
 

@@ -18,7 +18,8 @@ backend is then an :class:`AheadBackend` and ``training_step`` takes its rollout
   on the main thread within the step's seeding, given an empty stand-in for the policy and its own copy of the
   tokenizer); it holds no collective, never logs, never touches the policy. Every ``sync`` on the main thread (the
   next step's, validation's) first waits for it; an exception there is raised on the main thread at the next step,
-  as its cause.
+  as its cause. Under DDP the ranks then agree on the main thread (:func:`agreed_ahead`): a failure on one rank
+  stops all of them, naming it, and a rank without a rollout ahead makes every rank sample synchronously.
   ``close`` (the end of fit, or an exception anywhere, the update's included: ``CloseRolloutBackend``) cancels it at
   its next sampling call, closes the backend (a request in flight fails) and joins it.
 * **Checkpoints** hold no rollout: a resumed run samples its first step synchronously (staleness 0), then runs ahead.
@@ -41,12 +42,15 @@ from torch import nn
 from lightning_grpo.iteration.context import StepContext
 from lightning_grpo.rollout import Rollout
 from lightning_grpo.rollout.agent_wiring import sample_batch
+from lightning_grpo.rollout.rank_agreement import RankVotes, agreed_rollout
 from lightning_grpo.rollout.sampling_settings import SamplingSettings
 
 if TYPE_CHECKING:
     from lightning_grpo.backends.protocol import RolloutBackend
 
-__all__ = ["AheadBackend", "RolloutCancelled", "ahead_of", "next_batch", "sample_apart", "step_rollout"]
+__all__ = [
+    "AheadBackend", "RolloutCancelled", "agreed_ahead", "ahead_of", "next_batch", "sample_apart", "step_rollout",
+]  # fmt: skip
 
 Batch = Mapping[str, Sequence[Any]]
 
@@ -273,7 +277,8 @@ def step_rollout(module: Any, batch: Batch, context: StepContext) -> Rollout:
     backend, trainer = module.rollout_backend, getattr(module, "_trainer", None)
     if not isinstance(backend, AheadBackend) or trainer is None:
         return module.generate(batch)
-    rollout = backend.take(batch, context.global_step)
+    ranks = RankVotes.of(context.sum_across_ranks, context.device, trainer.global_rank, trainer.world_size)
+    rollout = agreed_ahead(lambda: backend.take(batch, context.global_step), ranks)
     staleness = 0.0 if rollout is None else 1.0
     rollout = module.generate(batch) if rollout is None else rollout
     context.log("rollout/staleness", staleness, on_step=True, batch_size=len(batch.get("prompt", ())) or 1)
@@ -288,6 +293,22 @@ def step_rollout(module: Any, batch: Batch, context: StepContext) -> Rollout:
         )  # fmt: skip
         backend.launch(following, sample, context.global_step)
     return rollout
+
+
+def agreed_ahead(take: Callable[[], Rollout | None], ranks: RankVotes | None) -> Rollout | None:
+    """``take()`` (the rollout sampled ahead, or ``None``), agreed by the ranks on the main thread after the join:
+    a failure on any rank stops every rank (:func:`~lightning_grpo.rollout.rank_agreement.agreed_rollout`'s vote),
+    and unless every rank has one, none uses its own (they all sample now, their collectives in step).
+
+    Raises:
+        RankFailureError: The rollout ahead failed on some rank (several processes; the cause of each named).
+        RuntimeError: It failed, on one process (:meth:`AheadBackend.take`).
+    """
+    rollout = agreed_rollout(take, ranks)
+    if ranks is None:
+        return rollout
+    have = ranks.sum_across_ranks(torch.tensor([float(rollout is not None)], dtype=torch.float64, device=ranks.device))
+    return rollout if int(have.item()) == ranks.world_size else None
 
 
 def sample_apart(

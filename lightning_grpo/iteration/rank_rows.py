@@ -4,7 +4,8 @@ Every rank must run the same number of optimizer steps (DDP all-reduces the grad
 collectives around them. An ordinary rollout has ``prompts × G`` rows on every rank, so ``mini_batch_size`` gives
 every rank the same count. An agent rollout's rows are its trajectories' branches, so under DDP the ranks agree on
 the largest count (one all-reduce per step) and a rank with fewer mini-batches runs idle ones: one row with an empty
-loss mask, which adds nothing to the loss or the gradient but joins every collective.
+loss mask, which adds nothing to the loss or the gradient but joins every collective. A rank whose agents made no
+chat call holds no row at all (``agent_wiring.empty_agent_rollout``): its idle row is made up (:func:`idle_rollout`).
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ import torch
 from torch import Tensor
 
 from lightning_grpo.iteration.types import UpdateBatch
+from lightning_grpo.rollout import Rollout
 
-__all__ = ["agreed_minibatches", "idle_minibatch", "ranks_differ"]
+__all__ = ["agreed_minibatches", "idle_minibatch", "idle_rollout", "ranks_differ"]
 
 
 def ranks_differ(batch_rows_vary: bool) -> bool:
@@ -40,7 +42,30 @@ def agreed_minibatches(rows: int, mini_batch_size: int | None, sum_across_ranks:
     return int(sum_across_ranks(votes).max().item())
 
 
+def idle_rollout(rollout: Rollout) -> Rollout:
+    """One row for a forward that only joins the collectives: the first row of ``rollout``, or, when it has none, a
+    made-up row of its widths (token 0, attended, nothing sampled: its loss mask is empty)."""
+    if len(rollout):
+        return rollout.select(torch.arange(1))
+    device = rollout.completion_ids.device
+    zeros = lambda tensor: torch.zeros((1, *tensor.shape[1:]), dtype=tensor.dtype, device=device)  # noqa: E731
+    return replace(
+        rollout, prompt_ids=zeros(rollout.prompt_ids), prompt_mask=torch.ones_like(zeros(rollout.prompt_mask)),
+        completion_ids=zeros(rollout.completion_ids), completion_mask=torch.ones_like(zeros(rollout.completion_mask)),
+        sampled_mask=zeros(rollout.sampled_mask), truncated=torch.zeros(1, dtype=torch.bool, device=device),
+        group_ids=torch.zeros(1, dtype=torch.long, device=device), prompts=[None], completions=[None],
+        columns={key: [None] for key in rollout.columns}, turns=None,
+        logprobs=None if rollout.logprobs is None else zeros(rollout.logprobs),
+    )  # fmt: skip
+
+
 def idle_minibatch(batch: UpdateBatch) -> UpdateBatch:
     """One row of ``batch`` with an empty loss mask: a mini-batch that changes nothing but joins the collectives."""
-    one = batch.select(torch.arange(1))
-    return replace(one, loss_mask=torch.zeros_like(one.loss_mask), advantages=torch.zeros_like(one.advantages))
+    if len(batch):
+        one = batch.select(torch.arange(1))
+        return replace(one, loss_mask=torch.zeros_like(one.loss_mask), advantages=torch.zeros_like(one.advantages))
+    rollout = idle_rollout(batch.rollout)  # a rank without rows
+    zeros = lambda tensor: None if tensor is None else torch.zeros((1, *tensor.shape[1:]), dtype=tensor.dtype,  # noqa: E731
+                                                                   device=tensor.device)  # fmt: skip
+    return replace(batch, rollout=rollout, advantages=zeros(batch.advantages), loss_mask=zeros(batch.loss_mask),
+                   old_logprobs=zeros(batch.old_logprobs), ref_logprobs=zeros(batch.ref_logprobs))  # fmt: skip

@@ -22,7 +22,7 @@ from lightning_grpo.config import GRPOConfig
 from lightning_grpo.iteration.context import StepContext
 from lightning_grpo.iteration.micro_batches import micro_batch_rows
 from lightning_grpo.iteration.nonfinite import gradient_flag, nonfinite_flags, step_is_finite
-from lightning_grpo.iteration.rank_rows import agreed_minibatches, idle_minibatch, ranks_differ
+from lightning_grpo.iteration.rank_rows import agreed_minibatches, idle_minibatch, idle_rollout, ranks_differ
 from lightning_grpo.iteration.timing import PhaseTimer
 from lightning_grpo.iteration.types import LossCounts, UpdateBatch
 from lightning_grpo.metrics import MetricSums as _MetricSums
@@ -73,11 +73,14 @@ def fixed_logprobs(
     sums = sum_across_ranks or (lambda tensor: tensor)
     device = rollout.completion_ids.device
     chunks = micro_batch_rows(rollout, micro_batch_size, micro_batch_tokens, sums, device)  # host indices: no sync
-    order, parts = torch.cat(chunks), []
+    order, parts = torch.cat([torch.zeros(0, dtype=torch.long), *chunks]), []
     with torch.no_grad(), eval_mode(policy):
         for rows in chunks:  # an empty micro-batch (a rank with fewer tokens) runs one row, for the collectives
-            logprobs = compute_logprobs(rollout.select(rows if len(rows) else order[:1]), reference=reference).logprobs
+            part = rollout.select(rows) if len(rows) else idle_rollout(rollout)
+            logprobs = compute_logprobs(part, reference=reference).logprobs
             parts += [logprobs] if len(rows) else []
+    if not parts:  # a rank without rows (its agents made no chat call)
+        return torch.zeros(rollout.completion_ids.shape, device=device)
     return torch.cat(parts)[torch.argsort(order).to(device)]
 
 
@@ -186,7 +189,7 @@ def run_updates(
         The global mean mini-batch loss and the metrics (``pg_loss`` and the token-weighted means of the others),
         exact over all ranks.
     """
-    mini = config.mini_batch_size or len(batch)
+    mini = config.mini_batch_size or max(len(batch), 1)  # a rank without rows runs idle mini-batches
     micro = config.micro_batch_size or mini
     generator = torch.Generator().manual_seed(context.seed)
     norm = float(config.loss_agg_norm or config.max_new_tokens)

@@ -4,7 +4,10 @@ instead (:func:`~lightning_grpo.rollout.agent_client.run_agents`).
 
 The module asks three things of this layer: the agent code and the reward functions its arguments imply
 (:func:`agent_code`, :func:`agent_rewards`, at construction), and one batch's rollout (:func:`sample_batch`, each
-``generate``). See ``docs/agents.md``.
+``generate``). Under several processes the ranks agree on each rollout before their next collective
+(:func:`~lightning_grpo.rollout.rank_agreement.agreed_rollout`): a failure on one rank is an error naming it on every
+rank, and a rank whose agents made no chat call takes part with an empty rollout. See ``docs/agents.md`` and
+``docs/distributed.md``.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
@@ -22,11 +26,12 @@ from lightning_grpo.rewards import RewardFunctions
 from lightning_grpo.rollout import agent_client
 from lightning_grpo.rollout.agent import AgentSettings
 from lightning_grpo.rollout.batch import Rollout
+from lightning_grpo.rollout.rank_agreement import RankVotes, agreed_rollout
 from lightning_grpo.rollout.sampling import sample_rollout
 from lightning_grpo.rollout.sampling_settings import SamplingSettings
 from lightning_grpo.rollout.session import RolloutSession
 
-__all__ = ["agent_code", "agent_rewards", "check_agent_strategy", "run_rewards", "sample_batch"]
+__all__ = ["agent_code", "agent_rewards", "check_agent_strategy", "empty_agent_rollout", "run_rewards", "sample_batch"]
 
 #: What ``reward_funcs=`` may be (a sequence, a mapping of names, or a ``RewardFunctions``).
 RewardFuncs = Sequence[Callable[..., Any]] | Mapping[str, Callable[..., Any]] | RewardFunctions
@@ -92,9 +97,11 @@ def sample_batch(
     max_prompt_length: int,
     limits: agent_client.AgentLimits,
     rank: int = 0,
-    any_rank_active: Callable[[bool], bool] | None = None,
+    ranks: RankVotes | None = None,
 ) -> tuple[Rollout, agent_client.AgentStats | None]:
     """One batch's rollout: the agent code G times per row, or G completions per prompt by the turn loop.
+
+    Every route passes here, so this is where the ranks agree on the rollout (:func:`agreed_rollout`).
 
     Args:
         policy: The policy model.
@@ -107,28 +114,73 @@ def sample_batch(
         max_prompt_length: Longest prompt in tokens.
         limits: Agent code's limits; with a fixed port, rank ``r`` listens on ``port + r``.
         rank: This process's rank.
-        any_rank_active: Under FSDP, whether any rank still samples (a collective); ``None`` on one process.
+        ranks: The ranks' votes on several processes (under FSDP2 the turn loop asks them whether any rank still
+            samples); ``None`` on one process.
 
     Returns:
         The rollout, and what the agents did (``None`` for the turn loop).
 
     Raises:
-        KeyError: The batch has no ``"prompt"`` (and no TRL-style environment fills it).
+        KeyError: The batch has no ``"prompt"`` (and no TRL-style environment fills it); on one process.
+        RankFailureError: On several processes, the rollout of some rank raised (the error names each such rank
+            and its cause), or every rank's agents made no chat call.
     """
-    if code is not None:
-        rows = [{key: values[i] for key, values in batch.items()} for i in range(len(next(iter(batch.values()))))]
-        limits = replace(limits, port=limits.port + rank if limits.port else 0)  # each rank its own server
+
+    def sample() -> tuple[Rollout, agent_client.AgentStats | None]:
+        if code is not None:
+            return _agent_rollout(policy, tokenizer, batch, settings, agent, code, session=session, rank=rank,
+                                  max_prompt_length=max_prompt_length, limits=limits, ranks=ranks)  # fmt: skip
+        prompts = agent.prompts_of(batch)  # KeyError without "prompt" (unless TRL-style environments fill it)
+        columns = {key: list(values) for key, values in batch.items() if key != "prompt"}
+        active = ranks.any_active if ranks is not None and settings.synced_gpus else None
+        rollout = sample_rollout(
+            policy, tokenizer, prompts, settings, agent,
+            max_prompt_length=max_prompt_length, columns=columns, any_rank_active=active, sample=session,
+        )  # fmt: skip
+        return rollout, None
+
+    return agreed_rollout(sample, ranks, is_empty=lambda result: len(result[0]) == 0)
+
+
+def _agent_rollout(
+    policy: nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    batch: Mapping[str, Sequence[Any]],
+    settings: SamplingSettings,
+    agent: AgentSettings,
+    code: Callable[..., Any],
+    *,
+    session: RolloutSession,
+    max_prompt_length: int,
+    limits: agent_client.AgentLimits,
+    rank: int,
+    ranks: RankVotes | None,
+) -> tuple[Rollout, agent_client.AgentStats]:
+    """The agent code's rollout; on several processes, agents that made no chat call and raised nothing give an
+    empty rollout (the rank takes part in the step without rows) instead of an error."""
+    rows = [{key: values[i] for key, values in batch.items()} for i in range(len(next(iter(batch.values()))))]
+    limits = replace(limits, port=limits.port + rank if limits.port else 0)  # each rank its own server
+    try:
         return agent_client.run_agents(
             policy, tokenizer, code, rows, settings, agent.parser,
             max_prompt_length=max_prompt_length, limits=limits, sample=session,
         )  # fmt: skip
-    prompts = agent.prompts_of(batch)  # KeyError without "prompt" (unless TRL-style environments fill it)
-    columns = {key: list(values) for key, values in batch.items() if key != "prompt"}
-    rollout = sample_rollout(
-        policy, tokenizer, prompts, settings, agent,
-        max_prompt_length=max_prompt_length, columns=columns, any_rank_active=any_rank_active, sample=session,
+    except agent_client.NoAgentCallError as error:
+        if ranks is None or error.stats.failures:  # one process has nothing to train on; a failure is a cause
+            raise
+        return empty_agent_rollout(rows), error.stats
+
+
+def empty_agent_rollout(rows: Sequence[Mapping[str, Any]]) -> Rollout:
+    """An agent rollout without rows (tensors of width 1), with the columns of ``rows`` and the agent columns."""
+    none = torch.zeros((0, 1), dtype=torch.long)
+    columns: dict[str, list[Any]] = {key: [] for key in (rows[0] if rows else {}) if key != "prompt"}
+    columns.update({key: [] for key in agent_client.AGENT_COLUMNS})
+    return Rollout(
+        prompt_ids=none, prompt_mask=none.clone(), completion_ids=none.clone(), completion_mask=none.clone(),
+        truncated=torch.zeros(0, dtype=torch.bool), group_ids=torch.zeros(0, dtype=torch.long), prompts=[],
+        completions=[], columns=columns, sampled_mask=none.clone(), logprobs=torch.zeros((0, 1)),
     )  # fmt: skip
-    return rollout, None
 
 
 def run_rewards(rewards: Tensor, rollout: Rollout, *, runs: int) -> Tensor:

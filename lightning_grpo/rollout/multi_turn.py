@@ -112,7 +112,7 @@ def generate_conversations(
     texts = [render_messages(tokenizer, t.prompt, tools=t.tool_schemas(agent)) for t in trajectories]
     device = next(model.parameters()).device
     prompt_ids, prompt_mask = tokenize_prompts(tokenizer, texts, max_prompt_length, device)
-    sample = sample or sample_tokens
+    sample = sample_tokens if sample is None else sample  # a session may be falsy (a TurnCache has a length)
     with eval_mode(model):
         for turn in range(agent.max_turns):
             active = [i for i, t in enumerate(trajectories) if not t.done]

@@ -10,11 +10,16 @@ caches are right-aligned into one batched cache (left padding masked), the new t
 left-padded (so a row may have masked positions between its cache and its new tokens), and every token carries its
 explicit position id: a trajectory's positions are those of its full re-prefill, and the attention mask hides the
 padding. The decoding steps are :func:`~lightning_grpo.rollout.decode.decode_steps`, our own loop.
+
+When a trajectory ends: in the turn loop every running trajectory is in every call, so one absent from a call has
+finished and its cache is dropped at once. Agent code's calls are batched as they arrive, so a trajectory still busy
+with a tool is absent from a batch without having ended: that route sets :attr:`TurnCache.explicit_ends` and calls
+:meth:`TurnCache.finish` when an agent's run returns (and :meth:`TurnCache.close` drops the rest).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -47,12 +52,20 @@ class TurnCache:
         first = cache.sample(model, tokenizer, prompt_ids, prompt_mask, settings, rows=range(8))
         # ... append tool results to the contexts of rows 2 and 5, which go on ...
         second = cache.sample(model, tokenizer, context_ids, context_mask, one_each, rows=[2, 5])
+
+    Attributes:
+        explicit_ends: ``False`` (the turn loop): a trajectory absent from a call has finished, its cache is dropped
+            at that call. ``True`` (agent code, whose calls arrive out of step): a cache is kept until
+            :meth:`finish` names its trajectory, or :meth:`close`.
+        prefilled: Context tokens run through the model over the rollout (not decoding steps).
+        reused: Context tokens read from the kept caches instead.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, explicit_ends: bool = False) -> None:
         self._kept: dict[int, _Kept] = {}
-        self.prefilled = 0  # tokens run through the model as context (not decoding steps), over the rollout
-        self.reused = 0  # context tokens read from the kept caches instead
+        self.explicit_ends = explicit_ends
+        self.prefilled = 0
+        self.reused = 0
 
     def __len__(self) -> int:
         return len(self._kept)
@@ -71,10 +84,11 @@ class TurnCache:
         """Sample one turn, prefilling only what each trajectory's kept cache lacks; then keep the new caches.
 
         Args and return value as :meth:`RolloutSession.sample <lightning_grpo.rollout.session.RolloutSession.sample>`.
-        Trajectories not in ``rows`` are finished: their caches are dropped.
+        Unless :attr:`explicit_ends`, trajectories not in ``rows`` are finished: their caches are dropped.
         """
         rows, g = list(rows), settings.num_generations
-        self._kept = {row: self._kept[row] for row in rows if row in self._kept}  # finished trajectories leave
+        if not self.explicit_ends:
+            self._kept = {row: self._kept[row] for row in rows if row in self._kept}  # finished trajectories leave
         contexts = [[t for t, m in zip(ids, mask, strict=True) if m]  # two host syncs, not two per row
                     for ids, mask in zip(prompt_ids.tolist(), prompt_mask.tolist(), strict=True)]  # fmt: skip
         if g > 1:  # a first turn whose groups share their prompt: each prompt prefilled once for its G rows
@@ -95,6 +109,11 @@ class TurnCache:
             self._kept[rows[index]] = _Kept((contexts[index] + sampled[index])[:count], layers)
         start = prompt_ids.repeat_interleave(g, dim=0) if g > 1 else prompt_ids
         return Sampled(torch.cat([start, tokens], dim=1), logprobs)
+
+    def finish(self, rows: Iterable[int]) -> None:
+        """Trajectories ``rows`` have ended: drop their caches (a row without one is skipped)."""
+        for row in rows:
+            self._kept.pop(row, None)
 
     def close(self) -> None:
         """Drop every kept cache."""

@@ -4,12 +4,14 @@ what each rank trained on, its staleness, the threads that sampled, and the adap
 from __future__ import annotations
 
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.pytorch import Callback
 
+from lightning_grpo.testing.apart_backend import FrozenCopyBackend
 from tests.conftest import make_trainer
 from tests.distributed.worker import build_module, fit_data, make_strategy, rank, write_json
 
@@ -42,11 +44,43 @@ def fit(workdir: Path, async_rollout: bool) -> None:
                                                        "global_step": trainer.global_step})  # fmt: skip
 
 
+class FailOnRankOne(FrozenCopyBackend):
+    """Rank 1's rollouts sampled ahead fail (a server it cannot reach); rank 0's succeed."""
+
+    def session(self, policy: Any, settings: Any) -> Any:
+        session = super().session(policy, settings)
+        original = session.sample
+
+        def sample(*args: Any, **kwargs: Any) -> Any:
+            if rank() == 1 and threading.current_thread().name == "lightning_grpo-rollout-ahead":
+                raise ConnectionError("rank 1 lost its server")
+            return original(*args, **kwargs)
+
+        session.sample = sample
+        return session
+
+
+def fail(workdir: Path) -> None:
+    """A fit whose rollout ahead fails on rank 1: what each rank raised, and whether it closed and joined."""
+    module = build_module(rollout_backend=f"{__name__}.FailOnRankOne", async_rollout=True)
+    trainer = make_trainer(devices=2, strategy=make_strategy("ddp"), max_steps=4)
+    try:
+        trainer.fit(module, fit_data())
+        raised = None
+    except Exception as error:
+        raised = f"{type(error).__name__}: {error}"
+    events = module.rollout_backend.backend.events
+    alive = [t.name for t in threading.enumerate() if t.name == "lightning_grpo-rollout-ahead" and t.is_alive()]
+    write_json(workdir / f"fail-rank{rank()}.json", {"raised": raised, "closed": events[-1][0] == "close",
+                                                     "alive": alive})  # fmt: skip
+
+
 if __name__ == "__main__":
     torch.set_num_threads(1)
     try:
         for async_rollout in (False, True):
             fit(Path(sys.argv[1]), async_rollout)
+        fail(Path(sys.argv[1]))
     finally:
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()

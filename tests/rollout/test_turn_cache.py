@@ -190,3 +190,31 @@ def test_keeping_a_batch_of_caches_syncs_once_per_row_whatever_the_layers(layers
     count, kept = taken[7]
     assert count == 4 and len(kept) == layers
     torch.testing.assert_close(kept[-1][0], data[-1][0][0][:, [0, 1, 3, 4]], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("explicit_ends", [False, True], ids=["turn-loop", "told"])
+def test_a_trajectory_absent_from_a_call_ends_unless_ends_are_told(model, tokenizer_module, explicit_ends):
+    """The turn loop drops an absent trajectory's cache at once (memory); agent code, whose calls arrive out of step,
+    keeps it until :meth:`TurnCache.finish` names the trajectory."""
+    settings = SamplingSettings(num_generations=1, max_new_tokens=4, sampler="inverse_cdf")
+    ids = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])
+    cache = TurnCache(explicit_ends=explicit_ends)
+    first = cache.sample(model, tokenizer_module, ids, torch.ones_like(ids), settings, rows=[0, 1])
+    cache.sample(model, tokenizer_module, first.sequences[1:], torch.ones_like(first.sequences[1:]), settings, rows=[1])
+    assert len(cache) == (2 if explicit_ends else 1)
+    cache.finish([0, 7])  # a row without a cache is skipped
+    assert len(cache) == 1
+    prefilled = cache.prefilled
+    cache.sample(model, tokenizer_module, first.sequences[:1], torch.ones_like(first.sequences[:1]), settings, rows=[0])
+    assert cache.prefilled - prefilled == first.sequences.shape[1]  # its cache is gone: the whole context again
+
+
+def test_a_turn_cache_given_as_the_sampler_is_used_while_it_is_empty(model, tokenizer_module):
+    """An empty :class:`TurnCache` has length 0 (falsy): the turn loop must still sample through it."""
+    cache = TurnCache()
+    assert not cache
+    agent = AgentSettings(environment_factory=RaggedEnv, max_turns=4)
+    settings = SamplingSettings(num_generations=2, max_new_tokens=60, sampler="inverse_cdf")
+    generate_conversations(model, tokenizer_module, PROMPTS, settings, agent, max_prompt_length=64,
+                           columns={"turns": [3, 4]}, sample=cache)  # fmt: skip
+    assert cache.prefilled > 0 and cache.reused > 0

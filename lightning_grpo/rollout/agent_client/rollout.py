@@ -13,7 +13,8 @@ import inspect
 import itertools
 import logging
 import math
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -31,10 +32,11 @@ from lightning_grpo.rollout.batch import Rollout, left_pad
 from lightning_grpo.rollout.generation import eval_mode
 from lightning_grpo.rollout.sampling_settings import SampleFn, SamplingSettings, eos_token_ids
 from lightning_grpo.rollout.session import RolloutSession, draw
+from lightning_grpo.rollout.turn_cache import TurnCache
 
 __all__ = [
-    "AGENT_COLUMNS", "AgentLimits", "AgentRun", "AgentStats", "agent_reward", "check_agent", "is_agent_rollout",
-    "module_agent", "per_trajectory", "run_agents", "spread_to_branches", "trajectory_rewards_nan",
+    "AGENT_COLUMNS", "AgentLimits", "AgentRun", "AgentStats", "NoAgentCallError", "agent_reward", "check_agent",
+    "is_agent_rollout", "module_agent", "per_trajectory", "run_agents", "spread_to_branches", "trajectory_rewards_nan",
 ]  # fmt: skip
 
 log = logging.getLogger(__name__)
@@ -63,6 +65,14 @@ class AgentLimits:
         """The limits a ``GRPOConfig`` sets (its ``agent_*`` settings)."""
         return cls(config.agent_call_timeout, config.agent_timeout, config.agent_batch_window,
                    transport=config.agent_transport, port=config.agent_http_port)  # fmt: skip
+
+
+class NoAgentCallError(RuntimeError):
+    """No agent run of the batch made a chat call, so the rollout has no row; ``stats`` says what the agents did."""
+
+    def __init__(self, message: str, stats: AgentStats) -> None:
+        super().__init__(message)
+        self.stats = stats
 
 
 @dataclass
@@ -150,36 +160,44 @@ def run_agents(
     """Run ``agent`` G times per row, concurrently; the rollout of their branches and what happened.
 
     Raises:
-        RuntimeError: No trajectory recorded a single call (every agent failed before calling, or none called).
+        NoAgentCallError: No trajectory recorded a single call (every agent failed before calling, or none called).
     """
     counter, prompts = itertools.count(), {}  # branch rows; rendered prompts, shared by the rollout's recorders
     g = settings.num_generations
     recorder = lambda: TrajectoryRecorder(tokenizer, settings.max_new_tokens, max_prompt_length, counter.__next__,  # noqa: E731
                                           prompts)  # fmt: skip
     runs = [AgentRun(b, recorder()) for b in range(len(rows)) for _ in range(g)]
-    sampler = _batch_sampler(model, tokenizer, settings, sample)
+    ends = _CacheEnds(sample)
+    sampler = _batch_sampler(model, tokenizer, settings, sample, ends)
     with eval_mode(model):
-        stats = asyncio.run(_run_all(agent, rows, runs, sampler, tokenizer, parser, limits))
+        stats = asyncio.run(_run_all(agent, rows, runs, sampler, tokenizer, parser, limits, ends.ended))
+    ends.drop()  # the runs that returned after the last batch
     for index, error in stats.failures:
         log.warning("agent run %d (batch row %d) failed: %s: %s", index, runs[index].row, type(error).__name__, error)
     return _rollout(tokenizer, rows, runs, g, stats), stats
 
 
 def _batch_sampler(model: nn.Module, tokenizer: PreTrainedTokenizerBase, settings: SamplingSettings,
-                   sample: SampleFn | RolloutSession | None) -> BatchSampler:  # fmt: skip
+                   sample: SampleFn | RolloutSession | None, ends: _CacheEnds) -> BatchSampler:  # fmt: skip
     """Samples a gathered batch in one call of ``sample``, each context shared by calls that start a new branch
-    prefilled once (:func:`~lightning_grpo.rollout.agent_client.grouping.group_calls`)."""
+    prefilled once (:func:`~lightning_grpo.rollout.agent_client.grouping.group_calls`).
+
+    A turn cache keeps a branch's cache while its agent is out of step (busy with a tool when a batch is sampled):
+    it drops the caches of the runs that returned (``ends``) and of the padding rows."""
     eos = set(eos_token_ids(tokenizer).tolist())
     device = next(model.parameters()).device
     padding_rows = itertools.count(-1, -1)  # padding rows' trajectory numbers: never a branch's, never reused
 
     @torch.no_grad()
     def sample_batch(batch: list[Request]) -> list[Any]:
+        ends.sampled(batch)
+        ends.drop()  # in this thread, never while a batch is sampled
         groups = group_calls([r.context for r in batch], [r.shared for r in batch])
         ids, mask = left_pad([batch[i].context for i in groups.prompts], tokenizer.pad_token_id, device)
         rows = [batch[i].row if i != PADDING else next(padding_rows) for i in groups.members]
         call = replace(settings, num_generations=groups.g, max_new_tokens=max(r.max_tokens for r in batch))
         out = draw(sample, model, tokenizer, ids, mask, call, rows=rows)
+        ends.drop(row for row, i in zip(rows, groups.members, strict=True) if i == PADDING)
         results: list[Any] = [None] * len(batch)
         for i, new, logprobs in zip(groups.members, out.sequences[:, ids.shape[1] :].tolist(), out.logprobs.tolist(),
                                     strict=True):  # fmt: skip
@@ -192,6 +210,37 @@ def _batch_sampler(model: nn.Module, tokenizer: PreTrainedTokenizerBase, setting
     return sample_batch
 
 
+class _CacheEnds:
+    """Tells the turn cache of ``sample`` (a session's, such as the Hugging Face backend's; if it keeps one) when an
+    agent's run has ended, so that it keeps the caches of runs absent from a batch (busy with a tool) meanwhile.
+
+    Runs are put in :attr:`ended` by the event loop's thread; :meth:`sampled` and :meth:`drop` run in the sampler's
+    (never while a batch is sampled) or once the loop is over.
+    """
+
+    def __init__(self, sample: SampleFn | RolloutSession | None) -> None:
+        cache = sample if isinstance(sample, TurnCache) else getattr(sample, "turn_cache", None)
+        self.cache = cache if isinstance(cache, TurnCache) else None
+        if self.cache is not None:
+            self.cache.explicit_ends = True  # absent from a batch is not ended: calls arrive as agents make them
+        self.ended: deque[int] = deque()  # runs that returned, raised or timed out
+        self._rows: dict[int, set[int]] = {}  # the rows (branches) each run's calls were sampled on
+
+    def sampled(self, batch: list[Request]) -> None:
+        """Note the row of each call of ``batch`` as its run's."""
+        if self.cache is not None:
+            for request in batch:
+                self._rows.setdefault(request.owner, set()).add(request.row)
+
+    def drop(self, rows: Iterable[int] = ()) -> None:
+        """Drop the caches of ``rows`` and of every row of the runs that ended."""
+        dropped = list(rows)
+        while self.ended:
+            dropped.extend(self._rows.pop(self.ended.popleft(), ()))
+        if self.cache is not None:
+            self.cache.finish(dropped)
+
+
 async def _run_all(
     agent: Callable[..., Any],
     rows: Sequence[dict[str, Any]],
@@ -200,7 +249,9 @@ async def _run_all(
     tokenizer: PreTrainedTokenizerBase,
     parser: ToolCallParser,
     limits: AgentLimits,
+    ended: deque[int],
 ) -> AgentStats:
+    """Every run, concurrently; each run's index is put in ``ended`` when it returns, raises or times out."""
     gatherer, stats = CallGatherer(sampler, len(runs), limits.window), AgentStats(runs=len(runs))
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
     endpoints = [TrajectoryEndpoint(run.recorder, gatherer, i, parser, decode, limits.model, limits.call_timeout)
@@ -217,6 +268,7 @@ async def _run_all(
                 stats.failures.append((index, run.error))
             finally:
                 run.calls = endpoints[index].calls
+                ended.append(index)
                 gatherer.finished()
 
         await _drive([asyncio.ensure_future(one(i, run)) for i, run in enumerate(runs)], gatherer)
@@ -276,7 +328,7 @@ def _rollout(tokenizer: PreTrainedTokenizerBase, rows: Sequence[dict[str, Any]],
                for t, run in enumerate(runs) for i, branch in enumerate(run.recorder.branches)]  # fmt: skip
     if not entries:
         first = f"; the first error: {stats.failures[0][1]!r}" if stats.failures else ""
-        raise RuntimeError(f"no agent run made a chat call, so there is nothing to train on{first}")
+        raise NoAgentCallError(f"no agent run made a chat call, so there is nothing to train on{first}", stats)
     branches = [b for _, _, b, _ in entries]
     p = max(len(b.prompt_ids) for b in branches)
     t = max(1, *(len(b.tokens) for b in branches))
@@ -313,7 +365,7 @@ def _right_pad(rows: list[list[Any]], value: Any, width: int, dtype: torch.dtype
 
 def trajectory_rewards_nan(rewards: torch.Tensor, rollout: Rollout) -> torch.Tensor:
     """``rewards`` with every row but each trajectory's last branch set to NaN (left out of group statistics)."""
-    last = torch.tensor(rollout.columns["agent_last"], device=rewards.device)
+    last = torch.tensor(rollout.columns["agent_last"], dtype=torch.bool, device=rewards.device)
     return torch.where(last, rewards, torch.full_like(rewards, math.nan))
 
 
@@ -326,15 +378,15 @@ def spread_to_branches(advantages: torch.Tensor, rollout: Rollout) -> torch.Tens
         )
     trajectory, last = rollout.columns["agent_trajectory"], rollout.columns["agent_last"]
     source = {t: i for i, (t, is_last) in enumerate(zip(trajectory, last, strict=True)) if is_last}
-    index = torch.tensor([source[t] for t in trajectory], device=advantages.device)
+    index = torch.tensor([source[t] for t in trajectory], dtype=torch.long, device=advantages.device)
     return advantages[index]
 
 
 def per_trajectory(rewards: torch.Tensor, rollout: Rollout, trajectories: int) -> torch.Tensor:
     """``(trajectories,)`` rewards, one per agent run in batch order (its last branch's; NaN for a run with no row)."""
     out = torch.full((trajectories,), math.nan, dtype=rewards.dtype, device=rewards.device)
-    last = torch.tensor(rollout.columns["agent_last"], device=rewards.device)
-    index = torch.tensor(rollout.columns["agent_trajectory"], device=rewards.device)
+    last = torch.tensor(rollout.columns["agent_last"], dtype=torch.bool, device=rewards.device)
+    index = torch.tensor(rollout.columns["agent_trajectory"], dtype=torch.long, device=rewards.device)
     out[index[last]] = rewards[last]
     return out
 
