@@ -73,7 +73,7 @@ def fixed_logprobs(
     sums = sum_across_ranks or (lambda tensor: tensor)
     device = rollout.completion_ids.device
     chunks = micro_batch_rows(rollout, micro_batch_size, micro_batch_tokens, sums, device)  # host indices: no sync
-    order, parts = torch.cat([torch.zeros(0, dtype=torch.long), *chunks]), []
+    order, parts = torch.cat([torch.zeros(0, dtype=torch.long, device="cpu"), *chunks]), []
     with torch.no_grad(), eval_mode(policy):
         for rows in chunks:  # an empty micro-batch (a rank with fewer tokens) runs one row, for the collectives
             part = rollout.select(rows) if len(rows) else idle_rollout(rollout)
@@ -224,7 +224,7 @@ def _pass_rows(batch: UpdateBatch, mini: int, generator: torch.Generator, config
     if not ranks_differ(is_agent_rollout(batch.rollout)):
         return parts
     agreed = agreed_minibatches(len(batch), config.mini_batch_size, context.sum_across_ranks, context.device)
-    return parts + [torch.zeros(0, dtype=torch.long)] * (agreed - len(parts))
+    return parts + [torch.zeros(0, dtype=torch.long, device=generator.device)] * (agreed - len(parts))
 
 
 def _accumulate(

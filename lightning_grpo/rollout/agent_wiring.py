@@ -168,18 +168,20 @@ def _agent_rollout(
     except agent_client.NoAgentCallError as error:
         if ranks is None or error.stats.failures:  # one process has nothing to train on; a failure is a cause
             raise
-        return empty_agent_rollout(rows), error.stats
+        return empty_agent_rollout(rows, next(policy.parameters()).device), error.stats
 
 
-def empty_agent_rollout(rows: Sequence[Mapping[str, Any]]) -> Rollout:
-    """An agent rollout without rows (tensors of width 1), with the columns of ``rows`` and the agent columns."""
-    none = torch.zeros((0, 1), dtype=torch.long)
+def empty_agent_rollout(rows: Sequence[Mapping[str, Any]], device: torch.device | str = "cpu") -> Rollout:
+    """An agent rollout without rows (tensors of width 1, on ``device``), with the columns of ``rows`` and the agent
+    columns."""
+    none = torch.zeros((0, 1), dtype=torch.long, device=device)
     columns: dict[str, list[Any]] = {key: [] for key in (rows[0] if rows else {}) if key != "prompt"}
     columns.update({key: [] for key in agent_client.AGENT_COLUMNS})
     return Rollout(
         prompt_ids=none, prompt_mask=none.clone(), completion_ids=none.clone(), completion_mask=none.clone(),
-        truncated=torch.zeros(0, dtype=torch.bool), group_ids=torch.zeros(0, dtype=torch.long), prompts=[],
-        completions=[], columns=columns, sampled_mask=none.clone(), logprobs=torch.zeros((0, 1)),
+        truncated=torch.zeros(0, dtype=torch.bool, device=device), prompts=[], completions=[], columns=columns,
+        group_ids=torch.zeros(0, dtype=torch.long, device=device), sampled_mask=none.clone(),
+        logprobs=torch.zeros((0, 1), device=device),
     )  # fmt: skip
 
 
