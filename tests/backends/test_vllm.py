@@ -18,7 +18,15 @@ from lightning_grpo.rollout import completion_logprobs
 from lightning_grpo.rollout.sampling_settings import SamplingSettings
 from lightning_grpo.testing import build_tiny_tokenizer
 from lightning_grpo.testing.agents import CountdownEnv
-from tests.backends.vllm_helpers import PROMPTS, fit, needs_vllm, tiny_policy, vllm_module
+from tests.backends.vllm_helpers import (
+    PROMPTS,
+    Probe,
+    fit,
+    logprob_diff_to_training,
+    needs_vllm,
+    tiny_policy,
+    vllm_module,
+)
 from tests.conftest import REPO, repo_pythonpath
 
 pytestmark = [needs_vllm, pytest.mark.slow, pytest.mark.timeout(300)]
@@ -31,26 +39,9 @@ def test_behaviour_logprobs_agree_with_the_training_pass_to_1e_4():
         assert float(out["metrics"]["rollout_logprob_diff_max"]) < 1e-4
         assert out["timings"]["sync"] > 0  # the sync is its own phase of the step
     module = vllm_module(temperature=0.7)  # and directly, over every completion token, for a fresh rollout
-    fit(module, steps=1, callbacks=[_Probe(lambda m: _compare_logprobs(m, temperature=0.7))])
-
-
-class _Probe(L.Callback):
-    """Runs ``check(module)`` at the end of each fitted iteration (the engine is synced and running)."""
-
-    def __init__(self, check):
-        self.check, self.results = check, []
-
-    def on_train_batch_end(self, trainer, module, *_):
-        self.results.append(self.check(module))
-
-
-def _compare_logprobs(module: GRPOModule, temperature: float) -> None:
-    module.rollout_backend.sync(module.policy, module.global_step)
-    rollout = module.generate({"prompt": PROMPTS})
-    assert rollout.completion_mask.sum() > len(rollout)  # something was sampled
-    ours = completion_logprobs(module.policy, rollout, temperature=temperature).logprobs
-    diff = (ours - rollout.logprobs).abs() * rollout.completion_mask
-    assert float(diff.max()) < 1e-4
+    probe = Probe(lambda m: logprob_diff_to_training(m, temperature=0.7))
+    fit(module, steps=1, callbacks=[probe])
+    assert probe.results[0] < 1e-4
 
 
 def _greedy(module: GRPOModule) -> tuple[list[list[int]], list[list[int]]]:
@@ -81,9 +72,9 @@ def _greedy(module: GRPOModule) -> tuple[list[list[int]], list[list[int]]]:
 
 @pytest.mark.parametrize("sync", ["adapter", "merged"])
 def test_greedy_samples_equal_hf_generate_with_the_current_adapter_at_steps_0_1_and_4(sync):
-    probe = _Probe(_greedy)
+    probe = Probe(_greedy)
     module = vllm_module(vllm=VLLMConfig(sync=sync), lr=5e-2)
-    at_start = _Probe(_greedy)
+    at_start = Probe(_greedy)
     at_start.on_train_start = lambda trainer, m: at_start.results.append(_greedy(m))  # step 0, before any update
     fit(module, steps=5, callbacks=[probe, at_start])
     checked = [at_start.results[0], probe.results[0], probe.results[3]]  # after 0, 1 and 4 updates
@@ -105,7 +96,7 @@ def test_one_batched_draw_copies_of_a_prompt_sample_apart_and_the_training_strea
     independently (consecutive per-request seeds used to give a copy's first sample the other's second); and the
     global generator moves by exactly the one seed drawn, as before."""
     module, sent = vllm_module(), []
-    fit(module, steps=1, callbacks=[_Probe(lambda m: _sample_copies(m, sent))])
+    fit(module, steps=1, callbacks=[Probe(lambda m: _sample_copies(m, sent))])
     assert all(params.seed is None for params in sent)
 
 
@@ -175,7 +166,7 @@ def _make_eos_likely(model, eos: int, target: float = 3.0) -> None:
 
 
 def test_the_engine_is_shut_down_at_the_end_of_fit_and_on_an_exception():
-    module, seen = vllm_module(), _Probe(lambda m: m.rollout_backend.engine.work_dir)
+    module, seen = vllm_module(), Probe(lambda m: m.rollout_backend.engine.work_dir)
     fit(module, steps=1, callbacks=[seen])
     assert module.rollout_backend.engine is None and not seen.results[0].exists()  # its files are gone
     assert psutil.Process().children(recursive=True) == []  # in-process engine: nothing to orphan

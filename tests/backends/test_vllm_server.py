@@ -17,10 +17,18 @@ from peft import LoraConfig, get_peft_model
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig
 from lightning_grpo.backends import BackendRun, VLLMServerBackend, VLLMServerConfig
 from lightning_grpo.backends.vllm_server_process import ServerError, get_json, post_json
-from lightning_grpo.rollout import completion_logprobs
 from lightning_grpo.rollout.sampling_settings import SamplingSettings
 from lightning_grpo.testing import build_tiny_tokenizer
-from tests.backends.vllm_helpers import PROMPTS, fit, loader, needs_vllm, tiny_policy, vllm_module
+from tests.backends.vllm_helpers import (
+    PROMPTS,
+    Probe,
+    fit,
+    loader,
+    logprob_diff_to_training,
+    needs_vllm,
+    tiny_policy,
+    vllm_module,
+)
 from tests.distributed.launch import run_ranks
 
 pytestmark = [needs_vllm, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -49,31 +57,13 @@ def server_module(server, **settings) -> GRPOModule:
     return vllm_module(rollout_backend="vllm_server", rollout_backend_args=args, **settings)
 
 
-class _Probe(L.Callback):
-    """Runs ``check(module)`` at the end of each fitted iteration."""
-
-    def __init__(self, check):
-        self.check, self.results = check, []
-
-    def on_train_batch_end(self, trainer, module, *_):
-        self.results.append(self.check(module))
-
-
-def _diff_to_training(module: GRPOModule, temperature: float) -> float:
-    module.rollout_backend.sync(module.policy, module.global_step)
-    rollout = module.generate({"prompt": PROMPTS})
-    assert rollout.completion_mask.sum() > len(rollout)  # something was sampled
-    ours = completion_logprobs(module.policy, rollout, temperature=temperature).logprobs
-    return float(((ours.detach() - rollout.logprobs).abs() * rollout.completion_mask).max())
-
-
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_behaviour_logprobs_agree_with_the_training_pass_to_1e_4(server, temperature):
     outputs = fit(server_module(server, temperature=temperature), steps=3)
     for out in outputs:
         assert float(out["metrics"]["rollout_logprob_diff_max"]) < 1e-4
         assert out["timings"]["sync"] > 0
-    probe = _Probe(lambda m: _diff_to_training(m, temperature))
+    probe = Probe(lambda m: logprob_diff_to_training(m, temperature))
     fit(server_module(server, temperature=temperature), steps=1, callbacks=[probe])
     assert probe.results[0] < 1e-4
     steps = [float(out["metrics"]["rollout_logprob_diff_max"]) for out in outputs]
@@ -103,7 +93,7 @@ def _greedy(module: GRPOModule) -> tuple[list[list[int]], list[list[int]]]:
 
 
 def test_greedy_samples_equal_hf_generate_with_the_current_adapter_at_steps_0_1_and_4(server):
-    probe, at_start = _Probe(_greedy), _Probe(_greedy)
+    probe, at_start = Probe(_greedy), Probe(_greedy)
     at_start.on_train_start = lambda trainer, m: at_start.results.append(_greedy(m))
     fit(server_module(server, lr=5e-2), steps=5, callbacks=[probe, at_start])
     checked = [at_start.results[0], probe.results[0], probe.results[3]]  # after 0, 1 and 4 updates
@@ -132,7 +122,7 @@ def test_each_request_has_its_own_seed_and_the_same_seed_samples_the_same_comple
     assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
     assert not torch.equal(first[0], other[0])
     module, sent = server_module(server), []
-    fit(module, steps=1, callbacks=[_Probe(lambda m: _sample_copies(m, sent))])
+    fit(module, steps=1, callbacks=[Probe(lambda m: _sample_copies(m, sent))])
     seeds = [s + j for s in sent for j in range(4)]
     assert len(sent) == 2 and len(set(seeds)) == 8
 
@@ -150,7 +140,7 @@ def _sample_copies(module: GRPOModule, sent: list) -> None:
 
 def test_the_previous_adapter_is_unloaded_and_close_unloads_the_last(server):
     module = server_module(server)
-    seen = _Probe(lambda m: _served(m.rollout_backend))
+    seen = Probe(lambda m: _served(m.rollout_backend))
     fit(module, steps=3, callbacks=[seen])
     assert all(len(names) == 1 for names in seen.results)  # one adapter of this run loaded at a time
     assert len({names[0] for names in seen.results}) == 3  # a new name per version
@@ -167,7 +157,7 @@ def test_a_session_samples_in_a_thread_while_the_next_version_is_synced(server):
     """``samples_apart``: a session keeps sampling with its adapter while the main thread syncs the next one; the
     replaced adapter stays loaded until that session closes, then it is unloaded."""
     module, found = server_module(server), {}
-    fit(module, steps=1, callbacks=[_Probe(lambda m: found.update(_overlap(m)))])
+    fit(module, steps=1, callbacks=[Probe(lambda m: found.update(_overlap(m)))])
     old, new = found["adapters"]
     assert found["during"] == sorted([old, new]) and found["after"] == [new] and old != new
     assert found["sampled"].shape == (8, 11)

@@ -61,3 +61,25 @@ def fit(module: GRPOModule, steps: int, callbacks: list[L.Callback] | None = Non
         enable_progress_bar=False, enable_model_summary=False, callbacks=[record, *(callbacks or [])],
     ).fit(module, data if data is not None else loader())  # fmt: skip
     return outputs
+
+
+class Probe(L.Callback):
+    """Runs ``check(module)`` at the end of each fitted iteration (the backend is synced and running)."""
+
+    def __init__(self, check):
+        self.check, self.results = check, []
+
+    def on_train_batch_end(self, trainer, module, *_):
+        self.results.append(self.check(module))
+
+
+def logprob_diff_to_training(module: GRPOModule, temperature: float) -> float:
+    """Largest difference, over every completion token of a fresh rollout, between the backend's behaviour log-probs
+    and our own forward of the same adapter."""
+    from lightning_grpo.rollout import completion_logprobs
+
+    module.rollout_backend.sync(module.policy, module.global_step)
+    rollout = module.generate({"prompt": PROMPTS})
+    assert rollout.completion_mask.sum() > len(rollout)  # something was sampled
+    ours = completion_logprobs(module.policy, rollout, temperature=temperature).logprobs
+    return float(((ours.detach() - rollout.logprobs).abs() * rollout.completion_mask).max())
