@@ -12,8 +12,9 @@ is left out; one cancelled during it has its result dropped.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = ["BatchSampler", "CallGatherer", "Request"]
 
@@ -39,13 +40,17 @@ class CallGatherer:
     """Batches the calls of the agents of one rollout (see the module docstring).
 
     Args:
-        sample: Samples one batch (run in a worker thread, so agents' own coroutines go on meanwhile).
+        sample: Samples one batch (run by ``offload``, so agents' own coroutines go on meanwhile).
         live: Number of agents running at the start.
         window: Longest wait, in seconds, for the other agents' calls before a batch is sampled.
+        offload: Awaits ``sample(batch)`` run off the event loop's thread: ``asyncio.to_thread``, or
+            :meth:`MainThreadCalls.call <lightning_grpo.rollout.agent_client.main_thread.MainThreadCalls.call>`
+            (the thread that runs the rollout samples, the agents' loop runs in a worker).
     """
 
-    def __init__(self, sample: BatchSampler, live: int, window: float) -> None:
-        self.sample, self.live, self.window = sample, live, window
+    def __init__(self, sample: BatchSampler, live: int, window: float,
+                 offload: Callable[..., Awaitable[Any]] = asyncio.to_thread) -> None:  # fmt: skip
+        self.sample, self.live, self.window, self.offload = sample, live, window, offload
         self.waiting: list[Request] = []
         self.batches: list[int] = []  # size of each sampled batch (the batching measurement)
         self._wake = asyncio.Event()
@@ -83,7 +88,7 @@ class CallGatherer:
                         continue
             batch, self.waiting = sorted(self.waiting, key=lambda r: r.owner), []  # trajectory order, not arrival
             self.batches.append(len(batch))
-            results = await asyncio.to_thread(self.sample, batch)
+            results = await self.offload(self.sample, batch)
             for request, result in zip(batch, results, strict=True):
                 if not request.future.done():
                     request.future.set_result(result)

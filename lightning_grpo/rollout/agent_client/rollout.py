@@ -27,6 +27,7 @@ from lightning_grpo.extras import require
 from lightning_grpo.rollout.agent_client.gather import BatchSampler, CallGatherer, Request
 from lightning_grpo.rollout.agent_client.grouping import PADDING, group_calls
 from lightning_grpo.rollout.agent_client.handling import TrajectoryEndpoint
+from lightning_grpo.rollout.agent_client.main_thread import MainThreadCalls
 from lightning_grpo.rollout.agent_client.recorder import TrajectoryRecorder
 from lightning_grpo.rollout.batch import Rollout, left_pad
 from lightning_grpo.rollout.generation import eval_mode
@@ -169,8 +170,9 @@ def run_agents(
     runs = [AgentRun(b, recorder()) for b in range(len(rows)) for _ in range(g)]
     ends = _CacheEnds(sample)
     sampler = _batch_sampler(model, tokenizer, settings, sample, ends)
+    calls = MainThreadCalls()  # the agents' loop in a worker thread; each batch sampled here (main_thread.py)
     with eval_mode(model):
-        stats = asyncio.run(_run_all(agent, rows, runs, sampler, tokenizer, parser, limits, ends.ended))
+        stats = calls.run(_run_all(agent, rows, runs, sampler, tokenizer, parser, limits, ends.ended, calls.call))
     ends.drop()  # the runs that returned after the last batch
     for index, error in stats.failures:
         log.warning("agent run %d (batch row %d) failed: %s: %s", index, runs[index].row, type(error).__name__, error)
@@ -250,9 +252,11 @@ async def _run_all(
     parser: ToolCallParser,
     limits: AgentLimits,
     ended: deque[int],
+    offload: Callable[..., Any] = asyncio.to_thread,
 ) -> AgentStats:
-    """Every run, concurrently; each run's index is put in ``ended`` when it returns, raises or times out."""
-    gatherer, stats = CallGatherer(sampler, len(runs), limits.window), AgentStats(runs=len(runs))
+    """Every run, concurrently; each run's index is put in ``ended`` when it returns, raises or times out; each
+    gathered batch sampled through ``offload`` (:class:`~lightning_grpo.rollout.agent_client.gather.CallGatherer`)."""
+    gatherer, stats = CallGatherer(sampler, len(runs), limits.window, offload), AgentStats(runs=len(runs))
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
     endpoints = [TrajectoryEndpoint(run.recorder, gatherer, i, parser, decode, limits.model, limits.call_timeout)
                  for i, run in enumerate(runs)]  # fmt: skip
