@@ -21,6 +21,7 @@ from lightning_grpo.testing.agents import CountdownEnv
 from tests.backends.vllm_helpers import (
     PROMPTS,
     Probe,
+    check_group_layout,
     fit,
     logprob_diff_to_training,
     needs_vllm,
@@ -118,14 +119,7 @@ def _sample_copies(module: GRPOModule, sent: list) -> None:
 
 
 def test_groups_keep_their_layout_and_eos_ends_a_completion():
-    module = vllm_module(num_generations=3, max_new_tokens=12)
-    rollout = fit(module, steps=1)[0]["rollout"]
-    assert rollout.group_ids.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
-    assert rollout.prompts == [p for p in PROMPTS for _ in range(3)]
-    eos = module.tokenizer.eos_token_id
-    for ids, mask, cut in zip(rollout.completion_ids, rollout.completion_mask, rollout.truncated, strict=True):
-        kept = ids[mask.bool()].tolist()
-        assert (eos in kept) != bool(cut) and eos not in kept[:-1]  # EOS only last; truncated rows have none
+    check_group_layout(vllm_module(num_generations=3, max_new_tokens=12))
 
 
 def _messages(prompt: str) -> list[dict[str, str]]:

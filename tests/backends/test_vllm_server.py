@@ -22,6 +22,7 @@ from lightning_grpo.testing import build_tiny_tokenizer
 from tests.backends.vllm_helpers import (
     PROMPTS,
     Probe,
+    check_group_layout,
     fit,
     loader,
     logprob_diff_to_training,
@@ -103,14 +104,7 @@ def test_greedy_samples_equal_hf_generate_with_the_current_adapter_at_steps_0_1_
 
 
 def test_groups_keep_their_layout_and_eos_ends_a_completion(server):
-    module = server_module(server, num_generations=3, max_new_tokens=12)
-    rollout = fit(module, steps=1)[0]["rollout"]
-    assert rollout.group_ids.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
-    assert rollout.prompts == [p for p in PROMPTS for _ in range(3)]
-    eos = module.tokenizer.eos_token_id
-    for ids, mask, cut in zip(rollout.completion_ids, rollout.completion_mask, rollout.truncated, strict=True):
-        kept = ids[mask.bool()].tolist()
-        assert (eos in kept) != bool(cut) and eos not in kept[:-1]
+    check_group_layout(server_module(server, num_generations=3, max_new_tokens=12))
 
 
 def test_each_request_has_its_own_seed_and_the_same_seed_samples_the_same_completions(server):

@@ -83,3 +83,14 @@ def logprob_diff_to_training(module: GRPOModule, temperature: float) -> float:
     assert rollout.completion_mask.sum() > len(rollout)  # something was sampled
     ours = completion_logprobs(module.policy, rollout, temperature=temperature).logprobs
     return float(((ours.detach() - rollout.logprobs).abs() * rollout.completion_mask).max())
+
+
+def check_group_layout(module: GRPOModule) -> None:
+    """One fitted step with G = 3: G consecutive rows per prompt, EOS only last, truncated rows without one."""
+    rollout = fit(module, steps=1)[0]["rollout"]
+    assert rollout.group_ids.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
+    assert rollout.prompts == [p for p in PROMPTS for _ in range(3)]
+    eos = module.tokenizer.eos_token_id
+    for ids, mask, cut in zip(rollout.completion_ids, rollout.completion_mask, rollout.truncated, strict=True):
+        kept = ids[mask.bool()].tolist()
+        assert (eos in kept) != bool(cut) and eos not in kept[:-1]
