@@ -17,6 +17,7 @@ from lightning_grpo.testing.agents import (
     short_turn_model,
 )
 from tests.conftest import make_trainer
+from tests.examples.learning_claims import assert_claims
 
 PROMPTS = [[{"role": "user", "content": "go"}], [{"role": "user", "content": "play"}]]
 BATCH = {"prompt": PROMPTS, "turns": [2, 3]}
@@ -162,11 +163,11 @@ def test_string_prompts_with_tools_are_refused_with_the_fix(tokenizer):
 
 @pytest.mark.learning
 def test_a_tiny_model_learns_to_call_the_add_tool(tmp_path):
-    """Learning test: the tool-calling example (seed 0, defaults), warm-started to call ``add`` about 20% of the time.
+    """Learning test: the tool-calling example at its defaults and seed 7, the seed that once learned a wrong call.
 
-    ``python -m benchmarks.learning --cases tool_calling`` measured seeds 0-2 under 3 CPU capabilities rising by
-    0.44-0.70 (seed 0 natively: 0.70; docs/benchmarks.md, "Learning"); over 10 seeds one (seed 7) rises by only
-    0.12, so this asserts the rise of seed 0, not of every seed.
+    It clears the claims of the ``tool_calling`` case of ``benchmarks.learning`` (a mean reward of 0.7 or more over
+    the last tenth of the iterations, a rise of 0.2 or more), which every run of the 10-seed matrix clears
+    (docs/benchmarks.md, "Learning over 10 seeds"); under the old warm-up seed 7 rose 0.12.
     """
     from examples.tool_calling import build, parse
 
@@ -176,14 +177,14 @@ def test_a_tiny_model_learns_to_call_the_add_tool(tmp_path):
         seen.append((completions, completion_ids))
         return called_add_right(completions, **columns)
 
-    options = parse(["--seed", "0", "--output-dir", str(tmp_path), "--no-progress-bar"])
+    options = parse(["--seed", "7", "--output-dir", str(tmp_path), "--no-progress-bar"])
     module, data, trainer = build(options, reward=right_call)
     trainer.callbacks.append(record)
     torch.set_num_threads(1)
     trainer.fit(module, data)
     first, last = summarize([float(out["rewards"].rewards.mean()) for out in record.outputs])
     print(f"tool-use curve: {first:.3f} -> {last:.3f} over {len(record.outputs)} steps")
-    assert last > first + 0.2, f"the rate of right add calls should rise by > 0.2: {first:.3f} -> {last:.3f}"
+    assert_claims("tool_calling", first, last)
     # Reward functions saw the conversations: assistant turns with their parsed tool_calls, then the tool's answer,
     # and the trajectory's token ids (sampled and inserted) as the rollout holds them.
     completions, completion_ids = seen[-1]
