@@ -101,6 +101,19 @@ def test_multi_turn_env_game_and_a_short_run(tmp_path, capsys):
     assert steps == 2 and re.fullmatch(r"multi_turn_env: mean reward \d\.\d\d -> \d\.\d\d over 2 steps \(\d+ s\)", line)
 
 
+@pytest.mark.parametrize("fraction", ["-0.1", "1.5"])
+def test_multi_turn_env_refuses_a_follow_fraction_outside_0_1(fraction, capsys):
+    with pytest.raises(SystemExit):
+        load_example("multi_turn_env").parse(["--follow-fraction", fraction])
+    assert "--follow-fraction must be in [0, 1]" in capsys.readouterr().err
+
+
+def test_multi_turn_env_defaults_credit_each_turn_and_take_16_secrets_an_iteration():
+    options = load_example("multi_turn_env").parse([])  # the settings the docstring says make every seed learn
+    assert (options.advantage_estimator, options.batch_size, options.lr) == ("grpo_process", 16, 4e-3)
+    assert options.follow_fraction == 0.15
+
+
 def test_multi_turn_env_warm_up_games_that_follow_the_feedback_are_a_binary_search():
     example = load_example("multi_turn_env")
     tokenizer = build_tiny_tokenizer()
