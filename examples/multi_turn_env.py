@@ -22,7 +22,7 @@ Three settings make it learn on every seed, each one a user of a real model woul
 * **Per-turn credit** (``advantage_estimator="grpo_process"``): each guess is credited with the rewards of its own turn
   and the turns after it, not with the whole game's, so a good last guess is not punished for a poor first one.
 * **16 prompts (secrets) an iteration** and **lr 4e-3**: with 8 prompts the updates were noisy enough that a seed's
-  first guess could lock onto a wrong number for a dozen iterations (the reward fell from 0.55 back to 0.32) before
+  first guess could lock onto a wrong number for about ten iterations (the reward fell from 0.55 back to 0.32) before
   recovering; twice the prompts steadies each update, which then bears a larger step.
 * **15 % of the warm-up games search** (``--follow-fraction 0.15``, standing for what pretraining taught): with a
   fifth, some seeds' warm-up had learned the search so well that they started at 0.55, leaving at most 0.29 to gain;
