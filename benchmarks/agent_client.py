@@ -9,7 +9,7 @@ generate_conversations` (which also shares each prompt's prefill across its G sa
 ordinary, ...) after one untimed run of each, so that contention hits all paths alike; the table gives each path's
 median and range over ``--repeats`` runs, then the ratios of medians.
 
-``--http`` adds the same agents over the loopback HTTP server (``GRPOConfig.agent_transport="http"``: the ``openai``
+``--http`` adds the same agents over the loopback HTTP server (``GRPOConfig.agents.agent_transport="http"``: the ``openai``
 SDK's real HTTP client, one key per trajectory) and the **HTTP floor**: the same agents answered by an echo sampler
 (``--tokens`` fixed tokens per call, no model run) over HTTP and in process; their difference is what HTTP adds to a
 rollout whatever the sampling, and the HTTP run is compared with the in-process run plus that floor.
@@ -35,7 +35,7 @@ from lightning_grpo.agents import HermesToolCallParser
 from lightning_grpo.rollout.agent import AgentSettings
 from lightning_grpo.rollout.agent_client import AgentLimits, run_agents
 from lightning_grpo.rollout.multi_turn import generate_conversations
-from lightning_grpo.rollout.sampling_settings import Sampled, SamplingSettings
+from lightning_grpo.rollout.sampling_settings import Sampled, SampleRequest, SamplingSettings
 from lightning_grpo.testing import build_tiny_tokenizer
 from lightning_grpo.testing.agents import short_turn_model
 
@@ -64,9 +64,9 @@ async def one_call_alone(client, row):
 def echo_sampler(token: int) -> Callable[..., Sampled]:
     """A sampler that runs no model: every row gets ``max_new_tokens`` copies of ``token`` (log-prob 0)."""
 
-    def sample(model: Any, tokenizer: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
-               settings: SamplingSettings) -> Sampled:  # fmt: skip
-        rows = prompt_ids.repeat_interleave(settings.num_generations, dim=0)
+    def sample(model: Any, tokenizer: Any, request: SampleRequest) -> Sampled:
+        settings = request.settings
+        rows = request.prompt_ids.repeat_interleave(settings.num_generations, dim=0)
         new = torch.full((len(rows), settings.max_new_tokens), token, dtype=torch.long, device=rows.device)
         return Sampled(torch.cat([rows, new], dim=1), torch.zeros(new.shape, device=rows.device))
 

@@ -38,6 +38,7 @@ from torch.utils.data import DataLoader
 
 from benchmarks.models import load_tokenizer, prepare_model
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig
+from lightning_grpo.config import BackendConfig, CorrectionConfig, ObjectiveConfig, SamplingConfig
 
 __all__ = ["main", "pin_process", "run_mode"]
 
@@ -116,11 +117,7 @@ def run_mode(async_rollout: bool, model_dir: Path, args: argparse.Namespace) -> 
     if args.backend != "frozen" and args.server_cpus and backend_args.get("start"):
         backend_args.setdefault("cpu_threads", len(args.server_cpus))  # its OpenMP threads, bound below
     tokenizer = load_tokenizer(model_dir)
-    grpo = GRPOConfig(
-        num_generations=args.generations, max_prompt_length=args.prompt_tokens + 8, max_new_tokens=args.new_tokens,
-        rollout_backend=backend, rollout_backend_args=backend_args, async_rollout=async_rollout,
-        rollout_correction="token_truncate", kl_coef=0.0,
-    )  # fmt: skip
+    grpo = GRPOConfig(sampling=SamplingConfig(num_generations=args.generations, max_prompt_length=args.prompt_tokens + 8, max_new_tokens=args.new_tokens), backend=BackendConfig(rollout_backend=backend, rollout_backend_args=backend_args, async_rollout=async_rollout), corrections=CorrectionConfig(rollout_correction="token_truncate"), objective=ObjectiveConfig(kl_coef=0.0))  # fmt: skip
     module = GRPOModule(str(model_dir), [_reward], tokenizer=tokenizer, grpo=grpo, seed=args.seed,
                         policy=PolicyConfig(lora_r=8, lora_alpha=16, dtype="float32"))  # fmt: skip
     clock = _Clock(args.server_cpus, args.trainer_cpus)

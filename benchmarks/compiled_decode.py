@@ -44,7 +44,7 @@ from lightning_grpo.rollout.buckets import DecodeBuckets
 from lightning_grpo.rollout.compiled_decode import CompiledDecoder
 from lightning_grpo.rollout.decode import decode_loop
 from lightning_grpo.rollout.generation import sample_tokens, tokenize_prompts
-from lightning_grpo.rollout.sampling_settings import SamplingSettings, eos_token_ids
+from lightning_grpo.rollout.sampling_settings import SampleRequest, SamplingSettings, eos_token_ids
 
 __all__ = ["decode_flops", "main", "step_events"]
 
@@ -68,7 +68,8 @@ def decode_flops(counts: ParamCounts, heads: int, rows: int, prompt_length: int,
     return weights + 4.0 * counts.layers * heads * counts.head_dim * rows * positions
 
 
-def _eager_loop(policy: Any, tokenizer: Any, ids: torch.Tensor, mask: torch.Tensor, s: SamplingSettings) -> Any:
+def _eager_loop(policy: Any, tokenizer: Any, request: SampleRequest) -> Any:
+    ids, mask, s = request.prompt_ids, request.prompt_mask, request.settings
     return decode_loop(policy, ids, mask, s, eos_token_ids(tokenizer), tokenizer.pad_token_id)
 
 
@@ -114,7 +115,7 @@ def _aten_events(sample: Sample, policy: Any, tokenizer: Any, batch: tuple[torch
                  settings: SamplingSettings) -> int:  # fmt: skip
     """``aten::`` events ``torch.profiler`` records over one sampling call."""
     with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as prof:
-        sample(policy, tokenizer, *batch, settings)
+        sample(policy, tokenizer, SampleRequest(*batch, settings))
     return sum(1 for event in prof.events() if event.name.startswith("aten::"))
 
 
@@ -124,7 +125,7 @@ def step_events(sample: Sample, policy: Any, tokenizer: Any, batch: tuple[torch.
     long = SamplingSettings(g, steps + 1, min_new_tokens=steps + 1)
     short = replace(long, max_new_tokens=1, min_new_tokens=1)
     for settings in (long, short):  # warm up (compiles)
-        sample(policy, tokenizer, *batch, settings)
+        sample(policy, tokenizer, SampleRequest(*batch, settings))
     return (_aten_events(sample, policy, tokenizer, batch, long) - _aten_events(sample, policy, tokenizer, batch,
                                                                                short)) / steps  # fmt: skip
 

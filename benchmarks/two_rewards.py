@@ -40,14 +40,14 @@ def arm_curves(seed: int, estimator: str, steps: int = STEPS, lr: float = 1e-2) 
     import torch
 
     from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig, PromptDataModule
+    from lightning_grpo.config import AdvantageConfig, ObjectiveConfig, SamplingConfig
     from lightning_grpo.testing import build_tiny_model, build_tiny_tokenizer
 
     tokenizer, curves = build_tiny_tokenizer(), {"a_count": [], "b_frac": []}
     module = GRPOModule(
         build_tiny_model(tokenizer, seed=seed), [a_count, b_frac], tokenizer=tokenizer, seed=seed,
         policy=PolicyConfig(lora_r=4, lora_alpha=8),
-        grpo=GRPOConfig(num_generations=8, max_new_tokens=8, max_prompt_length=16, kl_coef=0.0,
-                        advantage_estimator=estimator),
+        grpo=GRPOConfig(sampling=SamplingConfig(num_generations=8, max_new_tokens=8, max_prompt_length=16), objective=ObjectiveConfig(kl_coef=0.0), advantages=AdvantageConfig(advantage_estimator=estimator)),
         optimizer=lambda params: torch.optim.AdamW(params, lr=lr), default_callbacks=False,
     )  # fmt: skip
 

@@ -63,8 +63,8 @@ def _op(rows: int, vocab: int, seeded: bool, repeats: int) -> dict[str, float]:
 
 
 def _engine(args: argparse.Namespace, folder: str) -> Any:
-    from lightning_grpo.backends.vllm_engine import VLLMEngine
-    from lightning_grpo.backends.vllm_settings import VLLMConfig
+    from lightning_grpo.backends.vllm.engine import VLLMEngine
+    from lightning_grpo.backends.vllm.settings import VLLMConfig
     from lightning_grpo.policy import PolicyConfig, load_policy
     from lightning_grpo.testing import build_tiny_model, build_tiny_tokenizer
 

@@ -42,7 +42,7 @@ class Workload:
         kl_coef: β of the KL loss (0 skips the reference forward on both sides).
         ppo_epochs: Updates per rollout (TRL ``num_iterations``).
         micro_batch_size: Completions per forward/backward; 0 means the whole rollout.
-        micro_batch_tokens: Ours only: ``GRPOConfig.micro_batch_tokens`` (token-budget micro-batches, at most
+        micro_batch_tokens: Ours only: ``GRPOConfig.update.micro_batch_tokens`` (token-budget micro-batches, at most
             ``micro_batch_size`` rows each); 0: micro-batches by ``micro_batch_size`` alone.
         steps: Measured steps.
         warmup_steps: Steps run first and left out of the medians.
@@ -50,7 +50,7 @@ class Workload:
             starts; 0: nothing chosen (no thread variable, no ``torch.set_num_threads`` call): PyTorch's own count,
             one thread per core, and our side applies its default (``lightning_grpo.iteration.cpu_threads``).
         device: ``"cpu"``, ``"cuda"`` or ``"auto"`` (CUDA when available).
-        packing: Ours only: ``GRPOConfig.packing`` (``"auto"``, ``"true"``, ``"false"``).
+        packing: Ours only: ``GRPOConfig.update.packing`` (``"auto"``, ``"true"``, ``"false"``).
         gradient_checkpointing: Recompute activations in the update pass (both sides).
         share_prompt: Ours only: prefill each prompt once for its G samples.
         share_prompt_logprobs: Ours only: one forward per distinct prompt in the log-prob passes.
@@ -58,7 +58,7 @@ class Workload:
         sampler: Ours only: ``"multinomial"`` (as ``generate``) or ``"inverse_cdf"`` (our decoding loop).
         drop_finished: Ours only: our decoding loop drops finished rows (needs EOS, so not with fixed lengths).
         static_cache: Ours only: static KV cache and compiled decode step (CUDA).
-        decode: Ours only: ``GRPOConfig.decode`` (``"auto"``, ``"eager"`` or ``"compiled"``).
+        decode: Ours only: ``GRPOConfig.sampling.decode`` (``"auto"``, ``"eager"`` or ``"compiled"``).
         old_logprobs: Ours only: ``"recompute"`` (a forward before the first update) or ``"rollout"`` (the sampled
             log-probs); matters with several updates per rollout.
         temperature: Sampling temperature.

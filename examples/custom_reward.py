@@ -23,6 +23,7 @@ from lightning.pytorch.loggers import CSVLogger
 
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig, PromptDataModule
 from lightning_grpo.callbacks import CompletionStats, GroupRewardStats
+from lightning_grpo.config import SamplingConfig
 from lightning_grpo.demo import read_rewards, summarize
 from lightning_grpo.testing import TinyModel, TinyTokenizer, make_task
 
@@ -59,8 +60,7 @@ def build(options: argparse.Namespace) -> tuple[GRPOModule, PromptDataModule, Tr
         tokenizer=tokenizer,
         reward_weights=[1.0, 0.1],
         policy=PolicyConfig(lora_r=8, lora_alpha=16, dtype=options.dtype),
-        grpo=GRPOConfig(num_generations=options.num_generations, max_new_tokens=options.max_new_tokens,
-                        max_prompt_length=options.max_prompt_length),
+        grpo=GRPOConfig(sampling=SamplingConfig(num_generations=options.num_generations, max_new_tokens=options.max_new_tokens, max_prompt_length=options.max_prompt_length)),
         optimizer=lambda params: torch.optim.AdamW(params, lr=options.lr, weight_decay=0.0),
         seed=options.seed,
     )  # fmt: skip

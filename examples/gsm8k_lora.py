@@ -31,6 +31,7 @@ from lightning.pytorch.loggers import CSVLogger
 
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig, PromptDataModule
 from lightning_grpo.callbacks import AdapterExport, default_callbacks
+from lightning_grpo.config import ObjectiveConfig, SamplingConfig, UpdateConfig, ValidationConfig
 from lightning_grpo.extras import exit_unless_installed
 from lightning_grpo.policy.hub import hub_endpoint, hub_reachable
 from lightning_grpo.rewards import FormatReward, math_answer
@@ -53,12 +54,7 @@ def build_module(options: argparse.Namespace) -> GRPOModule:
             lora_r=16, lora_alpha=32, target_modules="all-linear", dtype=options.dtype,
             gradient_checkpointing=options.gradient_checkpointing,
         ),
-        grpo=GRPOConfig(
-            num_generations=options.num_generations, max_prompt_length=options.max_prompt_length,
-            max_new_tokens=options.max_new_tokens, micro_batch_size=options.micro_batch_size,
-            kl_coef=0.001, kl_estimator="k3", clip_low=0.2, clip_high=0.2, loss_agg_mode="token-mean",
-            val_temperature=0.6,
-        ),
+        grpo=GRPOConfig(sampling=SamplingConfig(num_generations=options.num_generations, max_prompt_length=options.max_prompt_length, max_new_tokens=options.max_new_tokens), update=UpdateConfig(micro_batch_size=options.micro_batch_size), objective=ObjectiveConfig(kl_coef=0.001, kl_estimator="k3", clip_low=0.2, clip_high=0.2, loss_agg_mode="token-mean"), validation=ValidationConfig(temperature=0.6)),
         optimizer=lambda params: torch.optim.AdamW(params, lr=options.lr, weight_decay=0.0),
         lr_scheduler=lambda optimizer: torch.optim.lr_scheduler.LinearLR(optimizer, 0.1, total_iters=10),
     )  # fmt: skip
@@ -94,8 +90,8 @@ def build_trainer(options: argparse.Namespace) -> Trainer:
         default_root_dir=options.output_dir,
         logger=CSVLogger(options.output_dir, name="gsm8k_lora"),
         callbacks=[
-            *default_callbacks(sample_every_n_steps=25),
-            AdapterExport(every_n_steps=options.save_every),
+            *default_callbacks(sample_every_n_iterations=25),
+            AdapterExport(every_n_iterations=options.save_every),
             ModelCheckpoint(every_n_train_steps=options.save_every, save_last=True),
         ],
         enable_progress_bar=options.progress_bar,
@@ -114,7 +110,7 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add("--hf-config", default="main", help="configuration of an hf: dataset")
     add("--prompt-field", default="question")
     add("--no-chat-template", dest="chat_template", action="store_false", help="plain prompts (base models)")
-    add("--max-steps", type=int, default=500, help="GRPO iterations")
+    add("--max-steps", type=int, default=500, help="optimizer steps: GRPO iterations (one mini-batch each)")
     add("--num-generations", type=int, default=8, help="G, samples per question")
     add("--batch-size", type=int, default=16, help="questions per iteration")
     add("--max-prompt-length", type=int, default=512)
@@ -125,7 +121,7 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add("--gradient-checkpointing", action="store_true")
     add("--accelerator", default="auto")
     add("--val-every", type=int, default=100, help="iterations between validations")
-    add("--save-every", type=int, default=100, help="iterations between adapter exports and checkpoints")
+    add("--save-every", type=int, default=100, help="iterations (= optimizer steps) between exports, checkpoints")
     add("--output-dir", default="runs")
     add("--num-threads", type=int, default=None, help="CPU threads for PyTorch (1 suits tiny models)")
     add("--no-progress-bar", dest="progress_bar", action="store_false")

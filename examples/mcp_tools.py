@@ -18,7 +18,7 @@ calls the tool now and then; GRPO makes the right call a habit::
     python examples/mcp_tools.py                    # tiny model, CPU, offline: about a minute
     python examples/mcp_tools.py --max-steps 10     # shorter
 
-The last line reads ``mcp_tools: mean reward A -> B over N steps (S s)``: the mean reward of the first and the last
+The last line reads ``mcp_tools: mean reward A -> B over N iterations (S s)``: the mean reward of the first and the last
 tenth of the iterations. The tool's result is the same text whether a Python function or the MCP server computes
 it, so the curves equal those of ``examples/tool_calling.py`` seed for seed, and so does the claim: **B >= 0.7 and
 B - A >= 0.2 on every seed** (the ``mcp_tools`` case of ``python -m benchmarks.learning``; ``tests/examples`` asserts
@@ -57,6 +57,7 @@ from lightning.pytorch.loggers import CSVLogger  # noqa: E402
 
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig, PromptDataModule  # noqa: E402
 from lightning_grpo.callbacks import AgentStats, GroupRewardStats  # noqa: E402
+from lightning_grpo.config import AgentConfig  # noqa: E402
 from lightning_grpo.demo import fit_and_report  # noqa: E402
 from lightning_grpo.extras import exit_unless_installed  # noqa: E402
 from lightning_grpo.testing.agents import called_add_right  # noqa: E402
@@ -70,7 +71,7 @@ def build(options: argparse.Namespace) -> tuple[GRPOModule, PromptDataModule, Tr
     module = GRPOModule(
         model, [called_add_right], tokenizer=tokenizer, tools=[server],
         policy=PolicyConfig(lora_r=8, lora_alpha=16, dtype="float32"),
-        grpo=GRPOConfig(**grpo_settings(options), max_turns=2, tool_timeout=30.0),
+        grpo=GRPOConfig(**grpo_settings(options), agents=AgentConfig(max_turns=2, tool_timeout=30.0)),
         optimizer=lambda params: torch.optim.AdamW(params, lr=options.lr),
         seed=options.seed,
     )  # fmt: skip

@@ -39,7 +39,7 @@ At lr 1e-2 first turns ran into the token budget until games ended before their 
     python examples/multi_turn_env.py                   # tiny model, CPU, offline
     python examples/multi_turn_env.py --max-steps 10    # shorter
 
-The last line reads ``multi_turn_env: mean reward A -> B over N steps (S s)``: the mean reward of the first and the
+The last line reads ``multi_turn_env: mean reward A -> B over N iterations (S s)``: the mean reward of the first and the
 last tenth of the iterations.
 """
 
@@ -58,6 +58,7 @@ from transformers import PreTrainedTokenizerBase
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig, PromptDataModule
 from lightning_grpo.agents import EnvStep
 from lightning_grpo.callbacks import AgentStats, GroupRewardStats
+from lightning_grpo.config import AdvantageConfig, AgentConfig, ObjectiveConfig, SamplingConfig
 from lightning_grpo.demo import fit_and_report
 from lightning_grpo.rollout.chat import continuation_ids, render_messages
 from lightning_grpo.testing import build_tiny_model, build_tiny_tokenizer
@@ -91,7 +92,7 @@ class GuessEnv:
 
 
 def episode_reward(env_reward: list[float], **_: Any) -> list[float]:
-    """The sum of the environment's per-turn rewards (``env_reward``, chosen by ``GRPOConfig.env_reward``)."""
+    """The sum of the environment's per-turn rewards (``env_reward``, chosen by ``GRPOConfig.agents.env_reward``)."""
     return [0.0 if value is None else float(value) for value in env_reward]  # None: cut before any step
 
 
@@ -132,11 +133,7 @@ def build(options: argparse.Namespace) -> tuple[GRPOModule, PromptDataModule, Tr
     module = GRPOModule(
         model, [episode_reward], tokenizer=tokenizer, environment_factory=GuessEnv,
         policy=PolicyConfig(lora_r=8, lora_alpha=16, dtype="float32"),
-        grpo=GRPOConfig(
-            num_generations=options.num_generations, max_turns=options.max_turns, max_new_tokens=96,
-            max_prompt_length=32, kl_coef=0.0, env_reward="sum",
-            advantage_estimator=options.advantage_estimator,
-        ),
+        grpo=GRPOConfig(sampling=SamplingConfig(num_generations=options.num_generations, max_new_tokens=96, max_prompt_length=32), agents=AgentConfig(max_turns=options.max_turns, env_reward="sum"), objective=ObjectiveConfig(kl_coef=0.0), advantages=AdvantageConfig(advantage_estimator=options.advantage_estimator)),
         optimizer=lambda params: torch.optim.AdamW(params, lr=options.lr),
         seed=options.seed,
     )  # fmt: skip

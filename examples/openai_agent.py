@@ -23,7 +23,7 @@ calls ``add`` now and then; the rise after that is GRPO's.
 Needs the ``http`` extra (``openai``, ``starlette``, ``uvicorn``): ``pip install -e ".[http]"`` in a clone; with
 ``--transport in_process`` the ``openai`` extra is enough (``pip install -e ".[openai]"``). Checked first.
 
-The last line reads ``openai_agent: mean reward A -> B over N steps (S s)``: the mean reward of the first and the
+The last line reads ``openai_agent: mean reward A -> B over N iterations (S s)``: the mean reward of the first and the
 last tenth of the iterations. **The claim, on every seed and CPU kernel level: B >= 0.7 and B - A >= 0.2** (the
 ``openai_agent`` case of ``python -m benchmarks.learning``; ``tests/examples`` asserts it for seed 2; figures over
 10 seeds: docs/benchmarks.md, "Learning over 10 seeds").
@@ -43,6 +43,7 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig, PromptDataModule
 from lightning_grpo.agents import ToolSet
 from lightning_grpo.callbacks import GroupRewardStats
+from lightning_grpo.config import AgentConfig
 from lightning_grpo.demo import fit_and_report
 from lightning_grpo.extras import exit_unless_installed
 from lightning_grpo.testing.agents import add
@@ -92,7 +93,7 @@ def build(options: argparse.Namespace) -> tuple[GRPOModule, PromptDataModule, Tr
     module = GRPOModule(
         model, tokenizer=tokenizer, agent=agent,
         policy=PolicyConfig(lora_r=8, lora_alpha=16, dtype="float32"),
-        grpo=GRPOConfig(**grpo_settings(options), agent_transport=options.transport),
+        grpo=GRPOConfig(**grpo_settings(options), agents=AgentConfig(agent_transport=options.transport)),
         optimizer=lambda params: torch.optim.AdamW(params, lr=options.lr),
         seed=options.seed,
     )  # fmt: skip

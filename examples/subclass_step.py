@@ -1,6 +1,6 @@
-"""Change one step of the GRPO iteration by subclassing ``GRPOModule``: here, a length penalty in the advantages.
+"""Change one phase of the GRPO iteration by subclassing ``GRPOModule``: here, a length penalty in the advantages.
 
-Each step of an iteration is one method: ``generate``, ``score``, ``compute_advantages``, ``prepare_update``,
+Each phase of an iteration is one method: ``generate``, ``score``, ``compute_advantages``, ``prepare_update``,
 ``compute_loss``. Override one, call ``super()`` for the rest, and the loop, logging and distributed handling stay as
 they are. ``LengthPenaltyGRPO`` subtracts ``length_penalty * completion_tokens / max_new_tokens`` from every reward
 before the group-relative normalization, so among equally correct answers the shorter ones are reinforced.
@@ -30,6 +30,7 @@ from lightning import Trainer
 from torch import Tensor
 
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig, PromptDataModule, Rollout
+from lightning_grpo.config import SamplingConfig
 from lightning_grpo.rewards import math_answer
 from lightning_grpo.testing import TinyModel, TinyTokenizer, make_task
 
@@ -53,7 +54,7 @@ class LengthPenaltyGRPO(GRPOModule):
     def compute_advantages(self, rewards: Tensor, rollout: Rollout) -> Tensor:
         """Penalize length, then the usual group-relative advantages."""
         lengths = rollout.completion_lengths.to(rewards.dtype)  # (B*G,) tokens, EOS included
-        shaped = rewards - self.length_penalty * lengths / self.config.max_new_tokens  # NaN rows stay NaN
+        shaped = rewards - self.length_penalty * lengths / self.config.sampling.max_new_tokens  # NaN rows stay NaN
         self.log("train/length_penalty", (rewards - shaped).nanmean(), batch_size=len(rollout))
         return super().compute_advantages(shaped, rollout)
 
@@ -88,8 +89,7 @@ def main(argv: Sequence[str] | None = None) -> LengthPenaltyGRPO:
         tokenizer=tokenizer,
         length_penalty=options.length_penalty,
         policy=PolicyConfig(lora_r=8, lora_alpha=16),
-        grpo=GRPOConfig(num_generations=options.num_generations, max_new_tokens=options.max_new_tokens,
-                        max_prompt_length=16),
+        grpo=GRPOConfig(sampling=SamplingConfig(num_generations=options.num_generations, max_new_tokens=options.max_new_tokens, max_prompt_length=16)),
         optimizer=lambda params: torch.optim.AdamW(params, lr=options.lr, weight_decay=0.0),
     )  # fmt: skip
     trainer = Trainer(

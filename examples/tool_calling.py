@@ -19,8 +19,8 @@ tool answer that does not fit ``max_new_tokens`` is cut.
     python examples/tool_calling.py                     # tiny model, CPU, offline: about a minute
     python examples/tool_calling.py --max-steps 10      # shorter
 
-The last line reads ``tool_calling: mean reward A -> B over N steps (S s)``: the mean reward of the first and the last
-tenth of the iterations. **The claim, on every seed and CPU kernel level: B >= 0.7 and B - A >= 0.2** (the
+The last line reads ``tool_calling: mean reward A -> B over N iterations (S s)``: the mean reward of the first and the
+last tenth of the iterations. **The claim, on every seed and CPU kernel level: B >= 0.7 and B - A >= 0.2** (the
 ``tool_calling`` case of ``python -m benchmarks.learning``; ``tests/module/test_multi_turn.py`` asserts it for seed 7).
 The runs over 10 seeds natively and 3 under ``ATEN_CPU_CAPABILITY=default``, with their wall times:
 docs/benchmarks.md, "Learning over 10 seeds".
@@ -44,6 +44,7 @@ from lightning.pytorch.loggers import CSVLogger
 
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig, PromptDataModule
 from lightning_grpo.callbacks import AgentStats, GroupRewardStats
+from lightning_grpo.config import AgentConfig
 from lightning_grpo.demo import fit_and_report
 from lightning_grpo.testing.agents import add, called_add_right
 from lightning_grpo.testing.calculator import add_task_flags, grpo_settings, warm_policy
@@ -83,7 +84,7 @@ def build(
     module = GRPOModule(
         model, [reward], tokenizer=tokenizer, tools=[add],
         policy=PolicyConfig(lora_r=8, lora_alpha=16, dtype="float32"),
-        grpo=GRPOConfig(**grpo_settings(options), max_turns=2),
+        grpo=GRPOConfig(**grpo_settings(options), agents=AgentConfig(max_turns=2)),
         optimizer=lambda params: torch.optim.AdamW(params, lr=options.lr),
         seed=options.seed,
     )  # fmt: skip

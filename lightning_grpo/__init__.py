@@ -25,7 +25,7 @@ for _name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utiliti
 from lightning_grpo.backends import RolloutBackend, VLLMConfig  # noqa: E402 - after the filter; no vLLM import
 from lightning_grpo.config import GRPOConfig  # noqa: E402
 from lightning_grpo.data import PromptDataModule  # noqa: E402
-from lightning_grpo.iteration import LossCounts, StepContext, StepOutput, UpdateBatch  # noqa: E402
+from lightning_grpo.iteration import IterationContext, LossCounts, StepOutput, UpdateBatch  # noqa: E402
 from lightning_grpo.module import GRPOModule  # noqa: E402
 from lightning_grpo.policy import PolicyConfig  # noqa: E402
 from lightning_grpo.rewards import RewardFunctions, RewardScores  # noqa: E402
@@ -36,6 +36,7 @@ __version__ = "0.1.0"
 __all__ = [
     "GRPOConfig",
     "GRPOModule",
+    "IterationContext",
     "LossCounts",
     "PolicyConfig",
     "PromptDataModule",
@@ -43,7 +44,6 @@ __all__ = [
     "RewardScores",
     "Rollout",
     "RolloutBackend",
-    "StepContext",
     "StepOutput",
     "TokenLogProbs",
     "UpdateBatch",

@@ -14,7 +14,7 @@ Both strategies *average* gradients over ranks, while the module's micro-batch l
 (docs/math.md), whose gradient over the whole batch is the *sum* of the ranks' gradients. :func:`grad_scale` is the
 factor (the world size) that turns the average back into that sum.
 
-:func:`set_up` also bounds every collective's wait (``GRPOConfig.collective_timeout_s``,
+:func:`set_up` also bounds every collective's wait (``GRPOConfig.faults.collective_timeout_s``,
 :func:`set_collective_timeout`): the ranks agree on a failed rollout before their next collective
 (:mod:`lightning_grpo.rollout.rank_agreement`), and the timeout ends the waits no agreement can prevent, such as a
 peer killed by the OS (docs/distributed.md).
@@ -125,7 +125,7 @@ def check_strategy(strategy: Strategy) -> None:
 
 def set_up(strategy: Strategy, config: Any, *, agents: bool) -> None:
     """At the module's ``setup``: refuse what GRPO cannot run (:func:`check_strategy`), then bound every collective's
-    wait (:func:`set_collective_timeout`) to ``config.collective_timeout_s``.
+    wait (:func:`set_collective_timeout`) to ``config.faults.collective_timeout_s``.
 
     Args:
         strategy: The trainer's strategy (its process groups already made).
@@ -133,8 +133,8 @@ def set_up(strategy: Strategy, config: Any, *, agents: bool) -> None:
         agents: Whether the rollouts run agent code (``agent=``): the timeout must then exceed ``agent_timeout``.
     """
     check_strategy(strategy)
-    agent_timeout = config.agent_timeout if agents else None
-    set_collective_timeout(strategy, config.collective_timeout_s, agent_timeout=agent_timeout)
+    agent_timeout = config.agents.agent_timeout if agents else None
+    set_collective_timeout(strategy, config.faults.collective_timeout_s, agent_timeout=agent_timeout)
 
 
 def set_collective_timeout(strategy: Strategy, seconds: float | None, *, agent_timeout: float | None = None) -> None:
@@ -147,8 +147,8 @@ def set_collective_timeout(strategy: Strategy, seconds: float | None, *, agent_t
 
     Args:
         strategy: The trainer's strategy.
-        seconds: ``GRPOConfig.collective_timeout_s``; ``None`` keeps the strategy's own (``timeout=``, else 30 min).
-        agent_timeout: With agent code, ``GRPOConfig.agent_timeout``: one rank may wait that long for another's
+        seconds: ``GRPOConfig.faults.collective_timeout_s``; ``None`` keeps the strategy's own (``timeout=``, else 30 min).
+        agent_timeout: With agent code, ``GRPOConfig.agents.agent_timeout``: one rank may wait that long for another's
             rollout, so ``seconds`` must exceed it.
 
     Raises:
@@ -160,12 +160,12 @@ def set_collective_timeout(strategy: Strategy, seconds: float | None, *, agent_t
     timeout, own = timedelta(seconds=seconds), getattr(strategy, "_timeout", None)
     if own is not None and own not in (default_pg_timeout, timeout):
         raise ValueError(
-            f"{type(strategy).__name__}(timeout={own}) and GRPOConfig.collective_timeout_s={seconds:g} disagree: set "
+            f"{type(strategy).__name__}(timeout={own}) and GRPOConfig.faults.collective_timeout_s={seconds:g} disagree: set "
             f"collective_timeout_s={own.total_seconds():g} (or None to keep the strategy's), or drop timeout="
         )
     if agent_timeout is not None and seconds <= agent_timeout:
         raise ValueError(
-            f"GRPOConfig.collective_timeout_s={seconds:g} must exceed agent_timeout={agent_timeout:g}: a rank may wait "
+            f"GRPOConfig.faults.collective_timeout_s={seconds:g} must exceed agent_timeout={agent_timeout:g}: a rank may wait "
             "that long for another rank's agents before their next collective; raise collective_timeout_s"
         )
     from torch.distributed import distributed_c10d

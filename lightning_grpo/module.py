@@ -1,6 +1,6 @@
 """``GRPOModule``: one ``training_step`` is one GRPO iteration. Orchestration only; the math lives in ``algorithms``.
 
-Each step of the iteration (docs/index.md) is one overridable method: :meth:`GRPOModule.generate`,
+Each phase of the iteration (docs/index.md) is one overridable method: :meth:`GRPOModule.generate`,
 :meth:`~GRPOModule.score`, :meth:`~GRPOModule.compute_advantages`, :meth:`~GRPOModule.prepare_update`,
 :meth:`~GRPOModule.compute_logprobs`, :meth:`~GRPOModule.compute_loss`, :meth:`~GRPOModule.update_policy`.
 """
@@ -25,19 +25,21 @@ from lightning_grpo.agents import EnvironmentFactory, ToolCallParser
 from lightning_grpo.algorithms import compute_advantages
 from lightning_grpo.algorithms.entropy import controller_state, entropy_controller, restore_controller
 from lightning_grpo.algorithms.objective import grpo_loss
-from lightning_grpo.backends import BackendRun, RolloutBackend, VLLMConfig, build_backend
+from lightning_grpo.backends import BackendSpec, RolloutBackend, VLLMConfig, build_backend
+from lightning_grpo.backends.ahead import ahead_of, launch_ahead, take_ahead
 from lightning_grpo.callbacks.defaults import module_callbacks
+from lightning_grpo.callbacks.iteration_counter import upgrade_state_keys
 from lightning_grpo.checkpoint import check_resume, describe_policy, install_checked_io, keep_adapter_only, settings_of
 from lightning_grpo.config import GRPOConfig
-from lightning_grpo.iteration import LossCounts, PhaseTimer, StepContext, StepOutput, UpdateBatch
-from lightning_grpo.iteration.async_rollout import ahead_of, step_rollout
+from lightning_grpo.data.lookahead import next_batch
+from lightning_grpo.iteration import IterationContext, LossCounts, PhaseTimer, StepOutput, UpdateBatch
 from lightning_grpo.iteration.cpu_threads import apply_default_cpu_threads
 from lightning_grpo.iteration.dynamic_sampling import dynamic_sample
 from lightning_grpo.iteration.fit_checks import check_fit_inputs, check_loader_batch_size
 from lightning_grpo.iteration.function_rewards import check_function_rewards, function_reward_inputs
 from lightning_grpo.iteration.nonfinite import nonfinite_sampling
 from lightning_grpo.iteration.process_supervision import advantage_inputs, gather_step_rewards
-from lightning_grpo.iteration.seeding import seeded, step_seed
+from lightning_grpo.iteration.seeding import iteration_seed, seeded
 from lightning_grpo.iteration.update import run_updates, update_batch
 from lightning_grpo.iteration.zero_signal import check_signal
 from lightning_grpo.metrics import ValidationMetrics
@@ -67,18 +69,18 @@ class GRPOModule(LightningModule):
         grpo: Algorithm settings (:class:`~lightning_grpo.config.GRPOConfig`).
         optimizer: Builds the optimizer from the adapter parameters; default ``AdamW(lr=1e-5)``.
         lr_scheduler: Builds a scheduler from the optimizer; stepped once per ``training_step`` (one GRPO iteration).
-        seed: Seeds sampling and mini-batch shuffling per step, so runs and resumed runs are reproducible.
+        seed: Seeds sampling and mini-batch shuffling per iteration, so runs and resumed runs are reproducible.
         tools: Typed, documented Python functions and MCP servers the policy may call; chat prompts (docs/agents.md).
         environment_factory: ``factory(row)`` of environments with ``step``, or TRL-style ones, a dict, or import paths.
         tool_parser: Reads tool calls from the policy's turns; defaults to the ``<tool_call>{json}</tool_call>`` form.
         default_callbacks: Add the monitoring callbacks of :func:`~lightning_grpo.callbacks.default_callbacks` that
             the trainer lacks (:meth:`configure_callbacks`), so any ``Trainer`` logs ``train/reward_mean`` and the
             rest; ``False``: only the trainer's callbacks.
-        vllm: Settings of the colocated vLLM engine of ``grpo.rollout_backend="vllm"`` (``docs/vllm.md``); ``None``:
-            ``grpo.rollout_backend_args`` or the defaults. Any backend's settings: ``grpo.rollout_backend_args``.
+        vllm: Settings of the colocated vLLM engine of ``grpo.backend.rollout_backend="vllm"`` (``docs/vllm.md``); ``None``:
+            ``grpo.backend.rollout_backend_args`` or the defaults. Any backend's settings: ``grpo.backend.rollout_backend_args``.
         agent: Your own agent code as the rollout: ``async def agent(client, row) -> float | None`` (or its import
             path), run G times per row with an ``openai.AsyncOpenAI`` on the policy, in process or over a loopback
-            HTTP server (``GRPOConfig.agent_transport``; docs/agents.md, "Your own agent code", "Agents over HTTP");
+            HTTP server (``GRPOConfig.agents.agent_transport``; docs/agents.md, "Your own agent code", "Agents over HTTP");
             without ``reward_funcs`` the reward is what it returns.
 
     Example::
@@ -119,9 +121,9 @@ class GRPOModule(LightningModule):
         self.config = cfg = grpo or GRPOConfig()
         self.policy_config = policy or PolicyConfig()
         self.agent_fn = agent_wiring.agent_code(agent, tools, environment_factory,
-                                                dynamic_sampling=cfg.dynamic_sampling)  # fmt: skip
+                                                dynamic_sampling=cfg.advantages.dynamic_sampling)  # fmt: skip
         factory, self.rewards = agent_wiring.agent_rewards(self.agent_fn, environment_factory, reward_funcs,
-                                                           reward_weights, timeout=cfg.reward_timeout)  # fmt: skip
+                                                           reward_weights, timeout=cfg.faults.reward_timeout)  # fmt: skip
         check_function_rewards(cfg, self.rewards, agent=self.agent_fn is not None)  # gdpo: two functions or more
         name = model if isinstance(model, str | Path) else None
         self.tokenizer = load_tokenizer(tokenizer, name, trust_remote_code=self.policy_config.trust_remote_code)
@@ -129,63 +131,80 @@ class GRPOModule(LightningModule):
         self._trained_on = describe_policy(self.policy, self.tokenizer, model)  # checked on resume
         self.agent = AgentSettings.build(
             self.tokenizer, tools=tools, tool_parser=tool_parser, environment_factory=factory,
-            max_turns=cfg.max_turns, tool_timeout=cfg.tool_timeout, env_reward=cfg.env_reward,
+            max_turns=cfg.agents.max_turns, tool_timeout=cfg.agents.tool_timeout, env_reward=cfg.agents.env_reward,
         )  # fmt: skip
         self.agent_limits = agent_client.AgentLimits.of(cfg)  # agent code's (agent=): time limits, transport
         self.optimizer_factory, self.scheduler_factory, self.seed = optimizer, lr_scheduler, seed
         self.use_default_callbacks = default_callbacks
-        run = BackendRun(cfg, self.policy_config, None if name is None else str(name),
-                         generate_overridden=type(self).generate is not GRPOModule.generate,
-                         multi_turn=(self.agent.multi_turn and cfg.max_turns > 1) or bool(self.agent_fn))  # fmt: skip
-        self.rollout_backend: RolloutBackend = ahead_of(build_backend(run, vllm), cfg.async_rollout)  # always one
-        self.timer, self._warned = PhaseTimer(), set[str]()  # the run's warnings given: shared by every step's context
-        self._context: StepContext | None = None  # the running training_step's context
-        self._packing: bool | str | None = None  # the packing of this step's log-prob passes (packing_for)
-        self.skipped_steps: list[int] = []  # steps skipped for non-finite values (GRPOConfig.on_nonfinite="skip")
-        self.entropy_control = entropy_controller(cfg.entropy_control, cfg.entropy_control_args, cfg.entropy_coef,
+        spec = BackendSpec(cfg, self.policy_config, None if name is None else str(name),
+                          generate_overridden=type(self).generate is not GRPOModule.generate,
+                          multi_turn=(self.agent.multi_turn and cfg.agents.max_turns > 1) or bool(self.agent_fn))  # fmt: skip
+        backend = build_backend(spec, vllm)  # always one; with async_rollout, one that also samples ahead
+        self.rollout_backend: RolloutBackend = ahead_of(backend, cfg, self.tokenizer, self.agent, self.agent_limits)
+        self.timer, self._warned = (
+            PhaseTimer(),
+            set[str](),
+        )  # the run's warnings given: shared by every iteration's context
+        self._context: IterationContext | None = None  # the running training_step's context
+        self._packing: bool | str | None = None  # the packing of this iteration's log-prob passes (packing_for)
+        self.skipped_steps: list[
+            int
+        ] = []  # steps skipped for non-finite values (GRPOConfig.faults.on_nonfinite="skip")
+        self.entropy_control = entropy_controller(cfg.objective.entropy_control, cfg.objective.entropy_control_args, cfg.objective.entropy_coef,
                                                   shared=False)  # fmt: skip
-        self.entropy_coef = self.entropy_control(None)  # this step's; updated from each step's global entropy
-        self.val_metrics = ValidationMetrics(self.config.val_num_generations, self.config.val_success_threshold)
+        self.entropy_coef = self.entropy_control(None)  # this iteration's; updated from each iteration's global entropy
+        self.val_metrics = ValidationMetrics(
+            self.config.validation.num_generations, self.config.validation.success_threshold
+        )
         hparams = {"model": str(name), "grpo": asdict(self.config), "policy": asdict(self.policy_config), "seed": seed}
         self.save_hyperparameters(hparams)  # plain values only: checkpoints load with torch.load(weights_only=True)
 
     @property
     def max_prompt_length(self) -> int:
         """Longest prompt in tokens (read by :class:`~lightning_grpo.data.PromptDataModule`)."""
-        return self.config.max_prompt_length
+        return self.config.sampling.max_prompt_length
 
     # ---------------------------------------------------------------- the GRPO iteration
 
     def training_step(self, batch: Mapping[str, Sequence[Any]], batch_idx: int) -> StepOutput:
         """One GRPO iteration: sample, score, advantages, fixed log-probs, then ``ppo_epochs`` of updates."""
-        self._context = context = self.step_context()  # once per step: update_policy reads it
+        self._context = context = self.iteration_context()  # once per iteration: update_policy reads it
         (timer := context.timer).reset()
-        with seeded(context.seed, self.device):  # depends only on (seed, step, rank): a resumed run samples the same
+        with seeded(
+            context.seed, self.device
+        ):  # depends only on (seed, global_step, rank): a resumed run samples the same
             with timer("sync"):  # the policy's weights reach the backend (docs/backends.md)
                 self.rollout_backend.sync(self.policy, self.global_step)
-            with timer("generate"):  # 1; with async_rollout, the rollout sampled during the last step's update
-                rollout = step_rollout(self, batch, context)
+            with timer("generate"):  # 1; with async_rollout, the rollout sampled during the last iteration's update
+                step, backend = context.global_step, self.rollout_backend
+                rollout = take_ahead(backend, batch, step=step, ranks=self._rank_votes(), log=context.log)
+                rollout = self.generate(batch) if rollout is None else rollout  # none sampled ahead: sampled now
+                launch_ahead(backend, partial(next_batch, self._trainer), len(rollout), self.sampling_settings, step)
             with timer("score"):
                 scores = self.score(rollout)  # 2
-            if self.config.dynamic_sampling:  # more prompts until groups carry signal (docs/dynamic-sampling.md)
+            if (
+                self.config.advantages.dynamic_sampling
+            ):  # more prompts until groups carry signal (docs/dynamic-sampling.md)
                 rollout, scores = dynamic_sample(
                     context, rollout, scores, generate=self.generate, score=self.score, source=self.trainer.datamodule,
-                    max_rounds=self.config.max_sampling_rounds, pad_token_id=self.tokenizer.pad_token_id or 0,
+                    max_rounds=self.config.advantages.max_sampling_rounds, pad_token_id=self.tokenizer.pad_token_id or 0,
                 )  # fmt: skip
-            check_signal(context, rollout, scores)  # logs train/zero_std_frac; warns once on a zero-signal step
+            check_signal(context, rollout, scores)  # logs train/zero_std_frac; warns once on a zero-signal iteration
             with timer("score"):
                 inputs = {**advantage_inputs(scores), **function_reward_inputs(self.config, scores, self.rewards)}
                 advantages = self.compute_advantages(scores.rewards, rollout, **inputs)  # 3
             update = self.prepare_update(rollout, advantages)  # 4 (timed inside: old_logprobs, reference)
             with timer("update"):
                 loss, metrics = self.update_policy(update)  # 5
-            if self.config.entropy_control != "constant" and "entropy" in metrics:  # one host sync, adaptive only
+            if (
+                self.config.objective.entropy_control != "constant" and "entropy" in metrics
+            ):  # one host sync, adaptive only
                 self.entropy_coef = float(self.entropy_control(float(metrics["entropy"])))  # global: alike on all ranks
         self._context = self._packing = None
         self.log_dict({f"train/{name}": value for name, value in {"loss": loss, **metrics}.items()})  # global values
         return StepOutput(
             loss=loss, rollout=rollout, rewards=scores, advantages=advantages, metrics=metrics,
-            loss_mask=update.loss_mask, ppo_epochs=self.config.ppo_epochs,
+            loss_mask=update.loss_mask, ppo_epochs=self.config.update.ppo_epochs,
             timings={**timer.seconds, **{f"score/{name}": s for name, s in scores.seconds.items()}},  # per reward
         )  # fmt: skip
 
@@ -196,19 +215,18 @@ class GRPOModule(LightningModule):
         num_generations: int | None = None,
         temperature: float | None = None,
     ) -> Rollout:
-        """Step 1: G completions (trajectories) per prompt of ``batch["prompt"]``; other keys become row columns."""
+        """Phase 1: G completions (trajectories) per prompt of ``batch["prompt"]``; other keys become row columns."""
         settings = self.sampling_settings(num_generations=num_generations, temperature=temperature)
         backend, rank = self.rollout_backend, self.global_rank if self._trainer is not None else 0
-        ranks = RankVotes.of(self._sum_across_ranks, self.device, rank, self.trainer.world_size if self._trainer else 1)
         backend.sync(self.policy, self.global_step if self._trainer is not None else 0)  # no-op once synced
         with nonfinite_sampling(self.global_step), closing(backend.session(self.policy, settings)) as session:
             rollout, stats = agent_wiring.sample_batch(
                 self.policy, self.tokenizer, batch, settings, self.agent, self.agent_fn, session=session,
-                max_prompt_length=self.config.max_prompt_length, limits=self.agent_limits, rank=rank,
-                ranks=ranks,  # the ranks agree on the rollout before their next collective (docs/distributed.md)
+                max_prompt_length=self.config.sampling.max_prompt_length, limits=self.agent_limits, rank=rank,
+                ranks=self._rank_votes(),  # agreed before the ranks' next collective (docs/distributed.md)
             )  # fmt: skip
-        if stats is not None and self._trainer is not None and self._context is not None:  # agent code's runs
-            self.log_dict(stats.metrics(len(rollout)), batch_size=stats.runs)
+        if stats is not None and self._trainer is not None and self._context is not None:  # agent code's executions
+            self.log_dict(stats.metrics(len(rollout)), batch_size=stats.executions)
         return rollout
 
     def sampling_settings(
@@ -216,10 +234,10 @@ class GRPOModule(LightningModule):
     ) -> SamplingSettings:
         """The sampling settings of :meth:`generate`, from :attr:`config` (``None`` arguments take its values)."""
         fsdp2 = self._trainer is not None and distributed.is_fsdp2(self.trainer.strategy)  # all ranks step together
-        return self.config.sampling_settings(num_generations, temperature, synced_gpus=fsdp2)
+        return self.config.sampling.settings(num_generations, temperature, synced_gpus=fsdp2)
 
     def score(self, rollout: Rollout) -> RewardScores:
-        """Step 2: every reward function, weighted; ``NaN`` where every function returned ``None``."""
+        """Phase 2: every reward function, weighted; ``NaN`` where every function returned ``None``."""
         scores = self.rewards(
             rollout.prompts, rollout.completions, rollout.columns, completion_ids=rollout.completion_token_ids,
             completion_lengths=rollout.completion_lengths.tolist(), trainer_state=TrainerState.of(self._trainer),
@@ -236,32 +254,32 @@ class GRPOModule(LightningModule):
         function_rewards: Mapping[str, Tensor] | None = None,
         function_weights: Mapping[str, float] | None = None,
     ) -> Tensor:
-        """Step 3: group-relative advantages ``(N,)`` (``(N, T)`` for token-level estimators and ``grpo_process``).
+        """Phase 3: group-relative advantages ``(N,)`` (``(N, T)`` for token-level estimators and ``grpo_process``).
 
         ``function_rewards`` and ``function_weights`` (each reward function's raw rewards and weight) are given only
         to an estimator that reads them (``gdpo``)."""
         agents = agent_client.is_agent_rollout(rollout)  # one reward per trajectory (its last branch), shared
         rewards = agent_client.trajectory_rewards_nan(rewards, rollout) if agents else rewards
         advantages = compute_advantages(
-            rewards, rollout.group_ids, **self.config.advantage_kwargs, completion_mask=rollout.sampled_mask,
+            rewards, rollout.group_ids, **self.config.advantages.kwargs, completion_mask=rollout.sampled_mask,
             sum_across_ranks=self._sum_across_ranks, step_rewards=step_rewards, function_rewards=function_rewards,
             function_weights=function_weights,  # token-level estimators whiten over rollout.sampled_mask
         )  # fmt: skip
         return agent_client.spread_to_branches(advantages, rollout) if agents else advantages
 
     def prepare_update(self, rollout: Rollout, advantages: Tensor) -> UpdateBatch:
-        """Step 4: the loss mask, old log-probs (only if the rollout serves several updates), reference log-probs."""
+        """Phase 4: the loss mask, old log-probs (only if the rollout serves several updates), reference log-probs."""
         if not agent_client.is_agent_rollout(rollout):  # an agent rollout has a variable number of rows
             self.config.check_rollout_size(len(rollout))
         self.rollout_backend.release()  # e.g. vllm.sleep_mode: the engine's memory goes to the update
-        self._packing = packing_for(rollout, self.config.packing)  # once per rollout: every pass takes one path
+        self._packing = packing_for(rollout, self.config.update.packing)  # once per rollout: every pass takes one path
         return update_batch(self.compute_logprobs, self.policy, rollout, advantages, self.config, self.timer,
                             self.device, self._sum_across_ranks)  # fmt: skip
 
     def compute_logprobs(
         self, rollout: Rollout, *, reference: bool = False, with_entropy: bool = False
     ) -> TokenLogProbs:
-        """Per-token log-probs ``(N, T)`` of the completions, of the reference if ``reference``; step 4 uses it too."""
+        """Per-token log-probs ``(N, T)`` of the completions, of the reference if ``reference``; phase 4 uses it too."""
         settings = self.logprob_settings()
         if distributed.is_sharded(self.policy):  # every pass (old, reference, current) takes the same path
             settings = sharded_logprob_settings(self.policy, settings)
@@ -274,28 +292,30 @@ class GRPOModule(LightningModule):
         return kwargs if self._packing is None else {**kwargs, "packing": self._packing}
 
     def compute_loss(self, batch: UpdateBatch, counts: LossCounts) -> tuple[Tensor, dict[str, Tensor]]:
-        """Step 5 (per micro-batch): ``policy loss + β·KL − c_ent·entropy``, global counts (``grpo_loss``)."""
+        """Phase 5 (per micro-batch): ``policy loss + β·KL − c_ent·entropy``, global counts (``grpo_loss``)."""
         current = self.compute_logprobs(batch.rollout, with_entropy=True)
-        aggregate = partial(counts.aggregate, loss_mask=batch.loss_mask, mode=self.config.loss_agg_mode)  # global
+        aggregate = partial(
+            counts.aggregate, loss_mask=batch.loss_mask, mode=self.config.objective.loss_agg_mode
+        )  # global
         return grpo_loss(
-            current.logprobs, current.entropy, batch.advantages, batch.loss_mask, self.config, aggregate,
-            old_logprobs=batch.old_logprobs, ref_logprobs=batch.ref_logprobs, behaviour_logprobs=batch.rollout.logprobs,
-            at_sampling_weights=batch.at_sampling_weights, seed=self._step_seed(), entropy_coef=self.entropy_coef,
+            current.logprobs, current.entropy, batch.advantages, batch.loss_mask, self.config.objective, aggregate,
+            corrections=self.config.corrections, old_logprobs=batch.old_logprobs, ref_logprobs=batch.ref_logprobs, behaviour_logprobs=batch.rollout.logprobs,
+            at_sampling_weights=batch.at_sampling_weights, seed=self._iteration_seed(), entropy_coef=self.entropy_coef,
         )  # fmt: skip
 
     def update_policy(self, batch: UpdateBatch) -> tuple[Tensor, dict[str, Tensor]]:
-        """``ppo_epochs`` passes over shuffled mini-batches, one optimizer step each (``step.update.run_updates``)."""
+        """``ppo_epochs`` passes over shuffled mini-batches, one optimizer step each (``run_updates``)."""
         return run_updates(
-            batch, self._context or self.step_context(), self.config, policy=self.policy,
+            batch, self._context or self.iteration_context(), self.config, policy=self.policy,
             compute_loss=self.compute_loss, backward=self.manual_backward, optimizer=self.optimizers(),
             clip_gradients=self.clip_gradients, scheduler=self.lr_schedulers(),
         )  # fmt: skip
 
-    def step_context(self) -> StepContext:
-        """What the phases of this step take from the module (:class:`~lightning_grpo.iteration.StepContext`)."""
-        return StepContext(
+    def iteration_context(self) -> IterationContext:
+        """What this iteration's phases take from the module (:class:`~lightning_grpo.iteration.IterationContext`)."""
+        return IterationContext(
             device=self.device, global_step=self.global_step if self._trainer is not None else 0,
-            seed=self._step_seed(), sum_across_ranks=self._sum_across_ranks,
+            seed=self._iteration_seed(), sum_across_ranks=self._sum_across_ranks,
             log=self.log, timer=self.timer, warned=self._warned, skipped=self.skipped_steps, grad_scale=1.0
             if self._trainer is None else distributed.grad_scale(self.trainer.strategy, self.trainer.world_size),
         )  # fmt: skip
@@ -305,10 +325,14 @@ class GRPOModule(LightningModule):
     def validation_step(self, batch: Mapping[str, Sequence[Any]], batch_idx: int) -> dict[str, Any]:
         """Sample ``val_num_generations`` per prompt; log reward mean, accuracy, pass@k; return rollout and rewards."""
         cfg = self.config
-        with seeded(self._step_seed(offset=batch_idx + 1), self.device):
-            rollout = self.generate(batch, num_generations=cfg.val_num_generations, temperature=cfg.val_temperature)
+        with seeded(self._iteration_seed(offset=batch_idx + 1), self.device):
+            rollout = self.generate(
+                batch, num_generations=cfg.validation.num_generations, temperature=cfg.validation.temperature
+            )
         scores = self.score(rollout)
-        rewards = agent_wiring.run_rewards(scores.rewards, rollout, runs=len(batch["prompt"]) * cfg.val_num_generations)
+        rewards = agent_wiring.trajectory_rewards(
+            scores.rewards, rollout, trajectories=len(batch["prompt"]) * cfg.validation.num_generations
+        )
         self.log_dict(self.val_metrics.update(rewards), batch_size=len(batch["prompt"]))  # exact, all ranks
         return {"rollout": rollout, "rewards": scores}
 
@@ -327,7 +351,9 @@ class GRPOModule(LightningModule):
         """Under FSDP2 (``ModelParallelStrategy``) only: shard each decoder layer, then the HF model under PeftModel."""
         strategy = self.trainer.strategy if self._trainer is not None else None
         if distributed.is_fsdp2(strategy) and not distributed.is_sharded(self.policy):
-            distributed.shard_module(self, self.device_mesh["data_parallel"], self.config.fsdp_gather_for_generation)
+            distributed.shard_module(
+                self, self.device_mesh["data_parallel"], self.config.sampling.fsdp_gather_for_generation
+            )
 
     @property
     def export_adapter_all_ranks(self) -> bool:
@@ -372,6 +398,7 @@ class GRPOModule(LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse a checkpoint of another policy; changed settings take effect (docs/distributed.md, resuming)."""
         defaults = {"grpo": asdict(GRPOConfig())}  # settings an older checkpoint lacks compare as their defaults
+        upgrade_state_keys(checkpoint)  # an older checkpoint's callback states under today's keys, before their restore
         check_resume(self, checkpoint, self._trained_on, self._build_optimizer, defaults)
         coef = restore_controller(self.entropy_control, checkpoint.get("entropy_control"))
         self.entropy_coef = self.entropy_coef if coef is None else coef
@@ -389,12 +416,17 @@ class GRPOModule(LightningModule):
         return adapter_optimizer(self.policy, self.optimizer_factory, self.scheduler_factory)
 
     def _sum_across_ranks(self, tensor: Tensor) -> Tensor:
-        """Sum over ranks (one all-reduce, mid-step) of what enters the loss and advantages; not logged metrics."""
+        """Sum over ranks (one all-reduce, mid-iteration) of what enters the loss and advantages; not logged metrics."""
         if self._trainer is None or self.trainer.world_size == 1:
             return tensor
         return self.trainer.strategy.reduce(tensor, reduce_op="sum")
 
-    def _step_seed(self, offset: int = 0) -> int:
-        """A seed of (seed, step, rank, offset): sampling that a resumed run repeats exactly."""
-        step, rank = (self.global_step, self.global_rank) if self._trainer is not None else (0, 0)
-        return step_seed(self.seed, step, rank, offset)
+    def _rank_votes(self) -> RankVotes | None:
+        """What the ranks agree on each rollout with (``rollout.rank_agreement``); ``None`` on one process."""
+        world_size = self.trainer.world_size if self._trainer is not None else 1
+        return RankVotes.of(self._sum_across_ranks, self.device, self.global_rank, world_size)
+
+    def _iteration_seed(self, offset: int = 0) -> int:
+        """The iteration's seed, of (seed, global_step, rank, offset): sampling that a resumed run repeats exactly."""
+        global_step, rank = (self.global_step, self.global_rank) if self._trainer is not None else (0, 0)
+        return iteration_seed(self.seed, global_step, rank, offset)

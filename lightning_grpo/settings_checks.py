@@ -5,9 +5,9 @@ infinity or a string reaches the user as ``temperature must be a finite number >
 error deep inside torch or transformers. docs/troubleshooting.md lists the messages.
 
 The errors are :class:`SettingError` (a ``ValueError``; :class:`SettingTypeError` is also a ``TypeError``): they
-carry the setting's name and value, so that a settings class names itself (``GRPOConfig.num_generations=1: ...``,
+carry the setting's name and value, so that a settings class names itself (``GRPOConfig.sampling.num_generations=1: ...``,
 :func:`named_errors`) and the command line names the full key of the config
-(``model.init_args.grpo.num_generations``).
+(``model.init_args.grpo.sampling.num_generations``).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class SettingError(ValueError):
         self.value = value
 
     def renamed(self, name: str) -> SettingError:
-        """The same error, its message starting with ``name`` (``GRPOConfig.kl_coef``, a config key) instead."""
+        """The same error, its message starting with ``name`` (``GRPOConfig.objective.kl_coef``, a config key) instead."""
         message = str(self)
         if message.startswith(self.setting):
             message = name + message[len(self.setting) :]
@@ -53,10 +53,11 @@ class SettingTypeError(SettingError, TypeError):
 
 
 @contextmanager
-def named_errors(settings: Any) -> Iterator[None]:
-    """Errors raised inside that start with a field of the dataclass ``settings`` name its class first.
+def named_errors(settings: Any, owner: str | None = None) -> Iterator[None]:
+    """Errors raised inside that start with a field of the dataclass ``settings`` name its class (or ``owner``,
+    e.g. ``GRPOConfig.sampling`` for a group of settings) first.
 
-    ``num_generations=1: ...`` becomes :class:`SettingError` ``GRPOConfig.num_generations=1: ...`` (a ``TypeError``
+    ``num_generations=1: ...`` becomes :class:`SettingError` ``GRPOConfig.sampling.num_generations=1: ...`` (a ``TypeError``
     stays one too); other errors pass unchanged.
 
     Example::
@@ -76,15 +77,16 @@ def named_errors(settings: Any) -> Iterator[None]:
     try:
         yield
     except (ValueError, TypeError) as error:
-        named = _named(error, settings)
+        named = _named(error, settings, owner)
         if named is error:
             raise
         raise named from None
 
 
-def _named(error: Exception, settings: Any) -> Exception:
-    """``error`` as a :class:`SettingError` naming the class of ``settings``, or ``error`` if no field starts it."""
-    owner = type(settings).__name__
+def _named(error: Exception, settings: Any, owner: str | None = None) -> Exception:
+    """``error`` as a :class:`SettingError` naming ``owner`` (the class of ``settings`` by default), or ``error`` if
+    no field starts it."""
+    owner = owner or type(settings).__name__
     if isinstance(error, SettingError):
         setting, value = error.setting, error.value
     else:

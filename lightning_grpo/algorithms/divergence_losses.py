@@ -11,7 +11,7 @@ divergence between ``Bernoulli(p_old)`` and ``Bernoulli(p)``:
 The kept tokens get the policy gradient with the importance weight: ``-A · sg(r) · log π`` (whose gradient is
 ``-A·r·∇log π``, PPO's unclipped one), truncated at ``ratio_cap`` if set (verl's ``clip_ratio_c``; the authors' recipe
 turns it off, as their paper finds truncation biased). Defaults are the authors' (verl's ``run_qwen30b_dppo.sh``):
-TV 0.15, KL 0.05. The paper anchors ``p_old`` to the sampler's policy: ``GRPOConfig.old_logprobs="rollout"``
+TV 0.15, KL 0.05. The paper anchors ``p_old`` to the sampler's policy: ``GRPOConfig.corrections.old_logprobs="rollout"``
 (verl's bypass mode, also with one update per rollout); otherwise ``p_old`` is the loss's recomputed
 ``old_logprobs``.
 """

@@ -1,7 +1,7 @@
 """Entropy control: the entropy bonus's coefficient (constant or adaptive) and top-entropy token selection.
 
 The objective subtracts ``c · H`` (``H`` the aggregated per-token entropy of the loss tokens). ``c`` comes from an
-**entropy control** component (``GRPOConfig.entropy_control`` + ``entropy_control_args``), called once per training
+**entropy control** component (``GRPOConfig.objective.entropy_control`` + ``entropy_control_args``), called once per training
 step with the step's global mean entropy ``e`` (the logged ``train/entropy``, reduced over all ranks, so every rank
 computes the same ``c``) and returning the coefficient of the next step:
 
@@ -50,7 +50,7 @@ EntropyControlKind = Literal["constant", "adaptive"]
 
 
 def constant_entropy(entropy: float | None, *, entropy_coef: float = 0.0) -> float:
-    """The coefficient ``entropy_coef`` whatever the entropy (``GRPOConfig.entropy_coef``)."""
+    """The coefficient ``entropy_coef`` whatever the entropy (``GRPOConfig.objective.entropy_coef``)."""
     return entropy_coef
 
 
@@ -62,7 +62,7 @@ class AdaptiveEntropy:
         delta: Step of the coefficient per training step (TRL ``entropy_coef_delta``, 0.005).
         coef_min: Lower bound of the coefficient (TRL ``entropy_coef_min``, 0).
         coef_max: Upper bound (TRL ``entropy_coef_max``, 1).
-        entropy_coef: The starting coefficient ``c_0`` (``GRPOConfig.entropy_coef`` unless given here).
+        entropy_coef: The starting coefficient ``c_0`` (``GRPOConfig.objective.entropy_coef`` unless given here).
 
     Example::
 

@@ -3,7 +3,7 @@
 A rollout engine (vLLM, another dtype or kernel) samples from ``π_behaviour``, close to, but not exactly, the
 trainer's ``π_old``. :func:`rollout_agreement` measures ``|logprobs - behaviour logprobs|`` over the loss tokens;
 the corrections themselves (truncated or masked importance weights, rejection) are
-:mod:`~lightning_grpo.algorithms.corrections`' components (``GRPOConfig.rollout_correction``, docs/vllm.md).
+:mod:`~lightning_grpo.algorithms.corrections`' components (``GRPOConfig.corrections.rollout_correction``, docs/vllm.md).
 """
 
 from __future__ import annotations

@@ -20,11 +20,11 @@ from lightning_grpo.algorithms.kl import kl_penalty
 from lightning_grpo.algorithms.policy_losses import policy_loss
 from lightning_grpo.algorithms.statistics import masked_mean
 
-__all__ = ["LossSettings", "grpo_loss"]
+__all__ = ["CorrectionSettings", "LossSettings", "grpo_loss"]
 
 
 class LossSettings(Protocol):
-    """The settings :func:`grpo_loss` reads; :class:`~lightning_grpo.config.GRPOConfig` has them all."""
+    """The loss settings :func:`grpo_loss` reads (``GRPOConfig.objective`` has them all)."""
 
     loss_kind: str
     loss_kind_args: dict[str, Any] | None
@@ -36,16 +36,21 @@ class LossSettings(Protocol):
     kl_estimator: str
     kl_estimator_args: dict[str, Any] | None
     entropy_coef: float
+    kl_weighting: str | None
+    kl_weighting_args: dict[str, Any] | None
+    token_selection: str | None
+    token_selection_args: dict[str, Any] | None
+
+
+class CorrectionSettings(Protocol):
+    """The off-policy corrections :func:`grpo_loss` applies (``GRPOConfig.corrections`` has them all)."""
+
     rollout_correction: str | None
     rollout_correction_args: dict[str, Any] | None
     rollout_rejection: str | None
     rollout_rejection_args: dict[str, Any] | None
     off_policy_mask: str | None
     off_policy_mask_args: dict[str, Any] | None
-    kl_weighting: str | None
-    kl_weighting_args: dict[str, Any] | None
-    token_selection: str | None
-    token_selection_args: dict[str, Any] | None
 
 
 def grpo_loss(
@@ -56,6 +61,7 @@ def grpo_loss(
     settings: LossSettings,
     aggregate: Callable[[Tensor], Tensor],
     *,
+    corrections: CorrectionSettings | None = None,
     old_logprobs: Tensor | None = None,
     ref_logprobs: Tensor | None = None,
     behaviour_logprobs: Tensor | None = None,
@@ -70,9 +76,10 @@ def grpo_loss(
         entropy: ``(n, T)`` current per-token entropy (with gradient when ``entropy_coef > 0``).
         advantages: ``(n,)`` or ``(n, T)`` advantages.
         loss_mask: ``(n, T)`` tokens that enter the loss, the KL, the entropy and every count.
-        settings: The loss settings (a :class:`~lightning_grpo.config.GRPOConfig`).
+        settings: The loss settings (``GRPOConfig.objective``).
         aggregate: Turns ``(n, T)`` per-token values into this micro-batch's share of the mini-batch loss (global
             normalisers: :meth:`LossCounts.aggregate <lightning_grpo.iteration.types.LossCounts.aggregate>`).
+        corrections: The off-policy corrections (``GRPOConfig.corrections``); ``None``: none.
         old_logprobs: ``(n, T)`` log-probs before the update; ``None``: the detached current ones (one update).
         ref_logprobs: ``(n, T)`` reference log-probs; ``None``: no KL term.
         behaviour_logprobs: ``(n, T)`` log-probs the sampler recorded (``Rollout.logprobs``), for the rollout
@@ -90,7 +97,7 @@ def grpo_loss(
         clip_high=settings.clip_high, dual_clip=settings.dual_clip, delta=settings.delta, seed=seed,
     )  # fmt: skip
     per_token, corrected = _off_policy_terms(
-        per_token, logprobs, old, advantages, loss_mask, settings, behaviour_logprobs
+        per_token, logprobs, old, advantages, loss_mask, corrections, behaviour_logprobs
     )
     select = _component(settings, "token_selection")
     selected = None if select is None else select(entropy, loss_mask)
@@ -119,8 +126,10 @@ def grpo_loss(
     return loss, metrics
 
 
-def _component(settings: LossSettings, setting: str) -> Any:
+def _component(settings: LossSettings | CorrectionSettings | None, setting: str) -> Any:
     """The correction ``setting`` names, built with ``<setting>_args`` (cached); ``None`` when it is off."""
+    if settings is None:
+        return None
     return build_correction(setting, getattr(settings, setting), getattr(settings, f"{setting}_args"))
 
 
@@ -130,7 +139,7 @@ def _off_policy_terms(
     old: Tensor,
     advantages: Tensor,
     loss_mask: Tensor,
-    settings: LossSettings,
+    settings: CorrectionSettings | None,
     behaviour_logprobs: Tensor | None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Rollout correction, rejection (``rollout_correction.py``), then OPSM (``off_policy.py``)."""

@@ -33,7 +33,7 @@ class PolicyLossSettings:
         dual_clip: Bound ``c`` of dual clip for ``A < 0``; ``None`` disables it.
         delta: INTELLECT-2 upper bound on the ratio in the unclipped term; ``None`` disables it.
         seed: Seed of a loss's random choices (``clip_cov``'s token choice): the training step's seed
-            (``GRPOModule._step_seed``); ``None``: torch's global generator.
+            (``GRPOModule._iteration_seed``); ``None``: torch's global generator.
 
     Raises:
         TypeError: A value is not a number.

@@ -6,7 +6,7 @@ normalisers of the loss aggregation are unchanged: a zero weight or a rejected s
 TRL's ``*_mask`` modes do). verl's rejection instead removes the rejected tokens from ``response_mask``, so from the
 ``token-mean`` normaliser: ours = verl × kept tokens / all tokens (tests/algorithms/test_verl_claims.py).
 
-**Importance weights** (``GRPOConfig.rollout_correction``, TRL ``vllm_importance_sampling_mode``; verl
+**Importance weights** (``GRPOConfig.corrections.rollout_correction``, TRL ``vllm_importance_sampling_mode``; verl
 ``rollout_is``), bounds ``[C_min, C_max]`` (``rollout_correction_args: {min, max}``; either may be ``None``):
 
 * ``token_truncate``: ``w_t = clip(exp(d_t), C_min, C_max)`` (truncated IS, Yao et al. 2025);
@@ -46,7 +46,7 @@ _SAFETY = 20.0
 
 
 def behaviour_logprob_settings(config: object) -> dict[str, object]:
-    """The settings of ``config`` (a ``GRPOConfig``) that are on and read the sampler's log-probs, by name.
+    """The settings of ``config`` (``GRPOConfig.corrections``) that are on and read the sampler's log-probs, by name.
 
     OPSM is not among them: without the sampler's log-probs it compares with the old ones (TRL's rule).
 

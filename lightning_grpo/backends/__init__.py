@@ -9,16 +9,16 @@ until a vLLM engine starts.
 
 from lightning_grpo.backends.build import BACKENDS, backend_class, build_backend
 from lightning_grpo.backends.hf import HFBackend, HFSession
-from lightning_grpo.backends.protocol import OPTIONAL_SETTINGS, BackendRun, RolloutBackend, RolloutSession
-from lightning_grpo.backends.vllm import VLLMBackend, VLLMSession
-from lightning_grpo.backends.vllm_server import VLLMServerBackend, VLLMServerSession
-from lightning_grpo.backends.vllm_server_settings import VLLMServerConfig
-from lightning_grpo.backends.vllm_settings import VLLMConfig
+from lightning_grpo.backends.protocol import OPTIONAL_SETTINGS, BackendSpec, RolloutBackend, RolloutSession
+from lightning_grpo.backends.vllm.backend import VLLMBackend, VLLMSession
+from lightning_grpo.backends.vllm.settings import VLLMConfig
+from lightning_grpo.backends.vllm_server.backend import VLLMServerBackend, VLLMServerSession
+from lightning_grpo.backends.vllm_server.settings import VLLMServerConfig
 
 __all__ = [
     "BACKENDS",
     "OPTIONAL_SETTINGS",
-    "BackendRun",
+    "BackendSpec",
     "HFBackend",
     "HFSession",
     "RolloutBackend",

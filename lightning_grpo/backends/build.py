@@ -2,7 +2,7 @@
 its settings checked key by key, and the run's settings it must honour (``docs/backends.md``).
 
 Every error is a :class:`~lightning_grpo.settings_checks.SettingError` whose message starts with the setting it
-refuses (``GRPOConfig.rollout_backend=...``, ``GRPOConfig.rollout_backend_args.<key>=...``, ``GRPOConfig.top_k=...``).
+refuses (``GRPOConfig.backend.rollout_backend=...``, ``GRPOConfig.backend.rollout_backend_args.<key>=...``, ``GRPOConfig.sampling.top_k=...``).
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from typing import Any
 from lightning_grpo.algorithms.catalogue import is_import_path
 from lightning_grpo.algorithms.rollout_correction import behaviour_logprob_settings
 from lightning_grpo.backends.hf import HFBackend
-from lightning_grpo.backends.protocol import OPTIONAL_SETTINGS, PROTOCOL_MEMBERS, BackendRun, RolloutBackend
-from lightning_grpo.backends.vllm import VLLMBackend
-from lightning_grpo.backends.vllm_server import VLLMServerBackend
-from lightning_grpo.backends.vllm_settings import VLLMConfig
+from lightning_grpo.backends.protocol import OPTIONAL_SETTINGS, PROTOCOL_MEMBERS, BackendSpec, RolloutBackend
+from lightning_grpo.backends.vllm.backend import VLLMBackend
+from lightning_grpo.backends.vllm.settings import VLLMConfig
+from lightning_grpo.backends.vllm_server.backend import VLLMServerBackend
 from lightning_grpo.settings_checks import SettingError
 
 __all__ = [
@@ -27,7 +27,7 @@ __all__ = [
 
 #: The built-in backends by name.
 BACKENDS: dict[str, type] = {"hf": HFBackend, "vllm": VLLMBackend, "vllm_server": VLLMServerBackend}
-_FIELD = "GRPOConfig.rollout_backend"
+_FIELD = "GRPOConfig.backend.rollout_backend"
 _FIX = (
     "choose 'hf', 'vllm', 'vllm_server' or the import path of a RolloutBackend class such as "
     "'my_project.backends.MyBackend'"
@@ -76,15 +76,15 @@ def backend_settings(cls: type, args: Mapping[str, Any] | None, name: str) -> An
     if settings_class is None:
         if args:
             raise SettingError(
-                f"GRPOConfig.rollout_backend_args={args!r}: the rollout backend {name!r} takes no settings; remove "
+                f"GRPOConfig.backend.rollout_backend_args={args!r}: the rollout backend {name!r} takes no settings; remove "
                 "rollout_backend_args",
-                "GRPOConfig.rollout_backend_args", args,
+                "GRPOConfig.backend.rollout_backend_args", args,
             )  # fmt: skip
         return None
     allowed = [f.name for f in fields(settings_class)] if is_dataclass(settings_class) else None
     for key in args:
         if allowed is not None and key not in allowed:
-            setting = f"GRPOConfig.rollout_backend_args.{key}"
+            setting = f"GRPOConfig.backend.rollout_backend_args.{key}"
             raise SettingError(
                 f"{setting}={args[key]!r}: not a setting of the rollout backend {name!r} "
                 f"({settings_class.__name__}); allowed keys: {', '.join(allowed) or 'none'}",
@@ -93,16 +93,16 @@ def backend_settings(cls: type, args: Mapping[str, Any] | None, name: str) -> An
     return settings_class(**args)
 
 
-def check_supported(cls: type, run: BackendRun, name: str) -> None:
+def check_supported(cls: type, spec: BackendSpec, name: str) -> None:
     """Refuse a run that sets an :data:`~lightning_grpo.backends.protocol.OPTIONAL_SETTINGS` entry the backend does
     not list in ``supported_settings``.
 
     Raises:
         SettingError: Names the first such setting, its value and the backend.
     """
-    for setting, value in run.settings_in_use().items():
+    for setting, value in spec.settings_in_use().items():
         if setting not in cls.supported_settings:
-            owner = "PolicyConfig" if setting == "quantization" else "GRPOConfig"
+            owner = "PolicyConfig" if setting == "quantization" else "GRPOConfig.sampling"
             default = OPTIONAL_SETTINGS[setting]
             raise SettingError(
                 f"{owner}.{setting}={value!r}: the rollout backend {name!r} does not honour {setting} (it supports "
@@ -112,29 +112,29 @@ def check_supported(cls: type, run: BackendRun, name: str) -> None:
             )  # fmt: skip
 
 
-def check_turn_cache(cls: type, run: BackendRun, name: str) -> None:
-    """Refuse ``GRPOConfig.turn_cache`` set to anything but ``None``/``True``/``False``, or ``True`` with a backend
+def check_turn_cache(cls: type, spec: BackendSpec, name: str) -> None:
+    """Refuse ``GRPOConfig.agents.turn_cache`` set to anything but ``None``/``True``/``False``, or ``True`` with a backend
     that cannot keep a trajectory's KV cache across turns (its ``keeps_turn_cache`` is not true).
 
     Raises:
         SettingError: Names the value, the backend and what the backend does instead.
     """
-    value = getattr(run.grpo, "turn_cache", None)
+    value = spec.grpo.agents.turn_cache
     if not (value is None or isinstance(value, bool)):
         raise SettingError(
-            f"GRPOConfig.turn_cache={value!r} is not valid; choose one of None (auto), True, False",
-            "GRPOConfig.turn_cache", value,
+            f"GRPOConfig.agents.turn_cache={value!r} is not valid; choose one of None (auto), True, False",
+            "GRPOConfig.agents.turn_cache", value,
         )  # fmt: skip
     if value is True and not getattr(cls, "keeps_turn_cache", False):
         instead = getattr(cls, "turn_cache_instead", "it samples each turn from the turn's whole context")
         raise SettingError(
-            f"GRPOConfig.turn_cache=True: the rollout backend {name!r} does not keep a trajectory's KV cache across "
+            f"GRPOConfig.agents.turn_cache=True: the rollout backend {name!r} does not keep a trajectory's KV cache across "
             f"agent turns ({instead}); set turn_cache to None (auto) or False, or use rollout_backend: hf",
-            "GRPOConfig.turn_cache", value,
+            "GRPOConfig.agents.turn_cache", value,
         )  # fmt: skip
 
 
-def check_behaviour_logprobs(cls: type, run: BackendRun, name: str) -> None:
+def check_behaviour_logprobs(cls: type, spec: BackendSpec, name: str) -> None:
     """Refuse a rollout correction or rejection with a backend that does not record the sampler's
     log-probs (its ``records_logprobs`` is not true): the correction would have nothing to compare with.
 
@@ -143,30 +143,30 @@ def check_behaviour_logprobs(cls: type, run: BackendRun, name: str) -> None:
     Raises:
         SettingError: Names the first such setting, the backend and the setting that provides the log-probs.
     """
-    needs = behaviour_logprob_settings(run.grpo)
-    if not needs or run.generate_overridden or getattr(cls, "records_logprobs", False):
+    needs = behaviour_logprob_settings(spec.grpo.corrections)
+    if not needs or spec.generate_overridden or getattr(cls, "records_logprobs", False):
         return
     setting, value = next(iter(needs.items()))
     raise SettingError(
-        f"GRPOConfig.{setting}={value!r} compares the trainer's log-probs with the sampler's (Rollout.logprobs), but "
+        f"GRPOConfig.corrections.{setting}={value!r} compares the trainer's log-probs with the sampler's (Rollout.logprobs), but "
         f"the rollout backend {name!r} does not record them (its records_logprobs is not true); choose a "
         "rollout_backend that does ('hf' or 'vllm'), declare records_logprobs = True on your backend if its "
         f"sessions fill Rollout.logprobs, or set {setting} to null",
-        f"GRPOConfig.{setting}", value,
+        f"GRPOConfig.corrections.{setting}", value,
     )  # fmt: skip
 
 
-def check_async_rollout(cls: type, run: BackendRun, name: str) -> None:
-    """Refuse ``GRPOConfig.async_rollout`` with a backend whose ``samples_apart`` is not true (its sampling would
+def check_async_rollout(cls: type, spec: BackendSpec, name: str) -> None:
+    """Refuse ``GRPOConfig.backend.async_rollout`` with a backend whose ``samples_apart`` is not true (its sampling would
     race the update in this process), with a ``generate`` override (it may not sample through the backend), or for a
-    multi-turn run (``run.multi_turn``: tools, environments, agent code).
+    multi-turn run (``spec.multi_turn``: tools, environments, agent code).
 
     Raises:
         SettingError: Names the setting, the backend and the backends that allow it.
     """
-    if not getattr(run.grpo, "async_rollout", False):
+    if not spec.grpo.backend.async_rollout:
         return
-    setting = "GRPOConfig.async_rollout"
+    setting = "GRPOConfig.backend.async_rollout"
     if not getattr(cls, "samples_apart", False):
         allowed = ", ".join(sorted(n for n, c in BACKENDS.items() if getattr(c, "samples_apart", False)))
         raise SettingError(
@@ -176,26 +176,27 @@ def check_async_rollout(cls: type, run: BackendRun, name: str) -> None:
             "samples_apart = True), or set async_rollout to false",
             setting, True,
         )  # fmt: skip
-    if run.generate_overridden:
+    if spec.generate_overridden:
         raise SettingError(
             f"{setting}=True needs GRPOModule.generate: a subclass's own generate is not known to sample only "
             "through the backend (the background thread may not touch the policy); set async_rollout to false",
             setting, True,
         )  # fmt: skip
-    if run.multi_turn if run.multi_turn is not None else run.grpo.max_turns > 1:
+    if spec.multi_turn if spec.multi_turn is not None else spec.grpo.agents.max_turns > 1:
         raise SettingError(
             f"{setting}=True cannot sample ahead multi-turn rollouts (tools or an environment with max_turns > 1, "
-            "or agent code): their tool calls, environments and agent runs would run in the background sampling "
+            "or agent code): their tool calls, environments and agent executions would run in the background sampling "
             "thread, which hosts sampling only; set async_rollout to false",
             setting, True,
         )  # fmt: skip
 
 
-def build_backend(run: BackendRun, vllm: VLLMConfig | None = None) -> RolloutBackend:
-    """The backend ``run.grpo.rollout_backend`` names, built with ``run.grpo.rollout_backend_args`` (or ``vllm``).
+def build_backend(spec: BackendSpec, vllm: VLLMConfig | None = None) -> RolloutBackend:
+    """The backend ``spec.grpo.backend.rollout_backend`` names, built with ``spec.grpo.backend.rollout_backend_args``
+    (or ``vllm``).
 
     Args:
-        run: The run it samples for.
+        spec: What it samples for: the run's settings, policy and model (:class:`BackendSpec`).
         vllm: The module's ``vllm`` argument: the vLLM backend's settings, given the older way.
 
     Raises:
@@ -203,16 +204,20 @@ def build_backend(run: BackendRun, vllm: VLLMConfig | None = None) -> RolloutBac
             :func:`check_turn_cache`, :func:`check_behaviour_logprobs`, :func:`check_async_rollout`.
         ValueError: ``vllm`` settings with another backend, or with ``rollout_backend_args`` too.
     """
-    name, args = run.grpo.rollout_backend, run.grpo.rollout_backend_args
+    name, args = spec.grpo.backend.rollout_backend, spec.grpo.backend.rollout_backend_args
     cls = backend_class(name)
     if vllm is not None and cls is not VLLMBackend:
-        raise ValueError(f"vllm settings were given but grpo.rollout_backend is {name!r}; set rollout_backend: vllm")
+        raise ValueError(
+            f"vllm settings were given but grpo.backend.rollout_backend is {name!r}; set rollout_backend: vllm"
+        )
     if vllm is not None and args:
-        raise ValueError("vllm settings were given twice: as the module's vllm and grpo.rollout_backend_args; keep one")
+        raise ValueError(
+            "vllm settings were given twice: as the module's vllm and grpo.backend.rollout_backend_args; keep one"
+        )
     settings = vllm if vllm is not None else backend_settings(cls, args, name)
-    check_async_rollout(cls, run, name)  # before anything is built
-    backend = cls(settings, run)
-    check_supported(cls, run, name)
-    check_turn_cache(cls, run, name)
-    check_behaviour_logprobs(cls, run, name)
+    check_async_rollout(cls, spec, name)  # before anything is built
+    backend = cls(settings, spec)
+    check_supported(cls, spec, name)
+    check_turn_cache(cls, spec, name)
+    check_behaviour_logprobs(cls, spec, name)
     return backend

@@ -1,8 +1,8 @@
 """The interface of a rollout backend: what samples a GRPO run's rollouts, and its life within a fit.
 
-A backend is a class constructed as ``Backend(settings, run)``: ``settings`` an instance of its
-:attr:`~RolloutBackend.settings_class` (``grpo.rollout_backend_args``, checked key by key), ``run`` the run's
-:class:`BackendRun`. Construction checks what can be checked before a fit and stays cheap; :meth:`~RolloutBackend.
+A backend is a class constructed as ``Backend(settings, spec)``: ``settings`` an instance of its
+:attr:`~RolloutBackend.settings_class` (``grpo.backend.rollout_backend_args``, checked key by key), ``spec`` the run's
+:class:`BackendSpec`. Construction checks what can be checked before a fit and stays cheap; :meth:`~RolloutBackend.
 start` does the heavy work. ``docs/backends.md`` walks through writing one.
 """
 
@@ -18,7 +18,7 @@ from lightning_grpo.policy import PolicyConfig
 from lightning_grpo.rollout.sampling_settings import SamplingSettings
 from lightning_grpo.rollout.session import RolloutSession
 
-__all__ = ["OPTIONAL_SETTINGS", "BackendRun", "RolloutBackend", "RolloutSession"]
+__all__ = ["OPTIONAL_SETTINGS", "BackendSpec", "RolloutBackend", "RolloutSession"]
 
 #: Settings a backend may not honour, with the value that needs nothing of it: a run that sets one to anything else
 #: needs a backend that lists it in ``supported_settings`` (``policy.quantization``: a quantized base model).
@@ -29,7 +29,7 @@ OPTIONAL_SETTINGS: dict[str, Any] = {
 
 
 @dataclass(frozen=True)
-class BackendRun:
+class BackendSpec:
     """What a backend learns of the run it samples for, at construction.
 
     Attributes:
@@ -38,7 +38,7 @@ class BackendRun:
         model_name: The model's hub id or folder; ``None``: the policy was given as an object.
         generate_overridden: Whether the module's ``generate`` is a subclass's own (it may never call the backend).
         multi_turn: Whether a trajectory can be sampled in several calls (tools or an environment with
-            ``grpo.max_turns > 1``, or agent code); ``None``: unknown, taken to be ``grpo.max_turns > 1``.
+            ``grpo.agents.max_turns > 1``, or agent code); ``None``: unknown, taken to be ``grpo.agents.max_turns > 1``.
     """
 
     grpo: GRPOConfig
@@ -49,7 +49,7 @@ class BackendRun:
 
     def settings_in_use(self) -> dict[str, Any]:
         """The :data:`OPTIONAL_SETTINGS` this run sets to a value that needs the backend, by name (``"top_k"``)."""
-        values = {name: getattr(self.grpo, name, default) for name, default in OPTIONAL_SETTINGS.items()}
+        values = {name: getattr(self.grpo.sampling, name, default) for name, default in OPTIONAL_SETTINGS.items()}
         values["quantization"] = self.policy.quantization
         return {name: value for name, value in values.items() if value != OPTIONAL_SETTINGS[name]}
 
@@ -60,14 +60,14 @@ class RolloutBackend(Protocol):
     :class:`RolloutSession` per rollout, released for the update, closed at the end of fit or on an exception.
 
     Attributes:
-        settings_class: The dataclass of its settings (``grpo.rollout_backend_args`` are its keyword arguments);
+        settings_class: The dataclass of its settings (``grpo.backend.rollout_backend_args`` are its keyword arguments);
             ``None``: it takes none.
         supported_settings: The :data:`OPTIONAL_SETTINGS` it honours; a run that needs another is refused at set-up
             with an error naming the setting.
         samples_apart: Optional, read as ``getattr(cls, "samples_apart", False)`` (not a member ``isinstance``
             checks; ``hf`` and ``vllm`` leave it out: ``False``). ``True`` says that its sampling runs outside the
             trainer process, from the adapter the last :meth:`sync` sent (a server), so a session may run in a
-            background thread while the main thread updates the policy (``GRPOConfig.async_rollout``, one step
+            background thread while the main thread updates the policy (``GRPOConfig.backend.async_rollout``, one step
             ahead). Its ``session`` is then opened on the main thread (it may draw request seeds from torch's
             generators there), and the session's ``sample`` and ``close`` run in the background thread: they must
             use nothing the update changes (not the ``model`` argument, a stand-in there; not torch's global
@@ -79,7 +79,7 @@ class RolloutBackend(Protocol):
         class EchoBackend:  # samples with the policy itself, like the Hugging Face backend
             settings_class = None
             supported_settings = frozenset()
-            def __init__(self, settings, run): ...
+            def __init__(self, settings, spec): ...
             def start(self, policy, seed, *, sharded): ...
             def sync(self, policy, version): ...
             def session(self, policy, settings): return MySession(policy)

@@ -19,7 +19,7 @@ __all__ = ["AdapterExport"]
 class AdapterExport(IterationCounter):
     r"""Write the adapter with ``pl_module.export_adapter(path)``, loadable by ``PeftModel.from_pretrained`` and vLLM.
 
-    Exports go to ``<dirpath>/adapter/step-<global_step>`` after every ``every_n_steps`` iterations and to
+    Exports go to ``<dirpath>/adapter/step-<global_step>`` every ``every_n_iterations`` iterations and to
     ``<dirpath>/adapter/final`` when training ends. Without ``dirpath`` they go to the run's own folder: the logger's
     versioned ``log_dir`` (``runs/tiny/version_3/adapter/final``), or without a logger ``default_root_dir``, where a
     rerun whose ``adapter`` folder already holds exports writes to ``adapter_1``, ``adapter_2``, ... instead. Exports
@@ -27,9 +27,9 @@ class AdapterExport(IterationCounter):
     start unless ``overwrite=True`` (a resumed run continues in its folder). The folder is also checked for writing at
     fit start, and an export that fails is written to a temporary folder instead, whose path the error gives.
 
-    Iterations are ``training_step`` calls; the directory is named by
-    ``trainer.global_step`` (optimizer steps, of which an iteration may take several) so that it matches the step of
-    the logged metrics and of Lightning's checkpoints. The iteration count is saved in checkpoints.
+    Iterations are ``training_step`` calls; the directory is named by ``trainer.global_step`` (optimizer steps, of
+    which an iteration may take several: docs/glossary.md) so that it matches the ``step=<N>`` of Lightning's
+    checkpoints. The iteration count is saved in checkpoints.
 
     Rank zero writes; all ranks then meet at ``trainer.strategy.barrier()`` so none runs ahead while it writes. A
     module whose export is a collective (under FSDP2 the sharded adapter must be gathered, and every rank has to
@@ -38,12 +38,12 @@ class AdapterExport(IterationCounter):
 
     Args:
         dirpath: Root directory; ``None`` uses ``trainer.default_root_dir``.
-        every_n_steps: Export after every this many iterations (the n-th, 2n-th, ...); ``None`` exports only the
+        every_n_iterations: Export after every this many iterations (the n-th, 2n-th, ...); ``None`` exports only the
             final adapter.
         overwrite: Replace exports that ``<dirpath>/adapter`` already holds from an earlier run.
 
     Raises:
-        ValueError: If ``every_n_steps`` is neither ``None`` nor an int >= 1.
+        ValueError: If ``every_n_iterations`` is neither ``None`` nor an int >= 1.
         FileExistsError: At fit start, if ``<dirpath>/adapter`` holds another run's exports and ``overwrite`` is off.
         PermissionError: At fit start, if the export folder cannot be written.
 
@@ -51,17 +51,17 @@ class AdapterExport(IterationCounter):
 
         >>> from lightning.pytorch import Trainer
         >>> from lightning_grpo.callbacks import AdapterExport
-        >>> export = AdapterExport(dirpath="runs/demo", every_n_steps=100)
+        >>> export = AdapterExport(dirpath="runs/demo", every_n_iterations=100)
         >>> trainer = Trainer(callbacks=[export], logger=False)
         >>> export.path_for(trainer, "final").as_posix()
         'runs/demo/adapter/final'
     """
 
     def __init__(
-        self, dirpath: str | Path | None = None, every_n_steps: int | None = None, overwrite: bool = False
+        self, dirpath: str | Path | None = None, every_n_iterations: int | None = None, overwrite: bool = False
     ) -> None:
         self.dirpath = dirpath
-        self.every_n_steps = check_positive_int("every_n_steps", every_n_steps, allow_none=True)
+        self.every_n_iterations = check_positive_int("every_n_iterations", every_n_iterations, allow_none=True)
         self.overwrite = overwrite
         self._directory: Path | None = None  # chosen at fit start
         self._resumed = False
@@ -107,7 +107,7 @@ class AdapterExport(IterationCounter):
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         self.iterations += 1
-        if self.every_n_steps is not None and self.iterations % self.every_n_steps == 0:
+        if self.every_n_iterations is not None and self.iterations % self.every_n_iterations == 0:
             self._save(trainer, pl_module, f"step-{trainer.global_step}")
 
     @override
@@ -141,4 +141,4 @@ class AdapterExport(IterationCounter):
     @property
     @override
     def state_key(self) -> str:
-        return self._generate_state_key(dirpath=str(self.dirpath), every_n_steps=self.every_n_steps)
+        return self._generate_state_key(dirpath=str(self.dirpath), every_n_iterations=self.every_n_iterations)

@@ -20,11 +20,11 @@ __all__ = ["COLLAPSE_MESSAGE", "CollapseMonitor"]
 
 #: Warned once, when a collapse is first seen; ``{cause}`` is one of :attr:`CollapseMonitor.CAUSES`.
 COLLAPSE_MESSAGE = (
-    "The run has collapsed: for the last {steps} steps every group had equal rewards (no signal, every advantage 0) "
-    "at a mean reward of {reward:.3g}, down from {peak:.3g} at step {peak_step}. {cause} Usual fixes: a lower "
-    "learning rate (LoRA on a small model: 1e-4 to 3e-3; on a 0.5B-7B model: 1e-6 to 2e-5), more samples per prompt "
-    "(num_generations), a token budget that fits a whole answer (max_new_tokens), and a checkpoint from before step "
-    "{peak_step} to resume from. train/collapse is 1 on collapsed steps; docs/troubleshooting.md has more."
+    "The run has collapsed: for the last {iterations} iterations every group had equal rewards (no signal, every "
+    "advantage 0) at a mean reward of {reward:.3g}, down from {peak:.3g} at step {peak_step}. {cause} Usual fixes: a "
+    "lower learning rate (LoRA on a small model: 1e-4 to 3e-3; on a 0.5B-7B model: 1e-6 to 2e-5), more samples per "
+    "prompt (num_generations), a token budget that fits a whole answer (max_new_tokens), and a checkpoint from before "
+    "step {peak_step} to resume from. train/collapse is 1 on collapsed iterations; docs/troubleshooting.md has more."
 )
 
 
@@ -33,21 +33,22 @@ class CollapseMonitor(Callback):
 
     A GRPO run collapses when the policy drifts into a region where every sample of a group gets the same reward:
     every advantage is 0, the policy gets no gradient, and it cannot come back (the optimizer's momentum may still
-    push it further). The signature this callback watches for, over ``patience`` consecutive steps:
+    push it further). The signature this callback watches for, over ``patience`` consecutive iterations:
 
     * no group carries signal (``train/zero_std_frac`` is 1, or every reward is ``None``), and
     * the mean reward is below the best mean reward of the run by more than ``min_drop`` (a run whose every sample
       succeeds also has no signal: that is convergence, not a collapse).
 
-    It then names the likely cause from the step's rollout: *runaway completions* (most trajectories cut by
+    It then names the likely cause from the iteration's rollout: *runaway completions* (most trajectories cut by
     ``max_new_tokens``, or by the budget before their environment stepped), *entropy collapse* (the policy samples
     nearly one completion: mean token entropy under ``min_entropy``), or *reward collapse* (the samples all fail in
     the same way), and the fixes (lower learning rate, larger ``num_generations``, a larger budget).
 
-    Metrics: ``<prefix>collapse`` (1.0 on a step that belongs to a collapse, else 0.0). Values are global over ranks.
+    Metrics: ``<prefix>collapse`` (1.0 on an iteration that belongs to a collapse, else 0.0). Values are global over
+    ranks.
 
     Args:
-        patience: Consecutive no-signal steps below the best reward before it is called a collapse.
+        patience: Consecutive no-signal iterations below the best reward before it is called a collapse.
         min_drop: How far below the run's best mean reward the reward must be.
         min_entropy: Mean token entropy (nats) under which the cause is called an entropy collapse.
         prefix: Prepended to the metric name.
@@ -89,7 +90,7 @@ class CollapseMonitor(Callback):
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         out = step_output(outputs, self, ("rollout", "rewards", "metrics"))
-        reward, no_signal, truncated, cut_before_step = self._step_stats(out["rollout"], out["rewards"])
+        reward, no_signal, truncated, cut_before_step = self._iteration_stats(out["rollout"], out["rewards"])
         if reward > self.peak:
             self.peak, self.peak_step = reward, trainer.global_step
         collapsed = no_signal and reward < self.peak - self.min_drop
@@ -111,11 +112,11 @@ class CollapseMonitor(Callback):
         env = f", {cut_before_step:.0%} before their environment stepped" if cut_before_step > 0 else ""
         text = self.CAUSES[cause].format(truncated=truncated, entropy=entropy, env=env)
         return COLLAPSE_MESSAGE.format(
-            steps=self.streak, reward=reward, peak=self.peak, peak_step=self.peak_step, cause=text
+            iterations=self.streak, reward=reward, peak=self.peak, peak_step=self.peak_step, cause=text
         )
 
     @staticmethod
-    def _step_stats(rollout: Any, scores: Any) -> tuple[float, bool, float, float]:
+    def _iteration_stats(rollout: Any, scores: Any) -> tuple[float, bool, float, float]:
         """Global mean reward, whether no group has signal, the fraction cut, and cut before any environment step."""
         rewards, valid = torch.nan_to_num(scores.rewards.double()), scores.valid.double()
         _, informative = informative_groups(scores.rewards, rollout.group_ids)

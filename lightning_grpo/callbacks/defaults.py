@@ -26,7 +26,7 @@ __all__ = ["default_callbacks", "missing_callbacks", "module_callbacks"]
 
 def default_callbacks(
     *,
-    sample_every_n_steps: int = 50,
+    sample_every_n_iterations: int = 50,
     export_adapter: bool = False,
     adapter_dirpath: str | Path | None = None,
 ) -> list[Callback]:
@@ -34,7 +34,7 @@ def default_callbacks(
     :class:`AdapterExport` if asked.
 
     Args:
-        sample_every_n_steps: Iterations between two sample tables of the :class:`SampleLogger`.
+        sample_every_n_iterations: Iterations between two sample tables of the :class:`SampleLogger`.
         export_adapter: Add an :class:`AdapterExport` that writes the final adapter.
         adapter_dirpath: Its ``dirpath`` (``None``: ``trainer.default_root_dir``).
 
@@ -53,7 +53,7 @@ def default_callbacks(
         CollapseMonitor(),  # warns once when the reward falls to a floor with no signal left
         ThroughputMonitor(),
         SaveOnInterrupt(),
-        SampleLogger(every_n_steps=sample_every_n_steps),
+        SampleLogger(every_n_iterations=sample_every_n_iterations),
     ]
     if export_adapter:
         callbacks.append(AdapterExport(dirpath=adapter_dirpath))

@@ -78,10 +78,10 @@ def per_function_stats(pl_module: LightningModule, scores: RewardScores, group_i
     """``gdpo/<name>/share`` and ``gdpo/<name>/zero_std_frac`` when the module's estimator reads each reward
     function's rewards (``gdpo``; :func:`~lightning_grpo.algorithms.advantage_estimators.gdpo_metrics`), else none."""
     config, rewards = getattr(pl_module, "config", None), getattr(pl_module, "rewards", None)
-    if config is None or rewards is None or not estimator_needs(config.advantage_estimator).function_rewards:
+    if config is None or rewards is None or not estimator_needs(config.advantages.advantage_estimator).function_rewards:
         return {}
     settings = AdvantageSettings(
-        eps=config.advantage_eps, sum_across_ranks=reduce_across_ranks, function_rewards=scores.per_function,
+        eps=config.advantages.advantage_eps, sum_across_ranks=reduce_across_ranks, function_rewards=scores.per_function,
         function_weights=dict(zip(rewards.names, rewards.weights, strict=True)),
     )  # fmt: skip
     metrics = gdpo_metrics(group_stats(scores.rewards, group_ids), settings)

@@ -78,7 +78,9 @@ def _default_title(trainer: Trainer, pl_module: LightningModule, folder: Path) -
     base = policy.get_base_model() if callable(getattr(policy, "get_base_model", None)) else policy
     config = getattr(pl_module, "config", None)
     task = getattr(getattr(trainer, "datamodule", None), "task", None) or "prompts"
-    return curve_title(str(task), type(base).__name__, getattr(config, "num_generations", 0), folder)
+    return curve_title(
+        str(task), type(base).__name__, getattr(getattr(config, "sampling", None), "num_generations", 0), folder
+    )
 
 
 class RewardCurve(Callback):

@@ -24,7 +24,7 @@ COLUMNS = ("step", "prompt", "completion", "reward", "advantage")
 
 
 class SampleLogger(IterationCounter):
-    r"""Every ``every_n_steps`` iterations, send a table of sample completions to every logger that can show one.
+    r"""Every ``every_n_iterations`` iterations, send a table of sample completions to the loggers that can show one.
 
     The table holds the first ``num_samples`` rows of the rank-zero rollout (samples of a group are consecutive, so
     with ``num_samples <= G`` it shows one prompt's group side by side) with columns ``step``, ``prompt``,
@@ -40,37 +40,38 @@ class SampleLogger(IterationCounter):
     * the console, through ``rank_zero_info``, with texts cut to ``max_chars``.
 
     Iterations are counted as ``training_step`` calls, and the count is saved in checkpoints so a resumed run keeps
-    the rhythm. ``step`` is the step Lightning logs that iteration's metrics at (the iteration count from 0, one per
-    ``training_step``), so a table lines up with the reward curves. It is not ``trainer.global_step``, which counts
-    optimizer steps, of which one iteration may take several.
+    the rhythm. ``step`` is the logger step Lightning logs that iteration's metrics at (the ``step`` column of
+    ``metrics.csv``: the iteration count from 0, one per ``training_step``), so a table lines up with the reward
+    curves. It is not ``trainer.global_step``, which counts optimizer steps, of which one iteration may take several
+    (docs/glossary.md).
 
     Args:
-        every_n_steps: Log after every this many iterations (the n-th, 2n-th, ...).
+        every_n_iterations: Log after every this many iterations (the n-th, 2n-th, ...).
         num_samples: Rows per table (fewer if the rollout is smaller).
         max_chars: Longest text shown on the console (and in the Markdown table); longer ones end in ``...``.
         console: Also print the table on the console.
         key: Name of the table for the loggers.
 
     Raises:
-        ValueError: If ``every_n_steps``, ``num_samples`` or ``max_chars`` is not an int >= 1.
+        ValueError: If ``every_n_iterations``, ``num_samples`` or ``max_chars`` is not an int >= 1.
 
     Example::
 
         >>> from lightning.pytorch import Trainer
         >>> from lightning_grpo.callbacks import SampleLogger
-        >>> samples = SampleLogger(every_n_steps=10, num_samples=4)
+        >>> samples = SampleLogger(every_n_iterations=10, num_samples=4)
         >>> trainer = Trainer(callbacks=[samples], logger=False)
     """
 
     def __init__(
         self,
-        every_n_steps: int = 50,
+        every_n_iterations: int = 50,
         num_samples: int = 4,
         max_chars: int = 200,
         console: bool = True,
         key: str = "train/samples",
     ) -> None:
-        self.every_n_steps = check_positive_int("every_n_steps", every_n_steps)
+        self.every_n_iterations = check_positive_int("every_n_iterations", every_n_iterations)
         self.num_samples = check_positive_int("num_samples", num_samples)
         self.max_chars = check_positive_int("max_chars", max_chars)
         self.console = console
@@ -82,7 +83,7 @@ class SampleLogger(IterationCounter):
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         self.iterations += 1
-        if self.iterations % self.every_n_steps or not trainer.is_global_zero:
+        if self.iterations % self.every_n_iterations or not trainer.is_global_zero:
             return
         step = self.iterations - 1  # where Lightning logs this iteration's metrics: one logger step per training_step
         rows = sample_rows(step_output(outputs, self, ("rollout", "rewards", "advantages")), self.num_samples)
@@ -91,7 +92,7 @@ class SampleLogger(IterationCounter):
             self._send(logger, data, step)
         if self.console:
             table = markdown_table(COLUMNS, data, max_chars=self.max_chars)
-            rank_zero_info(f"Samples at step {step} (global_step {trainer.global_step}):\n{table}")
+            rank_zero_info(f"Samples of iteration {step} (global_step {trainer.global_step}):\n{table}")
 
     def _send(self, logger: Logger, data: list[list[Any]], step: int) -> None:
         """Send the table to one logger, in the form it supports; other loggers are skipped."""
@@ -105,11 +106,11 @@ class SampleLogger(IterationCounter):
     @property
     @override
     def state_key(self) -> str:
-        return self._generate_state_key(key=self.key, every_n_steps=self.every_n_steps)
+        return self._generate_state_key(key=self.key, every_n_iterations=self.every_n_iterations)
 
 
 def sample_rows(step: Mapping[str, Any], num_samples: int) -> list[list[Any]]:
-    """``[prompt, completion, reward, advantage]`` for the first ``num_samples`` rows of a step output."""
+    """``[prompt, completion, reward, advantage]`` for the first ``num_samples`` rows of an iteration's output."""
     rollout, advantages = step["rollout"], step["advantages"]
     n = min(num_samples, len(rollout))
     if advantages.dim() == 2:  # (N, T): the mean over each row's sampled tokens (not the inserted ones)

@@ -41,7 +41,7 @@ class _Meter:
 
     def update(self, rollout: Rollout, device: torch.device, flops: int | None) -> None:
         if device.type == "cuda":
-            torch.cuda.synchronize(device)  # the clock must see the step's kernels
+            torch.cuda.synchronize(device)  # the clock must see the iteration's kernels
         if not len(rollout):  # a rank whose agents made no chat call: no completion, and the meter needs one a batch
             return
         self.completions += len(rollout)
@@ -63,8 +63,8 @@ class ThroughputMonitor(Callback):
     The meter (:class:`lightning.fabric.utilities.throughput.Throughput`) counts a *batch* as one iteration,
     a *sample* as one sampled completion and an *item* as one token the policy sampled (``Rollout.sampled_mask``;
     tool and environment tokens of multi-turn trajectories are not counted), in training and in validation.
-    Measured on rank zero, they go to the loggers (not to the progress bar) under ``train/`` with the step's other
-    metrics (one ``metrics.csv`` row per step), and under ``validate/`` once at the end of each validation. Given
+    Measured on rank zero, they go to the loggers (not to the progress bar) under ``train/`` with the iteration's other
+    metrics (one ``metrics.csv`` row per iteration), and under ``validate/`` once at the end of each validation. Given
     to the trainer, Lightning's own ``ThroughputMonitor`` takes this one's place (:attr:`replaces`):
 
     * ``device/samples_per_sec``, ``device/items_per_sec``, ``device/batches_per_sec``: completions, completion
@@ -84,7 +84,7 @@ class ThroughputMonitor(Callback):
     * ``throughput/trained_tokens_per_sec``: loss tokens (``loss_mask``) times ``ppo_epochs`` over the seconds of the
       ``update`` phase, summed across ranks.
     * ``time/<phase>``: seconds of each phase ``GRPOModule`` timed (``sync``: the backend's weight sync, ``generate``,
-      ``score``, ``old_logprobs``, ``reference``, ``update``; only those that ran), and ``time/step``: the whole
+      ``score``, ``old_logprobs``, ``reference``, ``update``; only those that ran), and ``time/iteration``: the whole
       ``training_step`` as seen from the batch-start and batch-end hooks. The maximum across ranks: the slowest rank
       sets the pace.
     * ``memory/peak_mib``: peak memory in MiB, the maximum across ranks. On CUDA, the peak allocated by tensors in
@@ -117,7 +117,7 @@ class ThroughputMonitor(Callback):
         self.log_memory = log_memory
         self.prefix = check_prefix(prefix)
         self._meters: dict[str, _Meter] = {}
-        self._step_started: float | None = None
+        self._iteration_started: float | None = None
         self._validation_started: float | None = None
 
     @override
@@ -140,7 +140,7 @@ class ThroughputMonitor(Callback):
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         if self.log_memory and pl_module.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(pl_module.device)
-        self._step_started = time.perf_counter()
+        self._iteration_started = time.perf_counter()
 
     @override
     def on_train_batch_end(
@@ -153,7 +153,7 @@ class ThroughputMonitor(Callback):
         if trainer.world_size > 1:  # rank zero's clock: every rank logs the same values
             totals = trainer.strategy.broadcast(totals, src=0)
         if totals:
-            pl_module.log_dict(totals)  # in the step's row of the loggers
+            pl_module.log_dict(totals)  # in the iteration's row of the loggers
 
     @override
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -193,8 +193,8 @@ class ThroughputMonitor(Callback):
             if timings.get(phase, 0.0) > 0  # a subclass may skip or not time a phase
         }
         seconds = {f"{self.prefix}time/{phase}": value for phase, value in timings.items()}
-        if self._step_started is not None:
-            seconds[f"{self.prefix}time/step"] = time.perf_counter() - self._step_started
+        if self._iteration_started is not None:
+            seconds[f"{self.prefix}time/iteration"] = time.perf_counter() - self._iteration_started
         if self.log_memory:
             seconds[f"{self.prefix}memory/peak_mib"] = peak_memory_mib(device)
         maxima = torch.tensor(list(seconds.values()), dtype=torch.float64, device=device)

@@ -9,12 +9,19 @@ settings (``lightning_grpo.algorithms.corrections``). A checkpoint saved with th
 * ``off_policy_mask_threshold: δ`` -> ``off_policy_mask: opsm``, ``off_policy_mask_args: {threshold: δ}``;
 * ``importance_weighted_kl: true`` -> ``kl_weighting: importance``;
 * ``top_entropy_quantile: ρ`` (< 1) -> ``token_selection: top_entropy``, ``token_selection_args: {quantile: ρ}``.
+
+Before issue 63 every setting was a flat field; they are now grouped by concern (``lightning_grpo.config``), and a
+flat checkpoint's settings move into their groups (``temperature`` -> ``sampling.temperature``,
+``val_temperature`` -> ``validation.temperature``: ``MOVED_SETTINGS``). A setting this version no longer knows is
+kept at the top level, where the report of changed settings names it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+
+from lightning_grpo.config import MOVED_SETTINGS
 
 __all__ = ["FLAT_CORRECTION_KEYS", "upgrade_grpo_settings"]
 
@@ -26,15 +33,32 @@ FLAT_CORRECTION_KEYS = (
 
 
 def upgrade_grpo_settings(saved: Mapping[str, Any]) -> dict[str, Any]:
-    """``saved`` (a checkpoint's ``hyper_parameters["grpo"]``) with the flat correction settings mapped to components.
+    """``saved`` (a checkpoint's ``hyper_parameters["grpo"]``) in today's form: flat correction settings mapped to
+    components, then every flat setting moved into its group.
 
     Settings already in today's form are returned unchanged.
 
     Example::
 
         >>> upgrade_grpo_settings({"tis_cap": 2.0, "rollout_correction": None, "top_entropy_quantile": 1.0})
-        {'rollout_correction': 'token_truncate', 'rollout_correction_args': {'max': 2.0}}
+        {'corrections': {'rollout_correction': 'token_truncate', 'rollout_correction_args': {'max': 2.0}}}
+        >>> upgrade_grpo_settings({"val_temperature": 0.6, "sampling": {"temperature": 0.9}})
+        {'validation': {'temperature': 0.6}, 'sampling': {'temperature': 0.9}}
     """
+    grouped: dict[str, Any] = {}
+    for key, value in _upgrade_corrections(saved).items():
+        if key in MOVED_SETTINGS:
+            group, name = MOVED_SETTINGS[key].split(".")
+            grouped.setdefault(group, {})[name] = value
+        elif isinstance(value, Mapping) and isinstance(grouped.get(key), dict):
+            grouped[key] = {**value, **grouped[key]}
+        else:
+            grouped[key] = dict(value) if isinstance(value, Mapping) else value
+    return grouped
+
+
+def _upgrade_corrections(saved: Mapping[str, Any]) -> dict[str, Any]:
+    """``saved`` with the flat correction settings (before issue 53) mapped to components, still flat."""
     if not any(key in saved for key in FLAT_CORRECTION_KEYS):
         return dict(saved)
     old = dict(saved)

@@ -111,16 +111,29 @@ def report_changed_settings(
 ) -> list[str]:
     """Log the module settings (``grpo.*``, ``seed``) that differ from the checkpoint's; they take effect as given.
 
-    A setting missing from a section of ``saved`` (a checkpoint older than the setting) is compared as its value in
-    ``defaults``.
+    A setting missing from a section of ``saved`` (a checkpoint older than the setting), at any depth, is compared as
+    its value in ``defaults``.
     """
     if saved and defaults:
-        filled = {key: {**defaults[key], **saved[key]} for key in defaults if isinstance(saved.get(key), Mapping)}
+        filled = {
+            key: _with_defaults(saved[key], defaults[key]) for key in defaults if isinstance(saved.get(key), Mapping)
+        }
         saved = {**saved, **filled}
     changed = _differences(saved, current, keys=("grpo", "seed")) if saved else []
     if changed:
         rank_zero_info(f"Resuming with changed settings, which take effect now: {', '.join(changed)}")
     return changed
+
+
+def _with_defaults(saved: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """``saved`` with every setting it lacks taken from ``defaults``, at every depth (a setting added to a group)."""
+    merged = dict(saved)
+    for key, default in defaults.items():
+        if key not in merged:
+            merged[key] = default
+        elif isinstance(default, Mapping) and isinstance(merged[key], Mapping):
+            merged[key] = _with_defaults(merged[key], default)
+    return merged
 
 
 def _differences(saved: Any, current: Any, keys: tuple[str, ...] | None = None, prefix: str = "") -> list[str]:

@@ -227,7 +227,7 @@ class GRPOCLI(LightningCLI):
         """Instantiate as LightningCLI does; a refused setting or an unloadable model is one line, not a union.
 
         A :class:`~lightning_grpo.settings_checks.SettingError` names the setting by its key in the config
-        (``model.init_args.grpo.num_generations=1: ...``).
+        (``model.init_args.grpo.sampling.num_generations=1: ...``).
         """
         try:
             super().instantiate_classes()

@@ -3,7 +3,7 @@
 jsonargparse reports a bad value as a tree of union subtypes (``Parser key "model": ... Parser key "grpo": ...``)
 after a 50-line usage dump; a settings class refuses a value during instantiation, inside a chained traceback; and
 torch refuses an optimizer's learning rate only when the model is built. Here each becomes one line that starts with
-the key as a config writes it (``model.init_args.grpo.loss_agg_mode='token_mean': ...``). ``--debug`` (or
+the key as a config writes it (``model.init_args.grpo.objective.loss_agg_mode='token_mean': ...``). ``--debug`` (or
 ``LIGHTNING_GRPO_DEBUG=1``) keeps the full message and traceback (docs/troubleshooting.md).
 """
 
@@ -186,13 +186,13 @@ def _missing(parts: Sequence[str], index: int, parent: Any) -> str:
 
 
 def setting_key(config: Namespace, error: SettingError) -> str:
-    """The key of the config (``model.init_args.grpo.num_generations``) that holds the setting ``error`` refused."""
+    """The key of the config (``model.init_args.grpo.sampling.num_generations``) that holds the setting ``error`` refused."""
     field = error.setting.rpartition(".")[2]
     leaves = [(key, value) for key, value in config.items() if key.rpartition(".")[2] == field]
     keys = [key for key, _ in leaves]
     same = [key for key, value in leaves if value == error.value]
     chosen = same or keys
-    if not chosen:  # a key inside a dict setting (grpo.rollout_backend_args: {gpu_memory_utilization: 2})
+    if not chosen:  # a key inside a dict setting (grpo.backend.rollout_backend_args: {gpu_memory_utilization: 2})
         chosen = [f"{key}.{field}" for key, value in config.items()
                   if isinstance(value, dict) and field in value and value[field] == error.value]  # fmt: skip
     return chosen[0] if chosen else error.setting

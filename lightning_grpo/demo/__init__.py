@@ -12,7 +12,7 @@ reward of the first and the last tenth of the GRPO iterations. It works from an 
 
 It writes ``metrics.csv`` (CSVLogger) and, as every fit does (:class:`~lightning_grpo.callbacks.RewardCurve`, with
 matplotlib), ``reward_curve.png`` in the run directory, prints their paths, and ends with one line such as
-``demo: mean reward 0.35 -> 0.88 over 300 steps (61 s)``.
+``demo: mean reward 0.35 -> 0.88 over 300 iterations (61 s)``.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ _REWARD_KEY = "train/reward_mean"
 
 
 def read_rewards(metrics_csv: str | Path) -> list[float]:
-    """The per-iteration mean rewards logged in a CSVLogger ``metrics.csv``, in step order."""
+    """The per-iteration mean rewards logged in a CSVLogger ``metrics.csv``, in the order of its ``step`` column."""
     by_step: dict[int, float] = {}
     with open(metrics_csv, newline="", encoding="utf-8") as handle:
         for row in csv.DictReader(handle):
@@ -56,13 +56,14 @@ def summarize(rewards: Sequence[float], fraction: float = 0.1) -> tuple[float, f
         (0.0, 1.0)
     """
     if not rewards:
-        raise ValueError("no rewards were logged; did the run take any step?")
+        raise ValueError("no rewards were logged; did the run complete any iteration?")
     n = max(1, math.floor(len(rewards) * fraction))
     return sum(rewards[:n]) / n, sum(rewards[-n:]) / n
 
 
 def fit_and_report(name: str, build: Callable[[], tuple[Any, Any, Any]], seed: int = 0) -> tuple[float, float, int]:
-    """Build ``(module, data, trainer)`` on one thread, fit, print ``<name>: mean reward A -> B over N steps (S s)``.
+    """Build ``(module, data, trainer)`` on one thread, fit, and print
+    ``<name>: mean reward A -> B over N iterations (S s)``.
 
     ``A`` and ``B`` are the mean rewards (``train/reward_mean`` in the trainer's CSV log) of the first and the last
     tenth of the iterations; ``S`` counts everything from the build (a warm-up included). Used by the examples.
@@ -77,7 +78,7 @@ def fit_and_report(name: str, build: Callable[[], tuple[Any, Any, Any]], seed: i
     rewards = read_rewards(Path(trainer.logger.log_dir) / "metrics.csv")
     first, last = summarize(rewards)
     seconds = time.perf_counter() - start
-    print(f"{name}: mean reward {first:.2f} -> {last:.2f} over {len(rewards)} steps ({seconds:.0f} s)")
+    print(f"{name}: mean reward {first:.2f} -> {last:.2f} over {len(rewards)} iterations ({seconds:.0f} s)")
     return first, last, len(rewards)
 
 
@@ -86,7 +87,7 @@ def _cli_args(
 ) -> list[str]:
     args = ["fit", "--config", str(config)]
     if backend == "vllm":  # vLLM's CPU attention needs heads of 32 or more: the same model with 2 heads of 32
-        args += ["--model.init_args.grpo.rollout_backend=vllm", "--model.init_args.model.init_args.num_heads=2"]
+        args += ["--model.init_args.grpo.backend.rollout_backend=vllm", "--model.init_args.model.init_args.num_heads=2"]
     if seed is not None:  # sampling, data order and everything seeded by seed_everything; the warm-up stays
         args += [f"--seed_everything={seed}", f"--model.init_args.seed={seed}", f"--data.init_args.seed={seed}"]
     if max_steps is not None:
@@ -99,7 +100,10 @@ def _cli_args(
 def _parse(argv: Sequence[str] | None, prog: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="config to run (default: %(default)s)")
-    parser.add_argument("--max-steps", type=int, default=None, help="GRPO iterations (default: the config's)")
+    parser.add_argument(
+        "--max-steps", type=int, default=None,
+        help="trainer.max_steps: optimizer steps, one per GRPO iteration in the demo (default: the config's)",
+    )  # fmt: skip
     parser.add_argument("--output-dir", type=Path, default=None, help="where runs go (default: the config's)")
     parser.add_argument("--seed", type=int, default=None, help="seed of the GRPO run (default: the config's)")
     parser.add_argument(
@@ -147,5 +151,5 @@ def main(argv: Sequence[str] | None = None, prog: str = "lightning-grpo demo") -
     rewards = read_rewards(log_dir / "metrics.csv")
     first, last = summarize(rewards)
     print(f"metrics: {log_dir / 'metrics.csv'}")
-    print(f"demo: mean reward {first:.2f} -> {last:.2f} over {len(rewards)} steps ({seconds:.0f} s)")
+    print(f"demo: mean reward {first:.2f} -> {last:.2f} over {len(rewards)} iterations ({seconds:.0f} s)")
     return first, last, len(rewards)

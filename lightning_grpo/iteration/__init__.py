@@ -3,28 +3,29 @@
 ``GRPOModule.training_step`` runs them in order (docs/index.md): sampling and scoring (the module's ``generate`` and
 ``score``), :func:`~lightning_grpo.iteration.dynamic_sampling.dynamic_sample` when asked, the zero-signal check
 (:func:`~lightning_grpo.iteration.zero_signal.check_signal`), advantages, ``prepare_update`` and the update loop
-(:func:`~lightning_grpo.iteration.update.run_updates`). The phases take a :class:`StepContext` that ``training_step``
-builds once per step, and the module's steps as explicit callables; they never call back into the module.
+(:func:`~lightning_grpo.iteration.update.run_updates`). The phases take an :class:`IterationContext` that
+``training_step`` builds once per iteration, and the module's overridable methods as explicit callables; they never
+call back into the module.
 
-Everything a subclass needs to override one step is importable from here (and from :mod:`lightning_grpo`):
+Everything a subclass needs to override one phase is importable from here (and from :mod:`lightning_grpo`):
 
 * :class:`UpdateBatch`: what ``prepare_update`` returns and ``compute_loss`` receives;
 * :class:`LossCounts`: the global normalisers ``compute_loss`` divides by;
-* :class:`StepOutput`: what ``training_step`` returns to the callbacks;
+* :class:`StepOutput`: what ``training_step`` returns to the callbacks (named after Lightning's ``STEP_OUTPUT``);
 * :class:`~lightning_grpo.rollout.Rollout` and :class:`~lightning_grpo.rollout.TokenLogProbs`: what ``generate``
   and ``compute_logprobs`` return.
 """
 
-from lightning_grpo.iteration.context import StepContext
+from lightning_grpo.iteration.context import IterationContext
 from lightning_grpo.iteration.timing import PhaseTimer
 from lightning_grpo.iteration.types import LossCounts, StepOutput, UpdateBatch
 from lightning_grpo.rollout import Rollout, TokenLogProbs
 
 __all__ = [
+    "IterationContext",
     "LossCounts",
     "PhaseTimer",
     "Rollout",
-    "StepContext",
     "StepOutput",
     "TokenLogProbs",
     "UpdateBatch",

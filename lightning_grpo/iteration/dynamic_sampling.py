@@ -1,4 +1,4 @@
-"""DAPO's dynamic sampling: drop groups without learning signal and sample more prompts to fill the step.
+"""DAPO's dynamic sampling: drop groups without learning signal and sample more prompts to fill the iteration.
 
 Yu et al. 2025, "DAPO" §3.2 (https://arxiv.org/abs/2503.14476); verl's ``algorithm.filter_groups``. A group whose
 valid rewards are all equal (all right, all wrong, or all skipped) has advantage 0 everywhere. With
@@ -6,7 +6,7 @@ valid rewards are all equal (all right, all wrong, or all skipped) has advantage
 training order (:meth:`~lightning_grpo.data.PromptDataModule.extra_batches`) and sampled, round after round, until
 every rank holds ``batch_size`` informative groups or ``max_sampling_rounds`` rounds were made. Every rank makes the
 same number of rounds (the decision is all-reduced), so sharded generation never waits for a rank that stopped. When
-rounds run out, the step trains on its informative groups topped up with set-aside ones (advantage 0) so every rank
+rounds run out, the iteration trains on its informative groups topped up with set-aside ones (advantage 0) so every rank
 keeps the configured batch shape. See ``docs/dynamic-sampling.md``.
 """
 
@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from lightning_grpo.algorithms.advantages import group_stats
-from lightning_grpo.iteration.context import StepContext
+from lightning_grpo.iteration.context import IterationContext
 from lightning_grpo.rewards import RewardScores
 from lightning_grpo.rollout import Rollout
 
@@ -81,7 +81,7 @@ def group_starts(group_ids: Tensor) -> Tensor:
 
 
 def dynamic_sample(
-    context: StepContext,
+    context: IterationContext,
     rollout: Rollout,
     scores: RewardScores,
     *,
@@ -91,16 +91,17 @@ def dynamic_sample(
     max_rounds: int,
     pad_token_id: int,
 ) -> tuple[Rollout, RewardScores]:
-    """Fill the step with informative groups, sampling more prompts while any rank lacks some; log the metrics.
+    """Fill the iteration with informative groups, sampling more prompts while any rank lacks some; log the metrics.
 
     Args:
-        context: The step's context (cross-rank decisions, timer, logging, warn-once).
-        rollout: The step's first rollout (``B`` groups).
+        context: The iteration's context (cross-rank decisions, timer, logging, warn-once).
+        rollout: The iteration's first rollout (``B`` groups).
         scores: Its scores.
         generate: The module's (possibly overridden) ``generate``: samples the extra prompts.
         score: The module's (possibly overridden) ``score``: scores them.
         source: The data module that supplies the extra prompts.
-        max_rounds: Most sampling rounds in the step, the first included (``GRPOConfig.max_sampling_rounds``).
+        max_rounds: Most sampling rounds in the iteration, the first included
+            (``GRPOConfig.advantages.max_sampling_rounds``).
         pad_token_id: Pads the rollouts of the rounds to one length.
 
     Returns:
@@ -158,7 +159,7 @@ def _select_scores(scores: RewardScores, rows: Tensor) -> RewardScores:
     return RewardScores(scores.rewards[rows], per_function, dict(scores.seconds))
 
 
-def _log(context: StepContext, max_rounds: int, counts: tuple[int, int, int, int, int]) -> None:
+def _log(context: IterationContext, max_rounds: int, counts: tuple[int, int, int, int, int]) -> None:
     """Global metrics (sums over ranks), and a warning the first time the rounds ran out.
 
     ``counts``: this rank's rounds, sampled groups, filtered groups, informative groups kept, and target.
@@ -170,7 +171,7 @@ def _log(context: StepContext, max_rounds: int, counts: tuple[int, int, int, int
     values = {
         "train/filtered_groups_frac": filtered_all / sampled_all,
         "train/sampling_rounds": torch.tensor(float(rounds), device=context.device),
-        "train/prompts_per_step": sampled_all,
+        "train/prompts_per_iteration": sampled_all,
         "train/informative_groups_frac": informative_all / target_all,
     }
     for name, value in values.items():
@@ -178,7 +179,7 @@ def _log(context: StepContext, max_rounds: int, counts: tuple[int, int, int, int
     if informative_all < target_all:
         context.warn_once(
             "dynamic_sampling",
-            f"dynamic_sampling: step {context.global_step} made max_sampling_rounds={max_rounds}"
+            f"dynamic_sampling: the iteration at step {context.global_step} made max_sampling_rounds={max_rounds}"
             f" rounds (or ran out of prompts for this epoch) and found {int(informative_all)} informative groups of "
             f"{int(target_all)} needed; it trains on them plus groups without signal (advantage 0). Raise "
             "max_sampling_rounds, num_generations or temperature (train/informative_groups_frac tracks this).",

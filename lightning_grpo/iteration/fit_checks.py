@@ -42,7 +42,7 @@ def check_fit_inputs(
     data module that can give more prompts for ``dynamic_sampling``."""
     check_reward_keywords(rewards, datamodule, environment=environment, rollout_columns=rollout_columns)
     check_step_sources(config, rewards, environment=environment)
-    if config.dynamic_sampling:
+    if config.advantages.dynamic_sampling:
         check_datamodule(datamodule)
 
 
@@ -54,4 +54,4 @@ def check_loader_batch_size(config: GRPOConfig, dataloader: Any) -> None:
     """
     batch_size = getattr(dataloader, "batch_size", None)
     if isinstance(batch_size, int):
-        config.check_rollout_size(batch_size * config.num_generations)
+        config.check_rollout_size(batch_size * config.sampling.num_generations)

@@ -18,8 +18,8 @@ __all__ = ["check_function_rewards", "function_reward_inputs"]
 
 
 def needs_function_rewards(config: GRPOConfig) -> bool:
-    """Whether ``config.advantage_estimator`` reads each reward function's rewards."""
-    return estimator_needs(config.advantage_estimator).function_rewards
+    """Whether ``config.advantages.advantage_estimator`` reads each reward function's rewards."""
+    return estimator_needs(config.advantages.advantage_estimator).function_rewards
 
 
 def check_function_rewards(config: GRPOConfig, rewards: RewardFunctions, *, agent: bool) -> None:
@@ -31,12 +31,12 @@ def check_function_rewards(config: GRPOConfig, rewards: RewardFunctions, *, agen
     """
     if not needs_function_rewards(config):
         return
-    name = config.advantage_estimator
+    name = config.advantages.advantage_estimator
     if agent and len(rewards.names) < 2:
         raise ValueError(
             f"advantage_estimator={name!r} normalises each reward function within its group, but this agent= run "
-            f"has one reward ({list(rewards.names)}; without reward_funcs it is the number each agent run returns); "
-            "score the trajectories with two reward functions or more (reward_funcs=...), or use "
+            f"has one reward ({list(rewards.names)}; without reward_funcs it is the number each agent execution "
+            "returns); score the trajectories with two reward functions or more (reward_funcs=...), or use "
             "advantage_estimator='grpo'"
         )
     if len(rewards.names) < 2:

@@ -16,7 +16,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 
-from lightning_grpo.iteration.context import StepContext
+from lightning_grpo.iteration.context import IterationContext
 from lightning_grpo.policy.finite import LIKELY_CAUSES, NonFiniteError
 
 __all__ = ["QUANTITIES", "gradient_flag", "nonfinite_flags", "nonfinite_sampling", "step_is_finite"]
@@ -49,7 +49,7 @@ def gradient_flag(parameters: Iterable[nn.Parameter], device: torch.device) -> T
     return bad.float().reshape(1)
 
 
-def step_is_finite(context: StepContext, flags: Tensor, *, on_nonfinite: str, max_skipped: int) -> bool:
+def step_is_finite(context: IterationContext, flags: Tensor, *, on_nonfinite: str, max_skipped: int) -> bool:
     """Whether the optimizer may step: every flag is zero on every rank (a collective, one all-reduce).
 
     Otherwise the step is skipped (``False``, with a warning, recorded in ``context.skipped``) or, with

@@ -1,4 +1,5 @@
-"""Per-step randomness of a GRPO run: a seed from (run seed, step, rank), so a resumed run samples the same."""
+"""Per-iteration randomness of a GRPO run: a seed from (run seed, global step, rank), so a resumed run samples the
+same."""
 
 from __future__ import annotations
 
@@ -7,18 +8,19 @@ from contextlib import contextmanager
 
 import torch
 
-__all__ = ["seeded", "step_seed"]
+__all__ = ["iteration_seed", "seeded"]
 
 
-def step_seed(seed: int, step: int, rank: int, offset: int = 0) -> int:
-    """A seed that depends only on the run's ``seed``, the optimizer ``step``, the ``rank`` and an ``offset``.
+def iteration_seed(seed: int, global_step: int, rank: int, offset: int = 0) -> int:
+    """The seed of an iteration: it depends only on the run's ``seed``, ``global_step`` (the optimizer steps taken
+    before the iteration), the ``rank`` and an ``offset``.
 
     Example::
 
-        >>> step_seed(0, 0, 0), step_seed(0, 1, 0) != step_seed(0, 0, 1)
+        >>> iteration_seed(0, 0, 0), iteration_seed(0, 1, 0) != iteration_seed(0, 0, 1)
         (0, True)
     """
-    return (seed * 1_000_003 + step * 7_919 + rank * 104_729 + offset) % (2**63)
+    return (seed * 1_000_003 + global_step * 7_919 + rank * 104_729 + offset) % (2**63)
 
 
 @contextmanager

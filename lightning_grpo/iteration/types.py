@@ -1,7 +1,7 @@
 """The types of one GRPO iteration: what the update reads (:class:`UpdateBatch`, :class:`LossCounts`) and what
 ``training_step`` returns to the callbacks (:class:`StepOutput`).
 
-A subclass that overrides a step builds or reads these: ``prepare_update`` returns an :class:`UpdateBatch`,
+A subclass that overrides a phase builds or reads these: ``prepare_update`` returns an :class:`UpdateBatch`,
 ``compute_loss(batch, counts)`` receives one micro-batch and the mini-batch's :class:`LossCounts` (docs/index.md).
 """
 
@@ -46,8 +46,8 @@ class UpdateBatch:
         old_logprobs: ``(N, T)`` log-probs under the sampling policy, or ``None`` when every rollout is used for a
             single update (then the detached current log-probs serve and the ratio is exactly 1).
         ref_logprobs: ``(N, T)`` reference log-probs, or ``None`` when the KL coefficient is 0.
-        at_sampling_weights: The policy still has the weights that sampled the rollout (the first mini-batch of a
-            step, before its optimizer step): ``compute_loss`` then logs the sampling/training agreement.
+        at_sampling_weights: The policy still has the weights that sampled the rollout (the first mini-batch of an
+            iteration, before its optimizer step): ``compute_loss`` then logs the sampling/training agreement.
     """
 
     rollout: Rollout

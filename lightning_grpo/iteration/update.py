@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from lightning_grpo import distributed
 from lightning_grpo.config import GRPOConfig
-from lightning_grpo.iteration.context import StepContext
+from lightning_grpo.iteration.context import IterationContext
 from lightning_grpo.iteration.micro_batches import micro_batch_rows
 from lightning_grpo.iteration.nonfinite import gradient_flag, nonfinite_flags, step_is_finite
 from lightning_grpo.iteration.rank_rows import agreed_minibatches, idle_minibatch, idle_rollout, ranks_differ
@@ -95,7 +95,7 @@ def sampling_logprobs(
 ) -> Tensor | None:
     """``(N, T)`` old log-probs of the rollout; ``None`` (the detached current ones) when it serves one update.
 
-    ``config.old_logprobs`` chooses: ``"recompute"`` runs :func:`fixed_logprobs` (timed as ``old_logprobs``) for a
+    ``config.corrections.old_logprobs`` chooses: ``"recompute"`` runs :func:`fixed_logprobs` (timed as ``old_logprobs``) for a
     rollout that serves several updates; ``"rollout"`` takes the behaviour log-probs the sampler recorded
     (``rollout.logprobs``), moved to ``device``, whatever the number of updates (verl's bypass mode: the ratio is
     ``π/μ`` from the first update on, so the clip, DPPO's trust region and OPSM see the sampler mismatch).
@@ -105,7 +105,7 @@ def sampling_logprobs(
         ValueError: ``old_logprobs="rollout"`` and the rollout holds no log-probs (a ``generate`` override that does
             not fill ``Rollout.logprobs``).
     """
-    if config.old_logprobs == "rollout":
+    if config.corrections.old_logprobs == "rollout":
         if rollout.logprobs is None:
             raise ValueError(
                 "old_logprobs='rollout' needs the sampled log-probs (Rollout.logprobs), but this rollout has none: "
@@ -114,14 +114,17 @@ def sampling_logprobs(
         return rollout.logprobs.to(device)
     if ranks_differ(is_agent_rollout(rollout)):  # the ranks decide alike (fixed_logprobs may hold collectives)
         sums = sum_across_ranks or (lambda tensor: tensor)
-        if config.ppo_epochs * agreed_minibatches(len(rollout), config.mini_batch_size, sums, device) <= 1:
+        if (
+            config.update.ppo_epochs * agreed_minibatches(len(rollout), config.update.mini_batch_size, sums, device)
+            <= 1
+        ):
             return None
-    elif config.ppo_epochs * len(rollout) // (config.mini_batch_size or len(rollout)) <= 1:
+    elif config.update.ppo_epochs * len(rollout) // (config.update.mini_batch_size or len(rollout)) <= 1:
         return None
     with timer("old_logprobs"):
         return fixed_logprobs(
-            compute_logprobs, policy, rollout, config.micro_batch_size, reference=False,
-            micro_batch_tokens=config.micro_batch_tokens, sum_across_ranks=sum_across_ranks,
+            compute_logprobs, policy, rollout, config.update.micro_batch_size, reference=False,
+            micro_batch_tokens=config.update.micro_batch_tokens, sum_across_ranks=sum_across_ranks,
         )  # fmt: skip
 
 
@@ -142,15 +145,15 @@ def update_batch(
     drops truncated completions from the loss too.
     """
     loss_mask = rollout.sampled_mask
-    if config.mask_truncated_completions:
+    if config.objective.mask_truncated_completions:
         loss_mask = loss_mask * (~rollout.truncated)[:, None]
     old = sampling_logprobs(compute_logprobs, policy, rollout, config, timer, device, sum_across_ranks)
     ref = None
-    if config.kl_coef > 0:
+    if config.objective.kl_coef > 0:
         with timer("reference"):
             ref = fixed_logprobs(
-                compute_logprobs, policy, rollout, config.micro_batch_size, reference=True,
-                micro_batch_tokens=config.micro_batch_tokens, sum_across_ranks=sum_across_ranks,
+                compute_logprobs, policy, rollout, config.update.micro_batch_size, reference=True,
+                micro_batch_tokens=config.update.micro_batch_tokens, sum_across_ranks=sum_across_ranks,
             )  # fmt: skip
     return UpdateBatch(rollout, advantages, loss_mask, old, ref)
 
@@ -162,7 +165,7 @@ def minibatch_indices(num_samples: int, mini_batch_size: int, generator: torch.G
 
 def run_updates(
     batch: UpdateBatch,
-    context: StepContext,
+    context: IterationContext,
     config: GRPOConfig,
     *,
     policy: nn.Module,
@@ -189,25 +192,29 @@ def run_updates(
         The global mean mini-batch loss and the metrics (``pg_loss`` and the token-weighted means of the others),
         exact over all ranks.
     """
-    mini = config.mini_batch_size or max(len(batch), 1)  # a rank without rows runs idle mini-batches
-    micro = config.micro_batch_size or mini
+    mini = config.update.mini_batch_size or max(len(batch), 1)  # a rank without rows runs idle mini-batches
+    micro = config.update.micro_batch_size or mini
     generator = torch.Generator().manual_seed(context.seed)
-    norm = float(config.loss_agg_norm or config.max_new_tokens)
+    norm = float(config.objective.loss_agg_norm or config.sampling.max_new_tokens)
     sums, shares = _MetricSums(), []
-    epochs = [rows for _ in range(config.ppo_epochs) for rows in _pass_rows(batch, mini, generator, config, context)]
+    epochs = [
+        rows for _ in range(config.update.ppo_epochs) for rows in _pass_rows(batch, mini, generator, config, context)
+    ]
     for index, rows in enumerate(epochs):  # the mini-batches of every pass, each pass a fresh permutation
         selected = batch.select(rows) if len(rows) else idle_minibatch(batch)  # an idle one: rows vary by rank
         minibatch = replace(selected, at_sampling_weights=index == 0)  # rows on the host: no sync
         counts = LossCounts.of(minibatch.loss_mask, norm, context.sum_across_ranks)
-        sizes = (micro, config.micro_batch_tokens)
+        sizes = (micro, config.update.micro_batch_tokens)
         part, flags = _accumulate(minibatch, counts, sizes, sums, context, policy, compute_loss, backward, optimizer)
         shares.append(part)
         flags = torch.cat([flags, gradient_flag(policy.parameters(), context.device)])
-        if not step_is_finite(context, flags, on_nonfinite=config.on_nonfinite, max_skipped=config.max_skipped_steps):
+        if not step_is_finite(
+            context, flags, on_nonfinite=config.faults.on_nonfinite, max_skipped=config.faults.max_skipped_steps
+        ):
             optimizer.zero_grad(set_to_none=True)  # nothing of this iteration's remaining updates is applied
             break
-        if config.max_grad_norm is not None:
-            clip_gradients(optimizer, gradient_clip_val=config.max_grad_norm, gradient_clip_algorithm="norm")
+        if config.update.max_grad_norm is not None:
+            clip_gradients(optimizer, gradient_clip_val=config.update.max_grad_norm, gradient_clip_algorithm="norm")
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     if scheduler is not None:
@@ -218,12 +225,12 @@ def run_updates(
 
 
 def _pass_rows(batch: UpdateBatch, mini: int, generator: torch.Generator, config: GRPOConfig,
-               context: StepContext) -> list[Tensor]:  # fmt: skip
+               context: IterationContext) -> list[Tensor]:  # fmt: skip
     """The mini-batches of one pass; with rows that vary by rank, as many as the rank with the most (some empty)."""
     parts = list(minibatch_indices(len(batch), mini, generator))
     if not ranks_differ(is_agent_rollout(batch.rollout)):
         return parts
-    agreed = agreed_minibatches(len(batch), config.mini_batch_size, context.sum_across_ranks, context.device)
+    agreed = agreed_minibatches(len(batch), config.update.mini_batch_size, context.sum_across_ranks, context.device)
     return parts + [torch.zeros(0, dtype=torch.long, device=generator.device)] * (agreed - len(parts))
 
 
@@ -232,7 +239,7 @@ def _accumulate(
     counts: LossCounts,
     sizes: tuple[int, int | None],
     sums: _MetricSums,
-    context: StepContext,
+    context: IterationContext,
     policy: nn.Module,
     compute_loss: LossStep,
     backward: Callable[[Tensor], None],

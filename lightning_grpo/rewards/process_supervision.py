@@ -50,7 +50,7 @@ class StepRewards:
         rewards: One finite reward per step.
         ends: Where each step ends, as character offsets into the completion text (exclusive), strictly increasing,
             each in ``1..len(text)``; the first step starts at 0. Text after the last end belongs to no step (its
-            tokens get advantage 0 unless an outcome reward is added, ``GRPOConfig.process_outcome_weight``).
+            tokens get advantage 0 unless an outcome reward is added, ``GRPOConfig.advantages.process_outcome_weight``).
 
     Raises:
         ValueError: Lengths differ, an end is not an integer, the ends do not increase, or a reward is not finite.

@@ -184,7 +184,7 @@ class RewardFunctions:
         if weights is not None or timeout is not None:
             raise ValueError(
                 "reward_funcs is a RewardFunctions, which holds its weights and timeouts: give reward_weights and "
-                "GRPOConfig.reward_timeout as None, or pass the functions as a list"
+                "GRPOConfig.faults.reward_timeout as None, or pass the functions as a list"
             )
         return functions
 
@@ -305,7 +305,7 @@ def _failure(failed: _CallFailed) -> RewardError:
     if error is None:
         return RewardError(
             f"reward function {name!r} did not finish within its timeout of {failed.call.timeout:g} s; raise "
-            f"GRPOConfig(reward_timeout={{{name!r}: ...}}) (YAML: model.init_args.grpo.reward_timeout) or "
+            f"GRPOConfig(reward_timeout={{{name!r}: ...}}) (YAML: model.init_args.grpo.faults.reward_timeout) or "
             "RewardFunctions(timeout=...), or make it faster (a sync function is abandoned in its daemon thread)"
         )
     return RewardError(f"reward function {name!r} raised {type(error).__name__}: {error}")

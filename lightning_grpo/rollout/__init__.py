@@ -2,7 +2,7 @@
 
 :func:`sample_rollout` is the entry point of all sampling: single-turn, or multi-turn with tools or an environment
 (:class:`AgentSettings`). What draws the tokens is a :data:`SampleFn` or a backend's :class:`RolloutSession`
-(``lightning_grpo.backends``).
+(``lightning_grpo.backends``), each called as ``sample(model, tokenizer, request)`` with a :class:`SampleRequest`.
 """
 
 from lightning_grpo.rollout.agent import AgentSettings
@@ -10,7 +10,7 @@ from lightning_grpo.rollout.batch import Rollout, completion_mask_from_ids
 from lightning_grpo.rollout.generation import generate_rollout, tokenize_prompts
 from lightning_grpo.rollout.logprobs import TokenLogProbs, completion_logprobs, position_ids_from_mask
 from lightning_grpo.rollout.sampling import sample_rollout
-from lightning_grpo.rollout.sampling_settings import Sampled, SampleFn, SamplingSettings, eos_token_ids
+from lightning_grpo.rollout.sampling_settings import Sampled, SampleFn, SampleRequest, SamplingSettings, eos_token_ids
 from lightning_grpo.rollout.session import RolloutSession
 
 __all__ = [
@@ -18,6 +18,7 @@ __all__ = [
     "Rollout",
     "RolloutSession",
     "SampleFn",
+    "SampleRequest",
     "Sampled",
     "SamplingSettings",
     "TokenLogProbs",

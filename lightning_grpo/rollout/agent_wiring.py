@@ -31,7 +31,14 @@ from lightning_grpo.rollout.sampling import sample_rollout
 from lightning_grpo.rollout.sampling_settings import SamplingSettings
 from lightning_grpo.rollout.session import RolloutSession
 
-__all__ = ["agent_code", "agent_rewards", "check_agent_strategy", "empty_agent_rollout", "run_rewards", "sample_batch"]
+__all__ = [
+    "agent_code",
+    "agent_rewards",
+    "check_agent_strategy",
+    "empty_agent_rollout",
+    "sample_batch",
+    "trajectory_rewards",
+]
 
 #: What ``reward_funcs=`` may be (a sequence, a mapping of names, or a ``RewardFunctions``).
 RewardFuncs = Sequence[Callable[..., Any]] | Mapping[str, Callable[..., Any]] | RewardFunctions
@@ -157,7 +164,7 @@ def _agent_rollout(
     ranks: RankVotes | None,
 ) -> tuple[Rollout, agent_client.AgentStats]:
     """The agent code's rollout; on several processes, agents that made no chat call and raised nothing give an
-    empty rollout (the rank takes part in the step without rows) instead of an error."""
+    empty rollout (the rank takes part in the iteration without rows) instead of an error."""
     rows = [{key: values[i] for key, values in batch.items()} for i in range(len(next(iter(batch.values()))))]
     limits = replace(limits, port=limits.port + rank if limits.port else 0)  # each rank its own server
     try:
@@ -185,9 +192,9 @@ def empty_agent_rollout(rows: Sequence[Mapping[str, Any]], device: torch.device 
     )  # fmt: skip
 
 
-def run_rewards(rewards: Tensor, rollout: Rollout, *, runs: int) -> Tensor:
-    """One reward per run, in batch order: an agent rollout's from each run's last branch (``runs`` of them), any
-    other rollout's own (one row per completion)."""
+def trajectory_rewards(rewards: Tensor, rollout: Rollout, *, trajectories: int) -> Tensor:
+    """One reward per trajectory, in batch order: an agent rollout's from each trajectory's last branch
+    (``trajectories`` of them), any other rollout's own (one row per completion)."""
     if agent_client.is_agent_rollout(rollout):
-        return agent_client.per_trajectory(rewards, rollout, runs)
+        return agent_client.per_trajectory(rewards, rollout, trajectories)
     return rewards

@@ -104,7 +104,7 @@ class Rollout:
         turns: Multi-turn counts (turns, tool calls, errors, per-turn rewards); ``None`` for single-turn rollouts.
         logprobs: ``(N, T)`` float32 behaviour log-probs: each sampled token's log-probability when it was drawn,
             under ``softmax(logits / temperature)`` (0 on inserted tokens and padding); ``None`` for a rollout not
-            built by sampling. ``GRPOConfig.old_logprobs="rollout"`` trains with them as old log-probs.
+            built by sampling. ``GRPOConfig.corrections.old_logprobs="rollout"`` trains with them as old log-probs.
     """
 
     prompt_ids: Tensor

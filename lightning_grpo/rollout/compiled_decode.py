@@ -1,4 +1,4 @@
-"""The compiled decode path (``GRPOConfig.decode: compiled``): one compiled callable per decode step, no recompiles.
+"""The compiled decode path (``GRPOConfig.sampling.decode: compiled``): one compiled callable per decode step, no recompiles.
 
 Each sampling call is rounded up to a shape bucket (:mod:`lightning_grpo.rollout.buckets`). A bucket owns a static KV
 cache (transformers' ``StaticCache``) and fixed buffers (attention mask, tokens fed, tokens and log-probs drawn, the
@@ -39,7 +39,7 @@ from lightning_grpo.rollout.cache_keyword import cache_of, with_cache
 from lightning_grpo.rollout.decode import _warpers, token_logprobs
 from lightning_grpo.rollout.generation import sample_tokens
 from lightning_grpo.rollout.logprobs import position_ids_from_mask
-from lightning_grpo.rollout.sampling_settings import Sampled, SamplingSettings, eos_token_ids
+from lightning_grpo.rollout.sampling_settings import Sampled, SampleRequest, SamplingSettings, eos_token_ids
 
 __all__ = ["COMPILE_BACKEND", "CompiledDecoder", "compile_blocker"]
 
@@ -147,7 +147,8 @@ class CompiledDecoder:
     Example::
 
         decoder = CompiledDecoder(DecodeBuckets.for_run(None, max_prompt_length=64, max_new_tokens=64))
-        sampled = decoder.sample(policy, tokenizer, prompt_ids, prompt_mask, settings)  # as sample_tokens
+        request = SampleRequest(prompt_ids, prompt_mask, settings)
+        sampled = decoder.sample(policy, tokenizer, request)  # as sample_tokens
     """
 
     def __init__(self, buckets: DecodeBuckets, *, backend: str | None = None, mode: str | None = None) -> None:
@@ -163,16 +164,10 @@ class CompiledDecoder:
         self._buckets.clear()
 
     @torch.no_grad()
-    def sample(
-        self,
-        model: nn.Module,
-        tokenizer: PreTrainedTokenizerBase,
-        prompt_ids: torch.Tensor,
-        prompt_mask: torch.Tensor,
-        settings: SamplingSettings,
-    ) -> Sampled:
+    def sample(self, model: nn.Module, tokenizer: PreTrainedTokenizerBase, request: SampleRequest) -> Sampled:
         """As :func:`~lightning_grpo.rollout.generation.sample_tokens` (call in eval mode); a call longer than every
         length bucket, or under ``synced_gpus``, is sampled by the eager path (logged once)."""
+        prompt_ids, prompt_mask, settings = request.prompt_ids, request.prompt_mask, request.settings
         length = self.buckets.length(prompt_ids.shape[1], settings.max_new_tokens)
         if length is None or settings.synced_gpus:
             self._warn_once(
@@ -182,7 +177,7 @@ class CompiledDecoder:
                 if length is None
                 else "compiled decode: synced_gpus (FSDP2) samples with generate, which keeps every rank stepping"
             )
-            return sample_tokens(model, tokenizer, prompt_ids, prompt_mask, settings)
+            return sample_tokens(model, tokenizer, request)
         g, eos = settings.num_generations, eos_token_ids(tokenizer).to(prompt_ids.device)
         spec = _Spec(settings.temperature, settings.top_k, settings.top_p, settings.min_new_tokens,
                      settings.sampler, tokenizer.pad_token_id)  # fmt: skip

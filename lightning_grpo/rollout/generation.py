@@ -21,9 +21,9 @@ from lightning_grpo.rollout.batch import Rollout, completion_mask_from_ids
 from lightning_grpo.rollout.cache_keyword import cache_of, with_cache
 from lightning_grpo.rollout.decode import decode_loop, token_logprobs
 from lightning_grpo.rollout.logprobs import position_ids_from_mask
-from lightning_grpo.rollout.sampling_settings import Sampled, SampleFn, SamplingSettings, eos_token_ids
+from lightning_grpo.rollout.sampling_settings import Sampled, SampleFn, SampleRequest, SamplingSettings, eos_token_ids
 
-__all__ = ["eval_mode", "generate_rollout", "sample_sequences", "sample_tokens", "tokenize_prompts"]
+__all__ = ["eval_mode", "generate_rollout", "sample_tokens", "tokenize_prompts"]
 
 
 @contextmanager
@@ -84,7 +84,7 @@ def generate_rollout(
     device = next(model.parameters()).device
     prompt_ids, prompt_mask = tokenize_prompts(tokenizer, prompts, max_prompt_length, device)
     with eval_mode(model):
-        sampled = (sample or sample_tokens)(model, tokenizer, prompt_ids, prompt_mask, settings)
+        sampled = (sample or sample_tokens)(model, tokenizer, SampleRequest(prompt_ids, prompt_mask, settings))
     completion_ids = sampled.sequences[:, prompt_ids.shape[1] :]
     return _rollout(tokenizer, prompt_ids, prompt_mask, completion_ids, sampled.logprobs, prompts, columns or {})
 
@@ -117,31 +117,15 @@ def _rollout(
     )
 
 
-def sample_sequences(
-    model: nn.Module,
-    tokenizer: PreTrainedTokenizerBase,
-    prompt_ids: torch.Tensor,
-    prompt_mask: torch.Tensor,
-    settings: SamplingSettings,
-) -> torch.Tensor:
-    """``(B*G, P+T)`` prompt and sampled tokens: :func:`sample_tokens` without the log-probs."""
-    return sample_tokens(model, tokenizer, prompt_ids, prompt_mask, settings).sequences
-
-
-def sample_tokens(
-    model: nn.Module,
-    tokenizer: PreTrainedTokenizerBase,
-    prompt_ids: torch.Tensor,
-    prompt_mask: torch.Tensor,
-    settings: SamplingSettings,
-) -> Sampled:
+def sample_tokens(model: nn.Module, tokenizer: PreTrainedTokenizerBase, request: SampleRequest) -> Sampled:
     """Prompt and sampled tokens ``(B*G, P+T)``, G consecutive rows per prompt, with each sampled token's log-prob.
 
     Call under ``no_grad``, in eval mode. With ``settings.share_prompt`` (and prompts of at least two positions) the
     prompt minus its last token is run once per prompt, its KV cache repeated G times, and ``generate`` continues from
     that cache; it computes the same logits and consumes the random stream in the same order as ``generate`` with
-    ``num_return_sequences=G``.
+    ``num_return_sequences=G``. ``request.rows`` is not read (no state is kept between calls).
     """
+    prompt_ids, prompt_mask, settings = request.prompt_ids, request.prompt_mask, request.settings
     if settings.own_loop:
         return decode_loop(model, prompt_ids, prompt_mask, settings, eos_token_ids(tokenizer), tokenizer.pad_token_id)
     config = settings.generation_config(tokenizer)

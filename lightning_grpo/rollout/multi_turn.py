@@ -29,7 +29,7 @@ from lightning_grpo.rollout.agent import AgentSettings
 from lightning_grpo.rollout.batch import Rollout, TurnStats, left_pad
 from lightning_grpo.rollout.chat import continuation_ids, render_messages
 from lightning_grpo.rollout.generation import eval_mode, sample_tokens, tokenize_prompts
-from lightning_grpo.rollout.sampling_settings import Sampled, SampleFn, SamplingSettings, eos_token_ids
+from lightning_grpo.rollout.sampling_settings import Sampled, SampleFn, SampleRequest, SamplingSettings, eos_token_ids
 from lightning_grpo.rollout.session import RolloutSession, draw
 
 __all__ = ["Trajectory", "generate_conversations"]
@@ -120,7 +120,7 @@ def generate_conversations(
                 break
             if not active:  # other ranks still sample: join their synchronised calls
                 one = replace(settings, num_generations=1)
-                draw(sample, model, tokenizer, prompt_ids[:1], prompt_mask[:1], one, rows=[])
+                draw(sample, model, tokenizer, SampleRequest(prompt_ids[:1], prompt_mask[:1], one, rows=[]))
                 continue
             sampled = _sample_turn(sample, (model, tokenizer), prompt_ids, prompt_mask, trajectories, active, settings,
                                    turn)  # fmt: skip
@@ -186,14 +186,14 @@ def _sample_turn(
     (model, tokenizer), g = policy, settings.num_generations
     if turn == 0 and _groups_share_prompt(prompt_ids, prompt_mask, g):
         rows = torch.arange(0, len(prompt_ids), g, device=prompt_ids.device)  # the first of each group: G samples each
-        out = draw(sample, model, tokenizer, prompt_ids[rows], prompt_mask[rows], settings, rows=range(len(prompt_ids)))
+        request = SampleRequest(prompt_ids[rows], prompt_mask[rows], settings)  # rows: every trajectory, 0 .. N-1
+        out = draw(sample, model, tokenizer, request)
         return _new_tokens(out, prompt_ids.shape[1])
     contexts = [prompt_ids[i][prompt_mask[i].bool()].tolist() + trajectories[i].tokens for i in active]
     budget = max(settings.max_new_tokens - len(trajectories[i].tokens) for i in active)
     ids, mask = left_pad(contexts, tokenizer.pad_token_id, prompt_ids.device)
-    out = draw(
-        sample, model, tokenizer, ids, mask, replace(settings, num_generations=1, max_new_tokens=budget), rows=active
-    )
+    call = replace(settings, num_generations=1, max_new_tokens=budget)
+    out = draw(sample, model, tokenizer, SampleRequest(ids, mask, call, rows=active))
     return _new_tokens(out, ids.shape[1])
 
 

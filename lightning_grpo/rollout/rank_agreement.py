@@ -3,7 +3,7 @@
 Under DDP every rank samples its own rollout, with no collective inside it. When one rank's rollout raises (its
 agent code, an environment's ``step``, a tool server that died), that rank would leave while the others block in
 their next collective: gloo reports "Connection closed by peer", which names nothing, and NCCL waits until the
-process group's timeout (``GRPOConfig.collective_timeout_s``). :func:`agreed_rollout` runs the rollout in a guard and
+process group's timeout (``GRPOConfig.faults.collective_timeout_s``). :func:`agreed_rollout` runs the rollout in a guard and
 then takes one small collective on every rank, a sum of ``(active, failed, empty)`` votes; when a rank failed, the
 causes are gathered and every rank raises a :class:`RankFailureError` naming each failing rank and its cause (on a
 failing rank it is chained to the rank's own exception). One process pays a ``try`` and nothing else.
@@ -129,8 +129,8 @@ def agreed_rollout(
         raise RankFailureError(_message(causes, ranks), causes)
     if empty == ranks.world_size:
         raise RankFailureError(
-            f"the rollout is empty on every one of the {ranks.world_size} ranks (no agent run made a chat call), so "
-            "there is nothing to train on",
+            f"the rollout is empty on every one of the {ranks.world_size} ranks (no agent execution made a chat "
+            "call), so there is nothing to train on",
             {},
         )
     return result

@@ -1,22 +1,25 @@
-"""What a sampling call takes and gives back: :class:`SamplingSettings`, :class:`Sampled`, the samplers, and the ids
-that end a completion.
+"""What a sampling call takes and gives back: :class:`SampleRequest` (with its :class:`SamplingSettings`),
+:class:`Sampled`, the samplers, and the ids that end a completion.
 
-Every sampler reads these: Hugging Face ``generate`` (:mod:`~lightning_grpo.rollout.generation`), our own decode loop
-(:mod:`~lightning_grpo.rollout.decode`) and the backends (``lightning_grpo.backends``).
+Every sampler is called the same way, ``sample(model, tokenizer, request)`` (:data:`SampleFn`): Hugging Face
+``generate`` (:mod:`~lightning_grpo.rollout.generation`), our own decode loops (:mod:`~lightning_grpo.rollout.decode`,
+:mod:`~lightning_grpo.rollout.compiled_decode`, :mod:`~lightning_grpo.rollout.turn_cache`) and the backends
+(``lightning_grpo.backends``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
 import torch
+from torch import nn
 from transformers import GenerationConfig, PreTrainedTokenizerBase
 
-__all__ = ["SAMPLERS", "SampleFn", "Sampled", "Sampler", "SamplingSettings", "eos_token_ids"]
+__all__ = ["SAMPLERS", "SampleFn", "SampleRequest", "Sampled", "Sampler", "SamplingSettings", "eos_token_ids"]
 
-#: How the next token is drawn (``SamplingSettings.sampler``, ``GRPOConfig.sampler``).
+#: How the next token is drawn (``SamplingSettings.sampler``, ``GRPOConfig.sampling.sampler``).
 Sampler = Literal["multinomial", "inverse_cdf"]
 SAMPLERS: tuple[str, ...] = get_args(Sampler)
 
@@ -34,12 +37,6 @@ class Sampled:
 
     sequences: torch.Tensor
     logprobs: torch.Tensor
-
-
-#: What samples the tokens of a rollout: :func:`~lightning_grpo.rollout.generation.sample_tokens` (Hugging Face) or a
-#: rollout engine's ``sample`` (:class:`~lightning_grpo.backends.vllm_engine.VLLMEngine`), called as
-#: ``sample(model, tokenizer, prompt_ids, prompt_mask, settings)``.
-SampleFn = Callable[..., Sampled]
 
 
 @dataclass(frozen=True)
@@ -112,3 +109,44 @@ def eos_token_ids(tokenizer: PreTrainedTokenizerBase) -> torch.Tensor:
     if not ids:
         raise ValueError("the tokenizer has no eos_token_id; set tokenizer.eos_token before training")
     return torch.tensor(ids, dtype=torch.long)
+
+
+@dataclass(frozen=True, eq=False)
+class SampleRequest:
+    """One sampling call: the contexts to continue, how, and which trajectories the returned rows are.
+
+    Every sampler takes one (:data:`SampleFn`, :meth:`RolloutSession.sample
+    <lightning_grpo.rollout.session.RolloutSession.sample>`); a sampler without per-trajectory state ignores ``rows``.
+
+    Attributes:
+        prompt_ids: ``(R, P)`` left-padded contexts: ``R`` prompts, each sampled ``settings.num_generations`` times
+            (G on a rollout's first call when a group shares its prompt, else 1).
+        prompt_mask: ``(R, P)`` their attention mask.
+        settings: Sampling settings of this call (``max_new_tokens`` is the turn's budget).
+        rows: The trajectory of each returned row (``R * settings.num_generations`` of them, rows of a group
+            consecutive): the same number always names the same trajectory within a session. Empty for a call that
+            only keeps this rank in step with the others (FSDP, ``synced_gpus``): its result is dropped. ``None``
+            (the default) becomes ``range(R * settings.num_generations)``: a rollout sampled in one call.
+
+    Example::
+
+        >>> request = SampleRequest(torch.ones(2, 3, dtype=torch.long), torch.ones(2, 3), SamplingSettings(4, 8))
+        >>> request.rows
+        range(0, 8)
+    """
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    settings: SamplingSettings
+    rows: Sequence[int] = None  # type: ignore[assignment]  # None: every row, set in __post_init__
+
+    def __post_init__(self) -> None:
+        if self.rows is None:
+            object.__setattr__(self, "rows", range(len(self.prompt_ids) * self.settings.num_generations))
+
+
+#: What samples the tokens of a rollout, called as ``sample(model, tokenizer, request)``: Hugging Face's
+#: :func:`~lightning_grpo.rollout.generation.sample_tokens`, a rollout engine's ``sample``
+#: (:class:`~lightning_grpo.backends.vllm.engine.VLLMEngine`), or a session's bound
+#: :meth:`~lightning_grpo.rollout.session.RolloutSession.sample`.
+SampleFn = Callable[[nn.Module, PreTrainedTokenizerBase, SampleRequest], Sampled]

@@ -1,4 +1,4 @@
-"""Per-trajectory KV caches kept from one agent turn to the next (``GRPOConfig.turn_cache``).
+"""Per-trajectory KV caches kept from one agent turn to the next (``GRPOConfig.agents.turn_cache``).
 
 A multi-turn rollout samples each turn from the whole context so far (prompt, earlier turns, tool or environment
 messages). Re-prefilling that context costs a forward over every earlier token at every turn; :class:`TurnCache`
@@ -19,7 +19,7 @@ with a tool is absent from a batch without having ended: that route sets :attr:`
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -30,7 +30,7 @@ from lightning_grpo.rollout.batch import left_pad
 from lightning_grpo.rollout.cache_keyword import cache_of, with_cache
 from lightning_grpo.rollout.decode import DecodeState, decode_steps
 from lightning_grpo.rollout.logprobs import position_ids_from_mask
-from lightning_grpo.rollout.sampling_settings import Sampled, SamplingSettings, eos_token_ids
+from lightning_grpo.rollout.sampling_settings import Sampled, SampleRequest, eos_token_ids
 
 __all__ = ["TurnCache"]
 
@@ -49,9 +49,9 @@ class TurnCache:
     Example::
 
         cache = TurnCache()
-        first = cache.sample(model, tokenizer, prompt_ids, prompt_mask, settings, rows=range(8))
+        first = cache.sample(model, tokenizer, SampleRequest(prompt_ids, prompt_mask, settings, rows=range(8)))
         # ... append tool results to the contexts of rows 2 and 5, which go on ...
-        second = cache.sample(model, tokenizer, context_ids, context_mask, one_each, rows=[2, 5])
+        second = cache.sample(model, tokenizer, SampleRequest(context_ids, context_mask, one_each, rows=[2, 5]))
 
     Attributes:
         explicit_ends: ``False`` (the turn loop): a trajectory absent from a call has finished, its cache is dropped
@@ -71,22 +71,14 @@ class TurnCache:
         return len(self._kept)
 
     @torch.no_grad()
-    def sample(
-        self,
-        model: nn.Module,
-        tokenizer: PreTrainedTokenizerBase,
-        prompt_ids: torch.Tensor,
-        prompt_mask: torch.Tensor,
-        settings: SamplingSettings,
-        *,
-        rows: Sequence[int],
-    ) -> Sampled:
+    def sample(self, model: nn.Module, tokenizer: PreTrainedTokenizerBase, request: SampleRequest) -> Sampled:
         """Sample one turn, prefilling only what each trajectory's kept cache lacks; then keep the new caches.
 
         Args and return value as :meth:`RolloutSession.sample <lightning_grpo.rollout.session.RolloutSession.sample>`.
-        Unless :attr:`explicit_ends`, trajectories not in ``rows`` are finished: their caches are dropped.
+        Unless :attr:`explicit_ends`, trajectories not in ``request.rows`` are finished: their caches are dropped.
         """
-        rows, g = list(rows), settings.num_generations
+        prompt_ids, prompt_mask, settings = request.prompt_ids, request.prompt_mask, request.settings
+        rows, g = list(request.rows), settings.num_generations
         if not self.explicit_ends:
             self._kept = {row: self._kept[row] for row in rows if row in self._kept}  # finished trajectories leave
         contexts = [[t for t, m in zip(ids, mask, strict=True) if m]  # two host syncs, not two per row

@@ -14,21 +14,20 @@ from __future__ import annotations
 import copy
 import threading
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
-from lightning_grpo.rollout.sampling_settings import Sampled, SamplingSettings, eos_token_ids
+from lightning_grpo.rollout.sampling_settings import Sampled, SampleRequest, SamplingSettings, eos_token_ids
 
 __all__ = ["FrozenCopyBackend", "FrozenCopySession", "FrozenCopySettings", "adapter_checksum"]
 
 
 @dataclass
 class FrozenCopySettings:
-    """Settings of :class:`FrozenCopyBackend` (``grpo.rollout_backend_args``).
+    """Settings of :class:`FrozenCopyBackend` (``grpo.backend.rollout_backend_args``).
 
     Attributes:
         delay: Seconds each sampling call sleeps first (a server's sampling time, scripted); 0: none.
@@ -55,27 +54,19 @@ class FrozenCopySession:
         self.backend, self.model, self.version = backend, model, version
         self.generator = torch.Generator().manual_seed(int(torch.randint(0, 2**62, (1,))))  # as a server's seeds
 
-    def sample(
-        self,
-        model: nn.Module,
-        tokenizer: Any,
-        prompt_ids: torch.Tensor,
-        prompt_mask: torch.Tensor,
-        settings: SamplingSettings,
-        *,
-        rows: Sequence[int],
-    ) -> Sampled:
+    def sample(self, model: nn.Module, tokenizer: Any, request: SampleRequest) -> Sampled:
         """Sample ``settings.num_generations`` completions per prompt from the frozen copy (``model`` is ignored)."""
-        prompts = tuple(tokenizer.batch_decode(prompt_ids, skip_special_tokens=True))
+        prompts = tuple(tokenizer.batch_decode(request.prompt_ids, skip_special_tokens=True))
         self.backend.record("sample", self.version, prompts)
         if self.backend.settings.delay:
             time.sleep(self.backend.settings.delay)
-        sampled = self._decode(tokenizer, prompt_ids, prompt_mask, settings)
+        sampled = self._decode(tokenizer, request)
         self.backend.record("sampled", self.version, prompts)
         return sampled
 
     @torch.no_grad()
-    def _decode(self, tokenizer: Any, ids: torch.Tensor, mask: torch.Tensor, settings: SamplingSettings) -> Sampled:
+    def _decode(self, tokenizer: Any, request: SampleRequest) -> Sampled:
+        ids, mask, settings = request.prompt_ids, request.prompt_mask, request.settings
         g, device = settings.num_generations, ids.device
         ids, mask = ids.repeat_interleave(g, 0), mask.repeat_interleave(g, 0)
         eos = torch.tensor(sorted(eos_token_ids(tokenizer)), device=device)
@@ -117,7 +108,7 @@ class FrozenCopyBackend:
     records_logprobs: ClassVar[bool] = True
     samples_apart: ClassVar[bool] = True
 
-    def __init__(self, settings: FrozenCopySettings | None, run: Any) -> None:
+    def __init__(self, settings: FrozenCopySettings | None, spec: Any) -> None:
         self.settings = settings or FrozenCopySettings()
         self.seed, self.sessions, self.version = 0, 0, -1
         self.model: nn.Module | None = None

@@ -211,7 +211,7 @@ def _cli(tmp_path, entries):
     config.write_text(yaml.safe_dump({"model": {"init_args": {"tools": entries}}}))
     return GRPOCLI(
         args=[
-            "--config", str(TINY), "--config", str(config), "--model.init_args.grpo.max_turns=2",
+            "--config", str(TINY), "--config", str(config), "--model.init_args.grpo.agents.max_turns=2",
             f"--trainer.default_root_dir={tmp_path}", f"--trainer.logger.init_args.save_dir={tmp_path}",
         ],
         run=False,

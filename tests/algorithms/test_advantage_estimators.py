@@ -384,11 +384,17 @@ def test_mask_required(estimator):
 )
 def test_config_refuses_bad_estimator_settings_at_construction(estimator, args, match):
     from lightning_grpo import GRPOConfig
+    from lightning_grpo.config import AdvantageConfig, SamplingConfig
     from lightning_grpo.settings_checks import SettingError
 
     with pytest.raises(SettingError, match=match):
-        GRPOConfig(num_generations=4, advantage_estimator=estimator, advantage_estimator_args=args)
-    GRPOConfig(num_generations=4, advantage_estimator=estimator)  # the defaults are fine
+        GRPOConfig(
+            sampling=SamplingConfig(num_generations=4),
+            advantages=AdvantageConfig(advantage_estimator=estimator, advantage_estimator_args=args),
+        )
+    GRPOConfig(
+        sampling=SamplingConfig(num_generations=4), advantages=AdvantageConfig(advantage_estimator=estimator)
+    )  # the defaults are fine
 
 
 def test_gdpo_metrics_worked_example():

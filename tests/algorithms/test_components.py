@@ -12,6 +12,7 @@ from lightning_grpo import GRPOConfig
 from lightning_grpo.algorithms import PolicyLossSettings, PolicyLossTerms, compute_advantages, kl_penalty, policy_loss
 from lightning_grpo.algorithms.components import component_settings
 from lightning_grpo.algorithms.policy_losses import POLICY_LOSS
+from lightning_grpo.config import ObjectiveConfig
 
 HERE = __name__  # this module: its functions and classes are the user's components of the tests
 LP = torch.tensor([[0.0, -1.0], [-0.5, -0.2]])
@@ -57,9 +58,11 @@ def test_a_user_loss_gets_its_own_setting_from_python_and_the_config():
     loss, _ = policy_loss(LP, OLD, ADV, MASK, kind=f"{HERE}.capped_reinforce", kind_args={"max_ratio": 1.1})
     ratio = torch.exp(LP - OLD)
     torch.testing.assert_close(loss, -ADV[:, None] * ratio.clamp(max=1.1))
-    config = GRPOConfig(loss_kind=f"{HERE}.capped_reinforce", loss_kind_args={"max_ratio": 1.1})
+    config = GRPOConfig(
+        objective=ObjectiveConfig(loss_kind=f"{HERE}.capped_reinforce", loss_kind_args={"max_ratio": 1.1})
+    )
     assert config.component("loss_kind").keywords == {"max_ratio": 1.1}
-    assert config.loss_kind_args == {"max_ratio": 1.1}  # plain data, as given, for hyperparameters
+    assert config.objective.loss_kind_args == {"max_ratio": 1.1}  # plain data, as given, for hyperparameters
 
 
 def test_the_clip_loss_takes_its_clip_settings_as_its_own_and_the_flat_fields_still_work():
@@ -68,18 +71,24 @@ def test_the_clip_loss_takes_its_clip_settings_as_its_own_and_the_flat_fields_st
     torch.testing.assert_close(by_args, by_flat)
     torch.testing.assert_close(stats_args.clip_frac_high, stats_flat.clip_frac_high)  # stats read the same bounds
     assert stats_args.clip_frac_high > 0  # ratio e^0.5 > 1.1 on a positive advantage
-    config = GRPOConfig(loss_kind_args={"clip_high": 0.28})
-    assert config.policy_loss_settings().clip_high == 0.28 and config.clip_high == 0.2  # args win over the field
+    config = GRPOConfig(objective=ObjectiveConfig(loss_kind_args={"clip_high": 0.28}))
+    assert (
+        config.objective.policy_loss_settings().clip_high == 0.28 and config.objective.clip_high == 0.2
+    )  # args win over the field
     assert config.component("loss_kind").keywords["clip_high"] == 0.28
-    assert GRPOConfig(clip_high=0.28).component("loss_kind").keywords["clip_high"] == 0.28  # flat field: the default
+    assert (
+        GRPOConfig(objective=ObjectiveConfig(clip_high=0.28)).component("loss_kind").keywords["clip_high"] == 0.28
+    )  # flat field: the default
 
 
 def test_a_class_component_is_built_once_with_its_settings_and_keeps_its_state():
-    config = GRPOConfig(loss_kind=f"{HERE}.TemperedLoss", loss_kind_args={"temperature_neg": 2.0})
+    config = GRPOConfig(
+        objective=ObjectiveConfig(loss_kind=f"{HERE}.TemperedLoss", loss_kind_args={"temperature_neg": 2.0})
+    )
     loss = config.component("loss_kind")
     assert isinstance(loss, TemperedLoss) and (loss.temperature_pos, loss.temperature_neg) == (1.0, 2.0)
-    policy_loss(LP, OLD, ADV, MASK, kind=config.loss_kind, kind_args=config.loss_kind_args)
-    policy_loss(LP, OLD, ADV, MASK, kind=config.loss_kind, kind_args=config.loss_kind_args)
+    policy_loss(LP, OLD, ADV, MASK, kind=config.objective.loss_kind, kind_args=config.objective.loss_kind_args)
+    policy_loss(LP, OLD, ADV, MASK, kind=config.objective.loss_kind, kind_args=config.objective.loss_kind_args)
     assert loss.calls == 2  # the same instance served both calls
     assert component_settings(TemperedLoss, POLICY_LOSS) == {"temperature_pos": 1.0, "temperature_neg": 1.05}
 
@@ -91,7 +100,7 @@ def test_estimators_take_their_own_settings():
     rewards, groups = torch.tensor([1.0, 0.0, 1.0, 1.0]), torch.tensor([0, 0, 1, 1])
     shifted_adv = compute_advantages(rewards, groups, estimator=f"{HERE}.shifted", estimator_args={"shift": 0.5})
     torch.testing.assert_close(shifted_adv, torch.tensor([1.0, 0.0, 0.0, 0.0]))  # constant group 1 stays 0
-    config = GRPOConfig(kl_estimator=f"{HERE}.scaled_k2", kl_estimator_args={"scale": 2.0})
+    config = GRPOConfig(objective=ObjectiveConfig(kl_estimator=f"{HERE}.scaled_k2", kl_estimator_args={"scale": 2.0}))
     assert config.component("kl_estimator").keywords == {"scale": 2.0}
 
 
@@ -114,7 +123,7 @@ def test_estimators_take_their_own_settings():
         ({"loss_kind": f"{HERE}.no_such_loss"}, f"cannot import the policy loss kind '{HERE}.no_such_loss'"),
         ({"loss_kind": "ppo"}, "loss_kind='ppo' is not valid; choose one of 'clip', 'gspo', 'cispo'"),
         ({"loss_kind_args": ["clip_high"]}, "loss_kind_args must be a mapping of setting names to values"),
-        ({"loss_kind_args": {"clip_high": -0.1}}, "GRPOConfig.loss_kind_args.clip_high must be a finite number >= 0"),
+        ({"loss_kind_args": {"clip_high": -0.1}}, "GRPOConfig.objective.loss_kind_args.clip_high must be a finite number >= 0"),
     ],
     ids=["unknown", "builtin-other", "kl-none", "adv-none", "user-typo", "missing", "signature", "import", "name",
          "not-a-mapping", "range"],

@@ -9,7 +9,7 @@ import torch
 from torch.testing import assert_close
 
 from lightning_grpo.algorithms import policy_loss
-from lightning_grpo.config import GRPOConfig
+from lightning_grpo.config import GRPOConfig, ObjectiveConfig
 from tests.algorithms.loss_reference import F64, MODES, advantage, check_against_loops, random_batch
 
 ADV = torch.tensor([1.0, -1.0], dtype=F64)
@@ -155,4 +155,4 @@ def test_kl_cov_equals_the_paper_in_loops(mode, per_token_adv):
 )
 def test_bad_settings_name_the_setting_and_its_range(kind, args, named):
     with pytest.raises(ValueError, match=named):
-        GRPOConfig(loss_kind=kind, loss_kind_args=args)
+        GRPOConfig(objective=ObjectiveConfig(loss_kind=kind, loss_kind_args=args))

@@ -9,7 +9,7 @@ import torch
 from torch.testing import assert_close
 
 from lightning_grpo.algorithms import policy_loss
-from lightning_grpo.config import GRPOConfig
+from lightning_grpo.config import GRPOConfig, ObjectiveConfig
 from tests.algorithms.loss_reference import F64, MODES, check_against_loops, per_token_loops, random_batch
 
 # Old probability 0.5 everywhere. Row 0, A = +1: p = 0.6 (up 0.1), 0.8 (up 0.3), 0.2 (down 0.3);
@@ -117,4 +117,4 @@ def test_dppo_equals_the_binary_trust_region_in_loops(kind, token, low, high, mo
 )
 def test_bad_settings_name_the_setting_and_its_range(kind, args, named):
     with pytest.raises(ValueError, match=named):
-        GRPOConfig(loss_kind=kind, loss_kind_args=args)
+        GRPOConfig(objective=ObjectiveConfig(loss_kind=kind, loss_kind_args=args))

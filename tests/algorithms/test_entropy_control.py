@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lightning_grpo.algorithms.entropy import AdaptiveEntropy, constant_entropy, entropy_controller, top_entropy_mask
-from lightning_grpo.config import GRPOConfig
+from lightning_grpo.config import GRPOConfig, ObjectiveConfig
 
 
 def _skywork(entropies, target, delta, lo, hi, start):
@@ -90,13 +90,19 @@ def test_top_entropy_matches_the_formula_on_random_masks(quantile):
 @pytest.mark.parametrize("quantile", [0.0, -0.1, 1.5, math.nan])
 def test_bad_quantile_is_refused_naming_the_setting(quantile):
     with pytest.raises(ValueError, match=r"^GRPOConfig\.token_selection_args=.* quantile=.* must be in \(0, 1\]"):
-        GRPOConfig(token_selection="top_entropy", token_selection_args={"quantile": quantile})
+        GRPOConfig(
+            objective=ObjectiveConfig(token_selection="top_entropy", token_selection_args={"quantile": quantile})
+        )
 
 
 def test_bad_adaptive_settings_are_refused():
     with pytest.raises(ValueError, match=re.escape("coef_min=0.5 > coef_max=0.1")):
-        GRPOConfig(entropy_control="adaptive", entropy_control_args={"coef_min": 0.5, "coef_max": 0.1})
+        GRPOConfig(
+            objective=ObjectiveConfig(
+                entropy_control="adaptive", entropy_control_args={"coef_min": 0.5, "coef_max": 0.1}
+            )
+        )
     with pytest.raises(ValueError, match="takes no setting 'tgt'"):
-        GRPOConfig(entropy_control="adaptive", entropy_control_args={"tgt": 0.5})
+        GRPOConfig(objective=ObjectiveConfig(entropy_control="adaptive", entropy_control_args={"tgt": 0.5}))
     with pytest.raises(ValueError, match=r"entropy_control_args\.delta"):
-        GRPOConfig(entropy_control="adaptive", entropy_control_args={"delta": -1})
+        GRPOConfig(objective=ObjectiveConfig(entropy_control="adaptive", entropy_control_args={"delta": -1}))

@@ -21,6 +21,7 @@ from lightning_grpo.algorithms import (
     policy_loss,
     selective_logprobs,
 )
+from lightning_grpo.config import ObjectiveConfig
 
 REWARDS = torch.tensor([1.0, 0.0, 1.0, 1.0])
 GROUPS = torch.tensor([0, 0, 1, 1])
@@ -163,9 +164,9 @@ def test_policy_loss_invalid_delta(delta, clip_high):
 def test_config_refuses_clip_settings_with_the_loss_message():
     # GRPOConfig calls the loss's own check: one rule, one message, at construction
     with pytest.raises(ValueError, match=re.escape("delta must be a finite number > 1.2 or None, got 1.1")):
-        GRPOConfig(delta=1.1)
+        GRPOConfig(objective=ObjectiveConfig(delta=1.1))
     with pytest.raises(TypeError, match=re.escape("clip_low must be a finite number in [0.0, 1.0), got '0.2' (str)")):
-        GRPOConfig(clip_low="0.2")
+        GRPOConfig(objective=ObjectiveConfig(clip_low="0.2"))
 
 
 def test_policy_loss_valid_edge_settings_accepted():

@@ -14,7 +14,7 @@ import torch
 
 from lightning_grpo.algorithms import aggregate_loss, policy_loss
 from lightning_grpo.algorithms.objective import grpo_loss
-from lightning_grpo.config import GRPOConfig
+from lightning_grpo.config import CorrectionConfig, GRPOConfig, ObjectiveConfig
 
 MODES = ["token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 F64 = torch.float64
@@ -36,12 +36,12 @@ def _inputs(seed: int):
 
 def _expected(cfg, logprobs, old, behaviour, ref, entropy, adv, mask, mode):
     n, t = mask.shape
-    pg, _ = policy_loss(logprobs, old, adv, mask, kind="clip", clip_low=cfg.clip_low, clip_high=cfg.clip_high,
-                        dual_clip=cfg.dual_clip)  # fmt: skip
-    lo, hi = cfg.rollout_correction_args["min"], cfg.rollout_correction_args["max"]
+    pg, _ = policy_loss(logprobs, old, adv, mask, kind="clip", clip_low=cfg.objective.clip_low, clip_high=cfg.objective.clip_high,
+                        dual_clip=cfg.objective.dual_clip)  # fmt: skip
+    lo, hi = cfg.corrections.rollout_correction_args["min"], cfg.corrections.rollout_correction_args["max"]
     values = [e for i in range(n) for j, e in enumerate(entropy[i].tolist()) if mask[i, j]]
     s = sorted(values)
-    pos = (1 - cfg.token_selection_args["quantile"]) * (len(s) - 1)
+    pos = (1 - cfg.objective.token_selection_args["quantile"]) * (len(s) - 1)
     threshold = s[math.floor(pos)] + (s[min(math.floor(pos) + 1, len(s) - 1)] - s[math.floor(pos)]) * (pos % 1)
     factor = torch.zeros(n, t, dtype=F64)
     selected = torch.zeros(n, t, dtype=F64)
@@ -50,31 +50,29 @@ def _expected(cfg, logprobs, old, behaviour, ref, entropy, adv, mask, mode):
         d = [old[i, j].item() - behaviour[i, j].item() for j in range(t)]
         seq = sum(d[j] for j in toks)
         geo = math.exp(seq / len(toks)) if toks else 1.0
-        keep_rs = cfg.rollout_rejection_args["min"] <= geo <= cfg.rollout_rejection_args["max"]
+        keep_rs = cfg.corrections.rollout_rejection_args["min"] <= geo <= cfg.corrections.rollout_rejection_args["max"]
         kl = sum(behaviour[i, j].item() - logprobs[i, j].item() for j in toks) / max(len(toks), 1)
-        keep_opsm = adv[i].item() >= 0 or kl <= cfg.off_policy_mask_args["threshold"]
+        keep_opsm = adv[i].item() >= 0 or kl <= cfg.corrections.off_policy_mask_args["threshold"]
         for j in range(t):
-            r = math.exp(seq if cfg.rollout_correction.startswith("sequence") else d[j])
-            w = min(max(r, lo), hi) if cfg.rollout_correction.endswith("truncate") else (r if lo <= r <= hi else 0.0)
+            r = math.exp(seq if cfg.corrections.rollout_correction.startswith("sequence") else d[j])
+            w = (
+                min(max(r, lo), hi)
+                if cfg.corrections.rollout_correction.endswith("truncate")
+                else (r if lo <= r <= hi else 0.0)
+            )
             selected[i, j] = float(bool(mask[i, j]) and entropy[i, j].item() >= threshold)
             factor[i, j] = w * keep_rs * keep_opsm * selected[i, j]
     d_ref = ref - logprobs
     k3 = (d_ref.exp() - d_ref - 1) * (logprobs - old).exp()
     agg = lambda v: aggregate_loss(v, mask, mode, norm=5)  # noqa: E731
-    return agg(pg * factor) + cfg.kl_coef * agg(k3) - cfg.entropy_coef * agg(entropy * selected)
+    return agg(pg * factor) + cfg.objective.kl_coef * agg(k3) - cfg.objective.entropy_coef * agg(entropy * selected)
 
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("correction", ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_grpo_loss_composes_the_pieces(mode, correction, seed):
-    cfg = GRPOConfig(
-        rollout_correction=correction, rollout_correction_args={"min": 0.7, "max": 1.4},
-        rollout_rejection="geometric", rollout_rejection_args={"min": 0.85, "max": 1.2},
-        off_policy_mask="opsm", off_policy_mask_args={"threshold": 0.05}, kl_weighting="importance",
-        token_selection="top_entropy", token_selection_args={"quantile": 0.5}, entropy_coef=0.1, kl_coef=0.2,
-        clip_high=0.28,
-    )  # fmt: skip
+    cfg = GRPOConfig(corrections=CorrectionConfig(rollout_correction=correction, rollout_correction_args={"min": 0.7, "max": 1.4}, rollout_rejection="geometric", rollout_rejection_args={"min": 0.85, "max": 1.2}, off_policy_mask="opsm", off_policy_mask_args={"threshold": 0.05}), objective=ObjectiveConfig(kl_weighting="importance", token_selection="top_entropy", token_selection_args={"quantile": 0.5}, entropy_coef=0.1, kl_coef=0.2, clip_high=0.28))  # fmt: skip
     logprobs, old, behaviour, ref, entropy, adv, mask = _inputs(seed)
     aggregate = lambda v: aggregate_loss(v, mask, mode, norm=5)  # noqa: E731
     loss, metrics = grpo_loss(logprobs, entropy, adv, mask, cfg, aggregate, old_logprobs=old, ref_logprobs=ref,
@@ -98,5 +96,5 @@ def test_the_pieces_are_off_by_default():
                               behaviour_logprobs=behaviour)  # fmt: skip
     pg, _ = policy_loss(logprobs, old, adv, mask, kind="clip", clip_low=0.2, clip_high=0.2, dual_clip=3.0)
     d = ref - logprobs
-    torch.testing.assert_close(loss, aggregate(pg) + cfg.kl_coef * aggregate(d.exp() - d - 1))
+    torch.testing.assert_close(loss, aggregate(pg) + cfg.objective.kl_coef * aggregate(d.exp() - d - 1))
     assert not {"entropy_coef", "entropy_selected_frac", "rollout_is_weight_mean", "opsm_masked_frac"} & set(metrics)

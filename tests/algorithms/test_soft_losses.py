@@ -12,7 +12,7 @@ import torch
 from torch.testing import assert_close
 
 from lightning_grpo.algorithms import PolicyLossTerms, aggregate_loss, policy_loss
-from lightning_grpo.config import GRPOConfig
+from lightning_grpo.config import GRPOConfig, ObjectiveConfig
 from tests.algorithms.loss_reference import (
     F64,
     MODES,
@@ -186,7 +186,7 @@ def test_gpg_equals_the_paper_in_loops(mode, per_token_adv):
 )
 def test_bad_settings_name_the_setting_and_its_range(kind, args, named):
     with pytest.raises(ValueError, match=named):
-        GRPOConfig(loss_kind=kind, loss_kind_args=args)
+        GRPOConfig(objective=ObjectiveConfig(loss_kind=kind, loss_kind_args=args))
     with pytest.raises(ValueError, match=named):
         policy_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1), torch.ones(1, 1), kind=kind, kind_args=args)
 

@@ -35,9 +35,9 @@ class Session:
     def __init__(self, backend):
         self.backend = backend
 
-    def sample(self, model, tokenizer, prompt_ids, prompt_mask, settings, *, rows):
-        self.backend.write("sample", len(rows))
-        return sample_tokens(model, tokenizer, prompt_ids, prompt_mask, settings)
+    def sample(self, model, tokenizer, request):
+        self.backend.write("sample", len(request.rows))
+        return sample_tokens(model, tokenizer, request)
 
     def close(self):
         self.backend.write("close session")
@@ -47,7 +47,7 @@ class MyBackend:
     settings_class = Settings
     supported_settings = frozenset()
 
-    def __init__(self, settings, run):
+    def __init__(self, settings, spec):
         self.settings = settings
         self.write("built", settings.scale)
 
@@ -110,13 +110,13 @@ def test_a_backend_chosen_in_yaml_by_import_path_runs_saves_its_settings_and_res
 
     resumed = _fit(tmp_path, 2, "--trainer.max_steps=3", f"--ckpt_path={checkpoint}")
     assert resumed.returncode == 0, resumed.stdout[-3000:]
-    assert "grpo.rollout_backend_args.scale 1 -> 2" in resumed.stdout  # logged, and the new value is used
+    assert "grpo.backend.rollout_backend_args.scale 1 -> 2" in resumed.stdout  # logged, and the new value is used
     events = _events(tmp_path)
     assert events[0] == ["built", 2] and ["sync", 2] in events and events[-1] == ["close"]
 
 
 def test_an_unknown_backend_setting_in_yaml_names_the_key_and_the_allowed_ones(tmp_path):
-    done = _fit(tmp_path, 1, "--model.init_args.grpo.rollout_backend_args={scale: 1, colour: red}")
+    done = _fit(tmp_path, 1, "--model.init_args.grpo.backend.rollout_backend_args={scale: 1, colour: red}")
     assert done.returncode != 0
     assert (
         "rollout_backend_args.colour='red': not a setting of the rollout backend 'my_backend.MyBackend' (Settings); "

@@ -1,4 +1,4 @@
-"""``GRPOConfig.decode`` through the Hugging Face backend: the compiled path kept for the run, its fallbacks, a fit."""
+"""``GRPOConfig.sampling.decode`` through the Hugging Face backend: the compiled path kept for the run, its fallbacks, a fit."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ from torch.utils.data import DataLoader
 
 from lightning_grpo import GRPOConfig, PolicyConfig
 from lightning_grpo.backends import HFBackend
-from lightning_grpo.backends.protocol import BackendRun
+from lightning_grpo.backends.protocol import BackendSpec
+from lightning_grpo.config import SamplingConfig
 from lightning_grpo.policy import load_policy
-from lightning_grpo.rollout import SamplingSettings, buckets, compiled_decode
+from lightning_grpo.rollout import SampleRequest, SamplingSettings, buckets, compiled_decode
 from lightning_grpo.rollout import decode as decode_module
 from lightning_grpo.rollout import generation as generation_module
 from lightning_grpo.rollout.sampling_settings import eos_token_ids
@@ -38,7 +39,7 @@ def eager_compile(monkeypatch):
 def _backend(multi_turn: bool = False, **grpo: Any) -> HFBackend:
     """A backend for a single-turn run (``multi_turn=True``: a run with tools or an environment)."""
     settings = {"max_prompt_length": 16, "max_new_tokens": 8, "num_generations": 2, **grpo}
-    return HFBackend(None, BackendRun(GRPOConfig(**settings), PolicyConfig(), multi_turn=multi_turn))
+    return HFBackend(None, BackendSpec(GRPOConfig(**settings), PolicyConfig(), multi_turn=multi_turn))
 
 
 def _policy(tokenizer, dtype=torch.float64):
@@ -50,7 +51,7 @@ def _call(session, policy, tokenizer, settings, seed=0, prompts=PROMPTS):
     ids, mask = generation_module.tokenize_prompts(tokenizer, prompts, 16, torch.device("cpu"))
     torch.manual_seed(seed)
     with torch.no_grad():
-        return session.sample(policy, tokenizer, ids, mask, settings, rows=range(len(ids) * settings.num_generations))
+        return session.sample(policy, tokenizer, SampleRequest(ids, mask, settings))  # rows: 0 .. R*G-1
 
 
 def test_compiled_sessions_share_one_decoder_and_its_caches(tokenizer):
@@ -134,7 +135,7 @@ def test_the_turn_cache_wins_over_the_compiled_path_for_agent_turns(tokenizer, c
 )
 def test_bad_decode_settings_are_refused(settings, match):
     with pytest.raises(ValueError, match=match):
-        GRPOConfig(max_prompt_length=16, max_new_tokens=8, **settings)
+        GRPOConfig(sampling=SamplingConfig(max_prompt_length=16, max_new_tokens=8), **settings)
 
 
 def test_a_20_step_fit_compiles_once_per_bucket(make_module):
@@ -158,9 +159,9 @@ def test_a_20_step_fit_compiles_once_per_bucket(make_module):
 
 def test_a_backend_without_decode_refuses_anything_but_auto():
     from lightning_grpo.backends.build import check_supported
-    from lightning_grpo.backends.vllm import VLLMBackend
+    from lightning_grpo.backends.vllm.backend import VLLMBackend
 
-    check_supported(VLLMBackend, BackendRun(GRPOConfig(), PolicyConfig()), "vllm")  # auto: nothing asked of it
-    run = BackendRun(GRPOConfig(decode="compiled"), PolicyConfig())
+    check_supported(VLLMBackend, BackendSpec(GRPOConfig(), PolicyConfig()), "vllm")  # auto: nothing asked of it
+    spec = BackendSpec(GRPOConfig(sampling=SamplingConfig(decode="compiled")), PolicyConfig())
     with pytest.raises(ValueError, match=r"GRPOConfig\.decode='compiled'.*'vllm' does not honour decode.*'auto'"):
-        check_supported(VLLMBackend, run, "vllm")
+        check_supported(VLLMBackend, spec, "vllm")

@@ -4,7 +4,6 @@ session per rollout (told which trajectory each row continues), released for the
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -13,9 +12,10 @@ import torch
 
 from lightning_grpo import GRPOConfig, GRPOModule, RolloutBackend
 from lightning_grpo.backends import HFBackend, RolloutSession
+from lightning_grpo.config import BackendConfig
 from lightning_grpo.rollout import AgentSettings, SamplingSettings, sample_rollout
 from lightning_grpo.rollout.generation import sample_tokens
-from lightning_grpo.rollout.sampling_settings import Sampled
+from lightning_grpo.rollout.sampling_settings import Sampled, SampleRequest
 from lightning_grpo.testing.agents import CountdownEnv, short_turn_model
 from tests.conftest import count_a, make_trainer, prompt_loader
 
@@ -25,7 +25,7 @@ PROMPTS = ["1+1=", "2+3="]
 
 @dataclass
 class RecordingSettings:
-    """The backend's own settings (``grpo.rollout_backend_args``)."""
+    """The backend's own settings (``grpo.backend.rollout_backend_args``)."""
 
     tag: str = "default"
     scale: int = 1
@@ -37,10 +37,10 @@ class RecordingSession:
     def __init__(self, backend: RecordingBackend) -> None:
         self.backend, self.turns = backend, Counter[int]()
 
-    def sample(self, model, tokenizer, prompt_ids, prompt_mask, settings, *, rows: Sequence[int]) -> Sampled:
-        self.backend.events.append(("sample", list(rows)))
-        self.turns.update(rows)  # per-trajectory state kept from one turn to the next
-        return sample_tokens(model, tokenizer, prompt_ids, prompt_mask, settings)
+    def sample(self, model, tokenizer, request: SampleRequest) -> Sampled:
+        self.backend.events.append(("sample", list(request.rows)))
+        self.turns.update(request.rows)  # per-trajectory state kept from one turn to the next
+        return sample_tokens(model, tokenizer, request)
 
     def close(self) -> None:
         self.backend.events.append(("close session",))
@@ -54,8 +54,8 @@ class RecordingBackend:
     supported_settings: ClassVar[frozenset[str]] = frozenset({"top_p"})
     built: ClassVar[list[RecordingBackend]] = []
 
-    def __init__(self, settings: RecordingSettings, run: Any) -> None:
-        self.settings, self.run, self.events, self.turns = settings, run, [], []
+    def __init__(self, settings: RecordingSettings, spec: Any) -> None:
+        self.settings, self.spec, self.events, self.turns = settings, spec, [], []
         RecordingBackend.built.append(self)
 
     def start(self, policy, seed, *, sharded):
@@ -94,10 +94,10 @@ def test_a_backend_named_by_import_path_runs_the_whole_fit(make_module):
     module = make_module(rollout_backend=PATH, rollout_backend_args={"tag": "mine"})
     backend = module.rollout_backend
     assert isinstance(backend, RecordingBackend) and isinstance(backend, RolloutBackend)
-    assert backend.settings == RecordingSettings(tag="mine") and backend.run.grpo is module.config
+    assert backend.settings == RecordingSettings(tag="mine") and backend.spec.grpo is module.config
     assert module.hparams["grpo"]["rollout_backend_args"] == {"tag": "mine"}  # saved with the checkpoint
     make_trainer(max_steps=2).fit(module, prompt_loader(PROMPTS, repeat=2))
-    rows = list(range(len(PROMPTS) * module.config.num_generations))
+    rows = list(range(len(PROMPTS) * module.config.sampling.num_generations))
     step = [("session",), ("sample", rows), ("close session",), ("release",)]
     assert backend.events == [("start", 0, False), ("sync", 0), ("sync", 0), *step, ("sync", 1), ("sync", 1), *step,
                               ("close",)]  # fmt: skip
@@ -145,9 +145,9 @@ def test_a_session_knows_each_trajectory_across_agent_turns(tokenizer):
 def test_a_plain_sample_function_still_samples(tokenizer):
     calls = []
 
-    def sample(model, tok, prompt_ids, prompt_mask, settings):
-        calls.append(len(prompt_ids))
-        return sample_tokens(model, tok, prompt_ids, prompt_mask, settings)
+    def sample(model, tok, request):
+        calls.append(len(request.prompt_ids))
+        return sample_tokens(model, tok, request)
 
     agent = AgentSettings.build(tokenizer, max_turns=1)
     model = short_turn_model(tokenizer)
@@ -174,7 +174,7 @@ def test_an_import_path_that_is_not_a_backend_is_refused_naming_why(make_module,
 
 def test_a_backend_name_that_is_no_import_path_is_refused_by_the_config():
     with pytest.raises(ValueError, match=r"GRPOConfig\.rollout_backend='sglang' is not valid; choose one of 'hf', "):
-        GRPOConfig(rollout_backend="sglang")
+        GRPOConfig(backend=BackendConfig(rollout_backend="sglang"))
 
 
 @pytest.mark.parametrize(
@@ -192,7 +192,9 @@ def test_unknown_backend_settings_are_refused_naming_the_key_and_the_allowed_one
 
 
 def test_a_setting_the_backend_does_not_honour_is_refused_at_set_up(make_module):
-    assert make_module(rollout_backend=PATH, top_p=0.9).rollout_backend.run.grpo.top_p == 0.9  # one it honours
+    assert (
+        make_module(rollout_backend=PATH, top_p=0.9).rollout_backend.spec.grpo.sampling.top_p == 0.9
+    )  # one it honours
     with pytest.raises(ValueError, match=r"^GRPOConfig\.top_k=5: the rollout backend '.*RecordingBackend' does not "
                        r"honour top_k \(it supports top_p\); set top_k to 0 or choose a backend"):  # fmt: skip
         make_module(rollout_backend=PATH, top_k=5)
@@ -200,21 +202,23 @@ def test_a_setting_the_backend_does_not_honour_is_refused_at_set_up(make_module)
 
 def test_a_quantized_policy_needs_a_backend_that_says_it_samples_one():
     from lightning_grpo.backends.build import check_supported
-    from lightning_grpo.backends.protocol import BackendRun
+    from lightning_grpo.backends.protocol import BackendSpec
     from lightning_grpo.policy import PolicyConfig
 
-    run = BackendRun(GRPOConfig(), PolicyConfig(quantization="nf4"))
+    spec = BackendSpec(GRPOConfig(), PolicyConfig(quantization="nf4"))
     with pytest.raises(ValueError, match=r"^PolicyConfig\.quantization='nf4': the rollout backend 'mine' does not "):
-        check_supported(RecordingBackend, run, "mine")
-    check_supported(HFBackend, run, "hf")  # the policy samples itself: anything goes
+        check_supported(RecordingBackend, spec, "mine")
+    check_supported(HFBackend, spec, "hf")  # the policy samples itself: anything goes
 
 
 def test_vllm_settings_given_with_another_backend_are_refused(tokenizer):
     from lightning_grpo import VLLMConfig
     from lightning_grpo.testing import build_tiny_model
 
-    with pytest.raises(ValueError, match=r"vllm settings were given but grpo.rollout_backend is '.*RecordingBackend'"):
-        GRPOModule(build_tiny_model(tokenizer), [count_a], tokenizer=tokenizer, grpo=GRPOConfig(rollout_backend=PATH),
+    with pytest.raises(
+        ValueError, match=r"vllm settings were given but grpo.backend.rollout_backend is '.*RecordingBackend'"
+    ):
+        GRPOModule(build_tiny_model(tokenizer), [count_a], tokenizer=tokenizer, grpo=GRPOConfig(backend=BackendConfig(rollout_backend=PATH)),
                    vllm=VLLMConfig())  # fmt: skip
 
 

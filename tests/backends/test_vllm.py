@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from lightning_grpo import GRPOModule
-from lightning_grpo.backends.vllm_settings import VLLMConfig
+from lightning_grpo.backends.vllm.settings import VLLMConfig
 from lightning_grpo.rollout import completion_logprobs
-from lightning_grpo.rollout.sampling_settings import SamplingSettings
+from lightning_grpo.rollout.sampling_settings import SampleRequest, SamplingSettings
 from lightning_grpo.testing import build_tiny_tokenizer
 from lightning_grpo.testing.agents import CountdownEnv
 from tests.backends.vllm_helpers import (
@@ -111,7 +111,9 @@ def _sample_copies(module: GRPOModule, sent: list) -> None:
     torch.randint(0, 2**31 - 1, (1,))
     expected = torch.rand(3)
     torch.manual_seed(0)
-    rows = engine.sample(module.policy, module.tokenizer, ids, torch.ones_like(ids), settings).sequences[:, 3:]
+    rows = engine.sample(module.policy, module.tokenizer, SampleRequest(ids, torch.ones_like(ids), settings)).sequences[
+        :, 3:
+    ]
     first, second = rows[:4].tolist(), rows[4:].tolist()
     assert not any(row in second for row in first), (first, second)
     assert torch.equal(torch.rand(3), expected)
@@ -189,8 +191,8 @@ def test_truncated_importance_sampling_weights_are_one_when_sampler_and_trainer_
 _START = """
 import sys
 from lightning_grpo.policy import PolicyConfig, load_policy
-from lightning_grpo.backends.vllm_engine import VLLMEngine
-from lightning_grpo.backends.vllm_settings import VLLMConfig
+from lightning_grpo.backends.vllm.engine import VLLMEngine
+from lightning_grpo.backends.vllm.settings import VLLMConfig
 from tests.backends.vllm_helpers import tiny_policy
 policy = load_policy(tiny_policy(), PolicyConfig(lora_r=4, lora_alpha=8))
 config = VLLMConfig(**dict(arg.split("=") for arg in sys.argv[1:]))

@@ -7,14 +7,14 @@ import os
 import pytest
 
 from lightning_grpo.backends import VLLMConfig
-from lightning_grpo.backends.vllm_start import engine_environment
+from lightning_grpo.backends.vllm.start import engine_environment
 
 
 @pytest.fixture
 def clean_environment(monkeypatch):
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)  # restored after the test, as is the next
     monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
-    monkeypatch.setattr("lightning_grpo.backends.vllm_start._SET_BY_US", {})
+    monkeypatch.setattr("lightning_grpo.backends.vllm.start._SET_BY_US", {})
 
 
 @pytest.mark.usefixtures("clean_environment")

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from lightning_grpo import PolicyConfig
-from lightning_grpo.backends import vllm_files
-from lightning_grpo.backends.vllm_files import bytes_needed, make_work_dir
-from lightning_grpo.backends.vllm_settings import VLLMConfig
+from lightning_grpo.backends.vllm import files as vllm_files
+from lightning_grpo.backends.vllm.files import bytes_needed, make_work_dir
+from lightning_grpo.backends.vllm.settings import VLLMConfig
 from lightning_grpo.policy import load_policy
 from tests.backends.vllm_helpers import needs_vllm, tiny_policy, vllm_module
 

@@ -15,9 +15,10 @@ import torch
 from peft import LoraConfig, get_peft_model
 
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig
-from lightning_grpo.backends import BackendRun, VLLMServerBackend, VLLMServerConfig
-from lightning_grpo.backends.vllm_server_process import ServerError, get_json, post_json
-from lightning_grpo.rollout.sampling_settings import SamplingSettings
+from lightning_grpo.backends import BackendSpec, VLLMServerBackend, VLLMServerConfig
+from lightning_grpo.backends.vllm_server.process import ServerError, get_json, post_json
+from lightning_grpo.config import SamplingConfig
+from lightning_grpo.rollout.sampling_settings import SampleRequest, SamplingSettings
 from lightning_grpo.testing import build_tiny_tokenizer
 from tests.backends.vllm_helpers import (
     PROMPTS,
@@ -45,8 +46,10 @@ def server(tmp_path_factory):
     model.save_pretrained(folder)
     build_tiny_tokenizer().save_pretrained(folder)
     config = VLLMServerConfig(start=True, cpu_threads=1, max_lora_rank=8, max_model_len=256)
-    run = BackendRun(GRPOConfig(max_prompt_length=32, max_new_tokens=8), PolicyConfig(lora_r=4), str(folder))
-    backend = VLLMServerBackend(config, run)
+    spec = BackendSpec(
+        GRPOConfig(sampling=SamplingConfig(max_prompt_length=32, max_new_tokens=8)), PolicyConfig(lora_r=4), str(folder)
+    )
+    backend = VLLMServerBackend(config, spec)
     backend.start(get_peft_model(model, LoraConfig(r=4)), seed=0, sharded=False)
     yield backend
     backend.close()
@@ -126,7 +129,9 @@ def _sample_copies(module: GRPOModule, sent: list) -> None:
     complete = session._complete
     session._complete = lambda body: sent.append(body["seed"]) or complete(body)
     ids = torch.tensor([[5, 6, 7]] * 2)
-    rows = session.sample(None, module.tokenizer, ids, torch.ones_like(ids), SamplingSettings(4, 8), rows=range(8))
+    rows = session.sample(
+        None, module.tokenizer, SampleRequest(ids, torch.ones_like(ids), SamplingSettings(4, 8), rows=range(8))
+    )
     session.close()
     first, second = rows.sequences[:4, 3:].tolist(), rows.sequences[4:, 3:].tolist()
     assert not any(row in second for row in first), (first, second)
@@ -164,7 +169,9 @@ def _overlap(module: GRPOModule) -> dict:
     ids = torch.tensor([[5, 6, 7]] * 2)
 
     def sample() -> None:
-        result["out"] = session.sample(None, module.tokenizer, ids, torch.ones_like(ids), settings, rows=range(8))
+        result["out"] = session.sample(
+            None, module.tokenizer, SampleRequest(ids, torch.ones_like(ids), settings, rows=range(8))
+        )
 
     thread = threading.Thread(target=sample)
     thread.start()

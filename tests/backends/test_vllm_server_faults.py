@@ -15,16 +15,21 @@ import torch
 from peft import LoraConfig, get_peft_model
 
 from lightning_grpo import GRPOConfig, PolicyConfig
-from lightning_grpo.backends import BACKENDS, BackendRun, VLLMServerBackend, VLLMServerConfig, build_backend
-from lightning_grpo.backends.vllm_server_process import ServerError, ServerProcess, free_port
-from lightning_grpo.rollout.sampling_settings import SamplingSettings
+from lightning_grpo.backends import BACKENDS, BackendSpec, VLLMServerBackend, VLLMServerConfig, build_backend
+from lightning_grpo.backends.vllm_server.process import ServerError, ServerProcess, free_port
+from lightning_grpo.config import SamplingConfig
+from lightning_grpo.rollout.sampling_settings import SampleRequest, SamplingSettings
 from lightning_grpo.settings_checks import SettingError
 from lightning_grpo.testing import build_tiny_tokenizer
 from tests.backends.vllm_helpers import tiny_policy
 
 
-def _run(**grpo) -> BackendRun:
-    return BackendRun(GRPOConfig(max_prompt_length=16, max_new_tokens=8, **grpo), PolicyConfig(lora_r=4), "my/model")
+def _spec(**grpo) -> BackendSpec:
+    return BackendSpec(
+        GRPOConfig(sampling=SamplingConfig(max_prompt_length=16, max_new_tokens=8), **grpo),
+        PolicyConfig(lora_r=4),
+        "my/model",
+    )
 
 
 def test_the_backend_is_named_and_its_settings_are_checked():
@@ -36,10 +41,10 @@ def test_the_backend_is_named_and_its_settings_are_checked():
         VLLMServerConfig(url="h:8000")
     assert VLLMServerConfig(url="http://h:8000/v1/").url == "http://h:8000"
     with pytest.raises(SettingError, match=r"rollout_backend_args\.colour"):
-        build_backend(_run(rollout_backend="vllm_server", rollout_backend_args={"url": "http://h:1", "colour": 1}))
+        build_backend(_spec(rollout_backend="vllm_server", rollout_backend_args={"url": "http://h:1", "colour": 1}))
     with pytest.raises(SettingError, match=r"GRPOConfig\.static_cache=True: the rollout backend 'vllm_server'"):
-        build_backend(_run(rollout_backend="vllm_server", rollout_backend_args={"url": "http://h:1"},
-                           static_cache=True))  # fmt: skip
+        build_backend(_spec(rollout_backend="vllm_server", rollout_backend_args={"url": "http://h:1"},
+                            static_cache=True))  # fmt: skip
 
 
 def _policy():
@@ -48,7 +53,7 @@ def _policy():
 
 def test_a_server_unreachable_at_start_is_named_with_the_command_that_starts_one():
     url = f"http://127.0.0.1:{free_port()}"
-    backend = VLLMServerBackend(VLLMServerConfig(url=url), _run())
+    backend = VLLMServerBackend(VLLMServerConfig(url=url), _spec())
     with pytest.raises(ServerError) as caught:
         backend.start(_policy(), seed=0, sharded=False)
     message = str(caught.value)
@@ -83,14 +88,16 @@ class _Silent:
 
 def test_a_request_that_times_out_is_sent_once_more_then_names_request_timeout_s():
     silent = _Silent()
-    backend = VLLMServerBackend(VLLMServerConfig(url=silent.url, request_timeout_s=0.5), _run())
+    backend = VLLMServerBackend(VLLMServerConfig(url=silent.url, request_timeout_s=0.5), _spec())
     backend._started, backend.adapter = True, "some-adapter"  # as after a sync: the server stops answering now
     session = backend.session(None, SamplingSettings(2, 4))
     ids = torch.tensor([[5, 6, 7]])
     try:
-        with pytest.raises(ServerError, match=r"timed out twice after 0.5 s \(GRPOConfig.rollout_backend_args."
+        with pytest.raises(ServerError, match=r"timed out twice after 0.5 s \(GRPOConfig.backend.rollout_backend_args."
                            r"request_timeout_s\)"):  # fmt: skip
-            session.sample(None, build_tiny_tokenizer(), ids, torch.ones_like(ids), SamplingSettings(2, 4), rows=[0])
+            session.sample(
+                None, build_tiny_tokenizer(), SampleRequest(ids, torch.ones_like(ids), SamplingSettings(2, 4), rows=[0])
+            )
         assert silent.accepted == 2  # the first try and the one retry
     finally:
         silent.close()
@@ -136,7 +143,7 @@ def test_a_server_that_exits_at_start_is_reported_with_its_output():
 
 
 def test_start_true_needs_the_models_name():
-    backend = VLLMServerBackend(VLLMServerConfig(start=True), BackendRun(GRPOConfig(), PolicyConfig(lora_r=4)))
+    backend = VLLMServerBackend(VLLMServerConfig(start=True), BackendSpec(GRPOConfig(), PolicyConfig(lora_r=4)))
     with pytest.raises(ValueError, match="start: true serves the run's model by its hub id or folder"):
         backend.start(_policy(), seed=0, sharded=False)
     backend.close()
@@ -154,7 +161,7 @@ def test_the_launcher_asks_for_scalar_kernels_in_the_spawned_engine_process_unde
     env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
     env.update({"PYTHONPATH": repo_pythonpath()}, **({"ATEN_CPU_CAPABILITY": capability} if capability else {}))
     code = (
-        "import runpy; runpy.run_module('lightning_grpo.backends.vllm_server_launch', run_name='__mp_main__'); "
+        "import runpy; runpy.run_module('lightning_grpo.backends.vllm_server.launch', run_name='__mp_main__'); "
         "import torch._inductor.config as c; print(c.cpp.simdlen)"
     )
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
@@ -169,6 +176,8 @@ def test_the_multi_node_config_names_a_server_whose_settings_build():
     path = REPO / "configs/qwen2.5-0.5b/gsm8k-lora-vllm-server.yaml"
     fit = parse_config(["fit", "--config", str(path)])["fit"]
     grpo = fit.model.init_args.grpo
-    assert grpo.rollout_backend == "vllm_server" and fit.trainer.num_nodes == 2 and fit.trainer.strategy == "ddp"
-    settings = backend_settings(VLLMServerBackend, grpo.rollout_backend_args, "vllm_server")
+    assert (
+        grpo.backend.rollout_backend == "vllm_server" and fit.trainer.num_nodes == 2 and fit.trainer.strategy == "ddp"
+    )
+    settings = backend_settings(VLLMServerBackend, grpo.backend.rollout_backend_args, "vllm_server")
     assert settings.url == "http://10.0.0.5:8000" and settings.adapter_dir == "/shared/grpo-adapters"

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig
-from lightning_grpo.backends import vllm_settings
-from lightning_grpo.backends.vllm_settings import VLLMConfig, check_installed, check_sampling, engine_lora_rank
+from lightning_grpo.backends.vllm import settings as vllm_settings
+from lightning_grpo.backends.vllm.settings import VLLMConfig, check_installed, check_sampling, engine_lora_rank
+from lightning_grpo.config import BackendConfig, CorrectionConfig, SamplingConfig
 from lightning_grpo.testing import build_tiny_tokenizer
 from tests.backends.vllm_helpers import count_a, needs_vllm, tiny_policy, vllm_module
 
@@ -44,7 +45,7 @@ def test_without_vllm_the_error_names_both_extras(monkeypatch):
         check_installed()
     with pytest.raises(ImportError, match="needs vLLM"):  # at construction, before any fit
         GRPOModule(tiny_policy(), [count_a], tokenizer=build_tiny_tokenizer(),
-                   grpo=GRPOConfig(rollout_backend="vllm", num_generations=2))  # fmt: skip
+                   grpo=GRPOConfig(backend=BackendConfig(rollout_backend="vllm"), sampling=SamplingConfig(num_generations=2)))  # fmt: skip
 
 
 def test_transformers_outside_vllms_range_names_both_versions(monkeypatch):
@@ -79,7 +80,7 @@ def test_a_module_that_overrides_generate_is_refused_at_construction(monkeypatch
 
     with pytest.raises(ValueError, match=r"overridden GRPOModule\.generate"):
         Custom(tiny_policy(), [count_a], tokenizer=build_tiny_tokenizer(),
-               grpo=GRPOConfig(rollout_backend="vllm", num_generations=2))  # fmt: skip
+               grpo=GRPOConfig(backend=BackendConfig(rollout_backend="vllm"), sampling=SamplingConfig(num_generations=2)))  # fmt: skip
     with pytest.raises(ValueError, match="sampler='inverse_cdf'"):
         vllm_module(sampler="inverse_cdf")
 
@@ -98,7 +99,7 @@ def test_lora_rank_above_the_engines_maximum_is_refused(monkeypatch):
             [count_a],
             tokenizer=build_tiny_tokenizer(),
             policy=PolicyConfig(lora_r=16),
-            grpo=GRPOConfig(rollout_backend="vllm", num_generations=2),
+            grpo=GRPOConfig(backend=BackendConfig(rollout_backend="vllm"), sampling=SamplingConfig(num_generations=2)),
             vllm=VLLMConfig(max_lora_rank=8),
         )
 
@@ -140,11 +141,13 @@ def test_a_fractional_kv_cache_in_the_environment_is_named_before_anything_is_wr
 
 def test_backend_and_tis_settings_are_checked():
     with pytest.raises(ValueError, match="rollout_backend='sglang' is not valid; choose one of 'hf', 'vllm'"):
-        GRPOConfig(rollout_backend="sglang")
+        GRPOConfig(backend=BackendConfig(rollout_backend="sglang"))
     with pytest.raises(ValueError, match=r"rollout_correction_args=\{'max': 0.0\} is not valid"):
-        GRPOConfig(rollout_correction="token_truncate", rollout_correction_args={"max": 0.0})
+        GRPOConfig(
+            corrections=CorrectionConfig(rollout_correction="token_truncate", rollout_correction_args={"max": 0.0})
+        )
     with pytest.raises(ValueError, match="set rollout_backend: vllm"):
-        GRPOModule(tiny_policy(), [count_a], tokenizer=build_tiny_tokenizer(), grpo=GRPOConfig(num_generations=2),
+        GRPOModule(tiny_policy(), [count_a], tokenizer=build_tiny_tokenizer(), grpo=GRPOConfig(sampling=SamplingConfig(num_generations=2)),
                    vllm=VLLMConfig())  # fmt: skip
 
 
@@ -209,7 +212,7 @@ def test_truncated_weights_with_the_hf_backend_weight_the_loss_by_the_capped_rat
     from tests.backends.vllm_helpers import PROMPTS
 
     module = GRPOModule(tiny_policy(), [count_a], tokenizer=build_tiny_tokenizer(),
-                        grpo=GRPOConfig(num_generations=2, max_new_tokens=4, max_prompt_length=16))  # fmt: skip
+                        grpo=GRPOConfig(sampling=SamplingConfig(num_generations=2, max_new_tokens=4, max_prompt_length=16)))  # fmt: skip
     rollout = module.generate({"prompt": PROMPTS})
     batch = module.prepare_update(rollout, torch.ones(len(rollout)))
     per_token = torch.ones_like(rollout.logprobs)

@@ -13,7 +13,7 @@ from pathlib import Path
 import lightning as L
 import torch
 
-import lightning_grpo.backends.vllm_server as vllm_server
+import lightning_grpo.backends.vllm_server.backend as vllm_server
 from tests.backends.vllm_helpers import PROMPTS, loader, vllm_module
 from tests.distributed.worker import make_strategy, rank
 

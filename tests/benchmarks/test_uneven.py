@@ -12,7 +12,7 @@ from benchmarks.run import UNEVEN, parse_args, parse_variant
 from benchmarks.uneven import ScriptedEOS, check_lengths, draw_lengths, length_summary, padding_share
 from benchmarks.workload import Workload
 from lightning_grpo.rollout.generation import sample_tokens
-from lightning_grpo.rollout.sampling_settings import SamplingSettings
+from lightning_grpo.rollout.sampling_settings import SampleRequest, SamplingSettings
 
 
 def test_draw_is_seeded_clipped_long_tailed_and_reaches_the_cap():
@@ -99,8 +99,9 @@ def test_the_hook_forces_the_scripted_lengths(tiny, options):
     settings = SamplingSettings(num_generations=g, max_new_tokens=12, **options)
     scripted = ScriptedEOS(lengths, prompt_length, tokenizer.eos_token_id).attach(model)
     try:
+        request = SampleRequest(prompt_ids, torch.ones_like(prompt_ids), settings)
         with torch.no_grad(), scripted.sampling():
-            sequences = sample_tokens(model, tokenizer, prompt_ids, torch.ones_like(prompt_ids), settings).sequences
+            sequences = sample_tokens(model, tokenizer, request).sequences
         with torch.no_grad():  # outside sampling the model is left alone
             plain = model(input_ids=prompt_ids).logits
     finally:

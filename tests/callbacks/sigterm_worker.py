@@ -14,6 +14,7 @@ from lightning.pytorch.strategies import DDPStrategy
 
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig
 from lightning_grpo.callbacks import SaveOnInterrupt
+from lightning_grpo.config import SamplingConfig
 from lightning_grpo.testing import build_tiny_model, build_tiny_tokenizer
 from tests.conftest import count_a, make_trainer, prompt_loader
 
@@ -33,7 +34,7 @@ def main(workdir: Path) -> None:
     tokenizer = build_tiny_tokenizer()
     module = GRPOModule(
         build_tiny_model(tokenizer), [count_a], tokenizer=tokenizer, policy=PolicyConfig(lora_r=2, lora_alpha=4),
-        grpo=GRPOConfig(num_generations=2, max_new_tokens=4, max_prompt_length=8), default_callbacks=False,
+        grpo=GRPOConfig(sampling=SamplingConfig(num_generations=2, max_new_tokens=4, max_prompt_length=8)), default_callbacks=False,
     )  # fmt: skip
     callbacks = [Started(workdir), SaveOnInterrupt(dirpath=workdir / "ckpt")]
     strategy = DDPStrategy(process_group_backend="gloo")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -19,9 +20,9 @@ def _lora(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {name: param.detach().clone() for name, param in model.named_parameters() if "lora_" in name}
 
 
-def test_exports_every_n_steps_and_at_the_end_and_they_load(make_module, tokenizer, tmp_path):
+def test_exports_every_n_iterations_and_at_the_end_and_they_load(make_module, tokenizer, tmp_path):
     module = make_module((first_char_code,))  # a reward with variance: the adapter moves every step
-    fit(module, [AdapterExport(dirpath=tmp_path, every_n_steps=2)], iterations=4)
+    fit(module, [AdapterExport(dirpath=tmp_path, every_n_iterations=2)], iterations=4)
     root = tmp_path / "adapter"
     assert sorted(path.name for path in root.iterdir()) == ["final", "step-2", "step-4"]
     final = _lora(PeftModel.from_pretrained(build_tiny_model(tokenizer), root / "final"))
@@ -35,7 +36,7 @@ def test_exports_every_n_steps_and_at_the_end_and_they_load(make_module, tokeniz
 def test_directories_are_named_by_global_step_and_default_to_the_root_dir(make_module, tmp_path):
     # Two mini-batches per iteration: two optimizer steps, so iterations 1 and 2 end at global steps 2 and 4.
     module = make_module(mini_batch_size=4)
-    fit(module, [AdapterExport(every_n_steps=1)], iterations=2, default_root_dir=tmp_path)
+    fit(module, [AdapterExport(every_n_iterations=1)], iterations=2, default_root_dir=tmp_path)
     assert sorted(path.name for path in (tmp_path / "adapter").iterdir()) == ["final", "step-2", "step-4"]
 
 
@@ -70,13 +71,32 @@ def test_rank_zero_writes_unless_the_module_needs_every_rank(is_global_zero, all
 def test_iteration_count_survives_a_checkpoint(make_module, tmp_path):
     # An epoch of one iteration, a checkpoint, then the resumed run's first iteration is the 2nd: it exports.
     loader = prompt_loader(["1+1=", "2+2="])
-    trainer = make_trainer(max_epochs=1, callbacks=[AdapterExport(tmp_path, every_n_steps=2)])
+    trainer = make_trainer(max_epochs=1, callbacks=[AdapterExport(tmp_path, every_n_iterations=2)])
     trainer.fit(make_module(), train_dataloaders=loader)
     assert not (tmp_path / "adapter" / "step-1").exists()
     trainer.save_checkpoint(tmp_path / "one.ckpt")
-    resumed = AdapterExport(tmp_path, every_n_steps=2)
+    resumed = AdapterExport(tmp_path, every_n_iterations=2)
     make_trainer(max_epochs=2, callbacks=[resumed]).fit(make_module(), loader, ckpt_path=tmp_path / "one.ckpt")
     assert resumed.iterations == 2 and (tmp_path / "adapter" / "step-2").exists()
+
+
+def test_a_checkpoint_saved_before_the_rename_resumes_with_its_count(make_module, tmp_path):
+    # The argument was every_n_steps when the checkpoint was saved (docs/glossary.md): its state key says so.
+    loader = prompt_loader(["1+1=", "2+2="])
+    trainer = make_trainer(max_epochs=1, callbacks=[AdapterExport(tmp_path, every_n_iterations=2)])
+    trainer.fit(make_module(), train_dataloaders=loader)
+    trainer.save_checkpoint(tmp_path / "one.ckpt")
+    checkpoint = torch.load(tmp_path / "one.ckpt", weights_only=False)
+    states = checkpoint["callbacks"]
+    (key,) = [k for k in states if k.startswith("AdapterExport")]
+    states[key.replace("'every_n_iterations':", "'every_n_steps':")] = states.pop(key)
+    torch.save(checkpoint, tmp_path / "old.ckpt")
+    resumed = AdapterExport(tmp_path, every_n_iterations=2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        make_trainer(max_epochs=2, callbacks=[resumed]).fit(make_module(), loader, ckpt_path=tmp_path / "old.ckpt")
+    assert resumed.iterations == 2 and (tmp_path / "adapter" / "step-2").exists()  # its folder kept, no refusal
+    assert not [w for w in caught if "add the following callbacks" in str(w.message)]
 
 
 def test_a_module_without_export_adapter_is_refused():
@@ -85,9 +105,9 @@ def test_a_module_without_export_adapter_is_refused():
 
 
 @pytest.mark.parametrize("every", [0, -1, 1.5, "10"])
-def test_bad_every_n_steps_is_refused(every):
-    with pytest.raises(ValueError, match=r"every_n_steps must be an integer >= 1 or None, got"):
-        AdapterExport(every_n_steps=every)
+def test_bad_every_n_iterations_is_refused(every):
+    with pytest.raises(ValueError, match=r"every_n_iterations must be an integer >= 1 or None, got"):
+        AdapterExport(every_n_iterations=every)
 
 
 def test_a_rerun_never_replaces_an_earlier_runs_adapter(make_module, tmp_path):

@@ -42,7 +42,7 @@ def test_a_run_that_collapses_is_caught_once_after_patience_steps(make_module):
     assert flags == [0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0]
     assert len(recorder.warnings) == 1  # once, however long the collapse lasts
     message = recorder.warnings[0]
-    assert "for the last 2 steps every group had equal rewards" in message
+    assert "for the last 2 iterations every group had equal rewards" in message
     assert "at a mean reward of 0, down from" in message
     assert "lower learning rate" in message and "num_generations" in message and "max_new_tokens" in message
 
@@ -95,12 +95,16 @@ def test_bad_arguments_are_refused(kwargs, error, match):
 
 def test_trajectories_cut_before_their_environment_stepped_are_counted(tokenizer):
     from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig
+    from lightning_grpo.config import AgentConfig, SamplingConfig
     from lightning_grpo.testing.agents import CountdownEnv, short_turn_model
 
     def env_score(completions, env_reward, **_):
         return [0.0 if r is None else float(r) for r in env_reward]
 
-    grpo = GRPOConfig(num_generations=2, max_new_tokens=6, max_prompt_length=32, max_turns=3)
+    grpo = GRPOConfig(
+        sampling=SamplingConfig(num_generations=2, max_new_tokens=6, max_prompt_length=32),
+        agents=AgentConfig(max_turns=3),
+    )
     module = GRPOModule(
         short_turn_model(tokenizer, eos_bias=-50.0), [env_score], tokenizer=tokenizer, grpo=grpo,
         policy=PolicyConfig(lora_r=2, lora_alpha=4), environment_factory=CountdownEnv,

@@ -55,8 +55,8 @@ def _group_summary(ranks: list[dict]) -> dict[str, float]:
 
 def test_logged_values_are_global_and_equal_on_every_rank(make_module, tmp_path):
     module = make_module((first_char_code, rank_zero_only), num_generations=4)
-    callbacks = [GroupRewardStats(), CompletionStats(), ThroughputMonitor(), SampleLogger(every_n_steps=1)]
-    callbacks += [AdapterExport(dirpath=tmp_path / "out", every_n_steps=1), Dump(tmp_path)]
+    callbacks = [GroupRewardStats(), CompletionStats(), ThroughputMonitor(), SampleLogger(every_n_iterations=1)]
+    callbacks += [AdapterExport(dirpath=tmp_path / "out", every_n_iterations=1), Dump(tmp_path)]
     trainer = make_trainer(devices=2, strategy="ddp_fork", max_epochs=1, log_every_n_steps=1, callbacks=callbacks)
     trainer.fit(module, train_dataloaders=prompt_loader(["1+1=", "2+2="], repeat=2))  # one batch of 2 prompts per rank
     ranks = [torch.load(tmp_path / f"rank{r}-0.pt", weights_only=False) for r in range(2)]

@@ -59,7 +59,7 @@ def test_every_logger_kind_and_the_console_get_the_samples(make_module, tmp_path
     printed: list[str] = []
     monkeypatch.setattr(sample_logger_module, "rank_zero_info", printed.append)
     loggers = [CSVLogger(tmp_path), TextLogger(), TableLogger(), ListLogger()]
-    callback = SampleLogger(every_n_steps=2, num_samples=3, max_chars=4)
+    callback = SampleLogger(every_n_iterations=2, num_samples=3, max_chars=4)
     _, recorder = fit(make_module((first_char_code,)), [callback], iterations=4, logger=loggers)
     # Logged at iterations 2 and 4, whose metrics the loggers receive at steps 1 and 3: tables line up with curves.
     assert [step for _, step in loggers[3].logged] == [0, 1, 2, 3]
@@ -87,23 +87,23 @@ def test_every_logger_kind_and_the_console_get_the_samples(make_module, tmp_path
     assert tables[0]["columns"] == ["step", "prompt", "completion", "reward", "advantage"]
     assert tables[0]["data"] + tables[1]["data"] == expected
 
-    assert len(printed) == 2 and printed[0].startswith("Samples at step 1 (global_step 2):\n| step |")
+    assert len(printed) == 2 and printed[0].startswith("Samples of iteration 1 (global_step 2):\n| step |")
     assert all(_shown(row[2], 4) in printed[0] for row in expected[:3])
     assert max(len(line) for line in printed[1].splitlines()) < 80  # texts cut to max_chars
 
 
 def test_only_rank_zero_sends_but_every_rank_counts():
     logger = TableLogger()
-    callback = SampleLogger(every_n_steps=1, console=False)
+    callback = SampleLogger(every_n_iterations=1, console=False)
     trainer = SimpleNamespace(is_global_zero=False, loggers=[logger], global_step=0)
     callback.on_train_batch_end(trainer, None, None, {}, 0)  # outputs are not even read off rank zero
     assert logger.tables == [] and callback.iterations == 1
 
 
 def test_the_iteration_count_is_saved_in_checkpoints():
-    callback = SampleLogger(every_n_steps=3)
+    callback = SampleLogger(every_n_iterations=3)
     callback.iterations = 7
-    restored = SampleLogger(every_n_steps=3)
+    restored = SampleLogger(every_n_iterations=3)
     restored.load_state_dict(callback.state_dict())
     assert restored.iterations == 7
 
@@ -116,7 +116,7 @@ def test_nan_rewards_show_as_nan():
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"every_n_steps": 0}, "every_n_steps must be an integer >= 1, got 0"),
+        ({"every_n_iterations": 0}, "every_n_iterations must be an integer >= 1, got 0"),
         ({"num_samples": 2.5}, "num_samples must be an integer >= 1, got 2.5"),
         ({"max_chars": True}, "max_chars must be an integer >= 1, got True"),
     ],
@@ -148,7 +148,7 @@ def test_conversations_are_shown_whole_with_their_roles(tmp_path):
                "advantages": torch.tensor([0.5, -0.5])}  # fmt: skip
     table, csv_logger = TableLogger(), CSVLogger(tmp_path)
     trainer = SimpleNamespace(is_global_zero=True, loggers=[table, csv_logger], global_step=0)
-    SampleLogger(every_n_steps=1, num_samples=2, console=False).on_train_batch_end(trainer, None, outputs, {}, 0)
+    SampleLogger(every_n_iterations=1, num_samples=2, console=False).on_train_batch_end(trainer, None, outputs, {}, 0)
     shown_prompt = "[system] Use tools.\n[user] 2+3?"
     shown = '[assistant] Let me add. add({"a": 2, "b": 3})\n[tool] 5\n[assistant] 5'
     assert table.tables[0]["data"] == [

@@ -28,7 +28,7 @@ def test_rates_and_times_match_the_step_outputs(make_module):
         for phase, value in seconds.items():
             torch.testing.assert_close(logged[f"train/time/{phase}"], torch.tensor(value), msg=phase)
         phases = sum(value for phase, value in seconds.items() if "/" not in phase)  # reward times are inside score
-        assert logged["train/time/step"] >= phases  # the phases happen inside the step
+        assert logged["train/time/iteration"] >= phases  # the phases happen inside the step
         assert logged["train/memory/peak_mib"] > 0
 
 
@@ -47,7 +47,7 @@ def test_memory_can_be_left_out(make_module):
     _, recorder = fit(make_module(kl_coef=0.0), [ThroughputMonitor(log_memory=False, prefix="")], iterations=1)
     logged = recorder.metrics[0]
     assert "memory/peak_mib" not in logged and "train/memory/peak_mib" not in logged
-    assert {"time/generate", "time/score", "time/update", "time/step"} <= set(logged)
+    assert {"time/generate", "time/score", "time/update", "time/iteration"} <= set(logged)
     assert "time/reference" not in logged  # no KL term: the reference phase did not run
 
 

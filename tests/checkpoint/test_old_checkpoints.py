@@ -52,11 +52,11 @@ def test_an_old_checkpoint_resumes_without_edits_and_without_reported_changes(ol
     module = build_module()
     text = _resume(module, old_checkpoint, caplog)
     assert "changed settings" not in text  # no new setting reads as changed: absent means its default
-    assert module.config.policy_loss_settings().clip_high == 0.28
+    assert module.config.objective.policy_loss_settings().clip_high == 0.28
 
 
 def test_a_changed_component_setting_is_reported_and_takes_effect_on_resume(old_checkpoint, caplog):
     module = build_module(loss_kind_args={"clip_high": 0.3})
     text = _resume(module, old_checkpoint, caplog)
-    assert "grpo.loss_kind_args None -> {'clip_high': 0.3}" in text
+    assert "grpo.objective.loss_kind_args None -> {'clip_high': 0.3}" in text
     assert module.config.component("loss_kind").keywords["clip_high"] == 0.3

@@ -78,4 +78,7 @@ def test_the_old_checkpoint_resumes_under_the_components_without_reported_change
 def test_a_changed_correction_is_reported_in_todays_names(old_checkpoint, caplog):
     module = build_module(**{**COMPONENTS, "off_policy_mask_args": {"threshold": 0.25}})
     text = _resume(module, old_checkpoint, caplog)
-    assert "grpo.off_policy_mask_args.threshold 0.5 -> 0.25" in text and "off_policy_mask_threshold" not in text
+    assert (
+        "grpo.corrections.off_policy_mask_args.threshold 0.5 -> 0.25" in text
+        and "off_policy_mask_threshold" not in text
+    )

@@ -11,6 +11,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig
 from lightning_grpo.checkpoint import CheckpointMismatchError, UnreadableCheckpointError
+from lightning_grpo.config import SamplingConfig
 from lightning_grpo.testing import build_tiny_model
 from tests.conftest import count_a, make_trainer, prompt_loader
 
@@ -39,7 +40,7 @@ def _resume(module, path, max_steps=2):
 def test_resuming_on_other_base_weights_is_refused_naming_both(tokenizer, checkpoint):
     other = GRPOModule(  # same architecture as make_module's, other weights (seed 1)
         build_tiny_model(tokenizer, seed=1), [count_a], tokenizer=tokenizer,
-        policy=PolicyConfig(lora_r=4, lora_alpha=8), grpo=GRPOConfig(num_generations=4, max_new_tokens=6),
+        policy=PolicyConfig(lora_r=4, lora_alpha=8), grpo=GRPOConfig(sampling=SamplingConfig(num_generations=4, max_new_tokens=6)),
     )  # fmt: skip
     with pytest.raises(CheckpointMismatchError, match=r"same shapes, different weight values") as error:
         _resume(other, checkpoint)
@@ -65,7 +66,7 @@ def test_a_changed_learning_rate_and_kl_coef_take_effect_on_resume(make_module, 
         trainer = _resume(module, checkpoint, max_steps=3)
     finally:
         lightning_log.removeHandler(caplog.handler)
-    assert "grpo.kl_coef 0.001 -> 0.5" in caplog.text and "lr 0.01 -> 0.004" in caplog.text
+    assert "grpo.objective.kl_coef 0.001 -> 0.5" in caplog.text and "lr 0.01 -> 0.004" in caplog.text
     assert trainer.global_step == 3
     assert module.optimizers().param_groups[0]["lr"] == pytest.approx(4e-3 * 0.5**3)  # the new lr, 3 halvings
     assert module.optimizers().optimizer.state  # the checkpoint's AdamW moments were restored, not reset

@@ -11,10 +11,10 @@ def test_an_agent_given_as_an_import_path_reaches_the_module(tmp_path):
     cli = GRPOCLI(
         args=[
             "--config", str(TINY), "--model.init_args.agent=tests.rollout.test_agent_client._async_agent",
-            "--model.init_args.grpo.agent_timeout=30", "--model.init_args.reward_funcs=null",
+            "--model.init_args.grpo.agents.agent_timeout=30", "--model.init_args.reward_funcs=null",
             f"--trainer.default_root_dir={tmp_path}", f"--trainer.logger.init_args.save_dir={tmp_path}",
         ],
         run=False,
     )  # fmt: skip
-    assert cli.model.agent_fn is _async_agent and cli.model.config.agent_timeout == 30
+    assert cli.model.agent_fn is _async_agent and cli.model.config.agents.agent_timeout == 30
     assert [name for name in cli.model.rewards.names] == ["agent_reward"]

@@ -80,7 +80,7 @@ def test_the_7b_qlora_config_is_nf4_with_checkpointing_on_one_gpu_and_states_its
     ("override", "message"),
     [
         ("--model.init_args.grpo.num_generation=4", "num_generation"),  # misspelt field
-        ("--model.init_args.grpo.loss_kind=ppo", "loss_kind"),  # not an allowed value
+        ("--model.init_args.grpo.objective.loss_kind=ppo", "loss_kind"),  # not an allowed value
         ("--data.init_args.batchsize=4", "batchsize"),
         ("--trainer.max_step=4", "max_step"),
     ],

@@ -32,14 +32,14 @@ def test_user_functions_train_through_the_cli(tmp_path, warm_tiny_cache, monkeyp
 
 def test_an_unknown_name_fails_when_the_config_is_parsed(capsys):
     with pytest.raises(SystemExit):  # neither a built-in name nor an import path
-        parse_config(["fit", "--config", str(TINY), "--model.init_args.grpo.loss_kind=ppo"])
+        parse_config(["fit", "--config", str(TINY), "--model.init_args.grpo.objective.loss_kind=ppo"])
     assert "loss_kind" in capsys.readouterr().err
 
 
 def test_a_function_that_cannot_be_imported_fails_when_the_config_is_built():
     missing = "tests.cli.helpers.no_such_loss"
     with pytest.raises(ValueError, match=re.escape(f"cannot import the policy loss kind {missing!r}")):
-        GRPOCLI(args=["--config", str(TINY), f"--model.init_args.grpo.loss_kind={missing}"], run=False)
+        GRPOCLI(args=["--config", str(TINY), f"--model.init_args.grpo.objective.loss_kind={missing}"], run=False)
 
 
 def test_a_user_loss_with_a_setting_of_its_own_trains_from_a_yaml_config(tmp_path, warm_tiny_cache, monkeypatch):
@@ -57,7 +57,7 @@ def test_a_user_loss_with_a_setting_of_its_own_trains_from_a_yaml_config(tmp_pat
 
 
 def test_a_component_setting_it_does_not_take_fails_when_the_config_is_built():
-    args = ["--config", str(TINY), "--model.init_args.grpo.loss_kind=cispo",
-            '--model.init_args.grpo.loss_kind_args={"dual_clip": 2.0}']  # fmt: skip
+    args = ["--config", str(TINY), "--model.init_args.grpo.objective.loss_kind=cispo",
+            '--model.init_args.grpo.objective.loss_kind_args={"dual_clip": 2.0}']  # fmt: skip
     with pytest.raises(ValueError, match=r"takes no setting 'dual_clip'; its settings: clip_low, clip_high"):
         GRPOCLI(args=args, run=False)

@@ -49,8 +49,10 @@ def test_an_agent_without_openai_is_one_line_with_the_install_command_before_any
 
 def test_an_unknown_backend_setting_is_named_by_its_config_key(tmp_path):
     args = ["fit", "--config", str(TINY), *quiet_run_args(tmp_path),
-            "--model.init_args.grpo.rollout_backend=vllm",
-            "--model.init_args.grpo.rollout_backend_args={gpu_memory_utilization: 2}"]  # fmt: skip
+            "--model.init_args.grpo.backend.rollout_backend=vllm",
+            "--model.init_args.grpo.backend.rollout_backend_args={gpu_memory_utilization: 2}"]  # fmt: skip
     result = run_cli(*args, cwd=tmp_path)
     assert result.returncode == 1
-    assert "error: model.init_args.grpo.rollout_backend_args.gpu_memory_utilization" in result.stdout, result.stdout
+    assert "error: model.init_args.grpo.backend.rollout_backend_args.gpu_memory_utilization" in result.stdout, (
+        result.stdout
+    )

@@ -20,7 +20,7 @@ def _config(tmp_path, **grpo) -> str:
 def test_sapo_trains_from_yaml_and_logs_its_gate(tmp_path, warm_tiny_cache):
     path = _config(tmp_path, loss_kind="sapo", loss_kind_args={"tau_pos": 0.5, "tau_neg": 2.0}, ppo_epochs=2)
     cli = GRPOCLI(args=["fit", "--config", path, *quiet_run_args(tmp_path, max_steps=1)])
-    assert cli.model.config.loss_kind == "sapo"
+    assert cli.model.config.objective.loss_kind == "sapo"
     assert cli.model.config.component("loss_kind").keywords == {"tau_pos": 0.5, "tau_neg": 2.0}
     assert "train/sapo_gate_mean" in cli.trainer.callback_metrics
 

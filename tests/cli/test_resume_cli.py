@@ -28,7 +28,7 @@ def test_resume_from_a_checkpoint_file_with_a_changed_kl_coef(tmp_path, warm_tin
     args = quiet_run_args(tmp_path / "second", max_steps=4)
     result = run_module(
         "lightning_grpo", "fit", "--config", str(TINY), *args,
-        "--model.init_args.grpo.kl_coef=0.5", "--ckpt_path", str(checkpoint),
+        "--model.init_args.grpo.objective.kl_coef=0.5", "--ckpt_path", str(checkpoint),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = tmp_path / "second" / "tiny" / "version_0"

@@ -15,6 +15,7 @@ import pytest
 
 from lightning_grpo import GRPOConfig
 from lightning_grpo.cli.errors import explain_import, summarize_parse_error
+from lightning_grpo.config import ObjectiveConfig, SamplingConfig
 from tests.cli.conftest import TINY
 from tests.conftest import repo_pythonpath
 
@@ -61,19 +62,19 @@ def grpo(setting: str) -> str:
     [
         (  # our own check, in GRPOConfig
             grpo("num_generations: 1"),
-            "python -m lightning_grpo fit: error: model.init_args.grpo.num_generations=1: the group estimator 'grpo' "
+            "python -m lightning_grpo fit: error: model.init_args.grpo.sampling.num_generations=1: the group estimator 'grpo' "
             "needs num_generations >= 2 (a group of one has no baseline); set num_generations to 2 or more (8 is "
             "usual)",
         ),
         (  # jsonargparse's choice error
             grpo("loss_agg_mode: token_mean"),
-            "python -m lightning_grpo fit: error: model.init_args.grpo.loss_agg_mode='token_mean': not one of "
+            "python -m lightning_grpo fit: error: model.init_args.grpo.objective.loss_agg_mode='token_mean': not one of "
             "'token-mean', 'token-sum', 'seq-mean-token-mean', 'seq-mean-token-sum', 'seq-mean-token-sum-norm'; "
             "did you mean 'token-mean'?",
         ),
         (  # jsonargparse's type error
             grpo("max_new_tokens: three"),
-            "python -m lightning_grpo fit: error: model.init_args.grpo.max_new_tokens='three': expected int; give a "
+            "python -m lightning_grpo fit: error: model.init_args.grpo.sampling.max_new_tokens='three': expected int; give a "
             "value of that type.",
         ),
         (  # an import path that does not resolve
@@ -110,20 +111,24 @@ def test_a_reward_returning_strings_names_the_row_first(tmp_path):
 def test_debug_keeps_the_full_message_and_traceback(tmp_path):
     status, lines = run(tmp_path, grpo("num_generations: 1"), debug=True)
     assert status == 1 and "Traceback (most recent call last):" in lines
-    assert "GRPOConfig.num_generations=1: the group estimator 'grpo' needs num_generations >= 2" in "\n".join(lines)
+    assert "GRPOConfig.sampling.num_generations=1: the group estimator 'grpo' needs num_generations >= 2" in "\n".join(
+        lines
+    )
 
 
 def test_from_python_the_first_line_names_the_field_the_value_the_cause_and_the_fix():
     with pytest.raises(ValueError) as error:
-        GRPOConfig(num_generations=1)
+        GRPOConfig(sampling=SamplingConfig(num_generations=1))
     assert str(error.value).splitlines()[0] == (
-        "GRPOConfig.num_generations=1: the group estimator 'grpo' needs num_generations >= 2 (a group of one has no "
+        "GRPOConfig.sampling.num_generations=1: the group estimator 'grpo' needs num_generations >= 2 (a group of one has no "
         "baseline); set num_generations to 2 or more (8 is usual)"
     )
-    with pytest.raises(ValueError, match=r"^GRPOConfig.loss_agg_mode='token_mean' is not valid; choose one of"):
-        GRPOConfig(loss_agg_mode="token_mean")
-    with pytest.raises(TypeError, match=r"^GRPOConfig.top_k must be an integer >= 0, got 'a' \(str\)$"):
-        GRPOConfig(top_k="a")
+    with pytest.raises(
+        ValueError, match=r"^GRPOConfig.objective.loss_agg_mode='token_mean' is not valid; choose one of"
+    ):
+        GRPOConfig(objective=ObjectiveConfig(loss_agg_mode="token_mean"))
+    with pytest.raises(TypeError, match=r"^GRPOConfig.sampling.top_k must be an integer >= 0, got 'a' \(str\)$"):
+        GRPOConfig(sampling=SamplingConfig(top_k="a"))
 
 
 def test_summaries_of_jsonargparse_messages():

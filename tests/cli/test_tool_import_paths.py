@@ -17,7 +17,7 @@ def test_tools_given_as_import_paths_reach_the_module(tmp_path):
     cli = GRPOCLI(
         args=[
             "--config", str(TINY), "--model.init_args.tools=[examples.tool_calling.calc]",
-            "--model.init_args.grpo.max_turns=3", "--model.init_args.grpo.tool_timeout=2.5",
+            "--model.init_args.grpo.agents.max_turns=3", "--model.init_args.grpo.agents.tool_timeout=2.5",
             f"--trainer.default_root_dir={tmp_path}", f"--trainer.logger.init_args.save_dir={tmp_path}",
         ],
         run=False,

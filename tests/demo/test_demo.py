@@ -16,7 +16,7 @@ from lightning_grpo import demo
 from tests.cli.conftest import REPO, TINY, run_module
 from tests.examples.learning_claims import assert_claims
 
-LINE = re.compile(r"demo: mean reward (\d\.\d\d) -> (\d\.\d\d) over (\d+) steps \((\d+) s\)")
+LINE = re.compile(r"demo: mean reward (\d\.\d\d) -> (\d\.\d\d) over (\d+) iterations \((\d+) s\)")
 
 
 def test_summary_takes_the_first_and_last_tenth():

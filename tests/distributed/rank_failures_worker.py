@@ -27,6 +27,7 @@ from lightning.pytorch import Callback
 
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig, PromptDataModule
 from lightning_grpo.agents import EnvStep, ParsedTurn, ToolCall
+from lightning_grpo.config import AgentConfig, FaultConfig, ObjectiveConfig, SamplingConfig
 from lightning_grpo.testing import build_tiny_tokenizer
 from lightning_grpo.testing.agents import CountdownEnv, short_turn_model
 from tests.conftest import make_trainer
@@ -84,8 +85,7 @@ class Recorder(Callback):
 
 def module(prompt_length: int = 64, **options: Any) -> GRPOModule:
     tokenizer = build_tiny_tokenizer()
-    grpo = GRPOConfig(num_generations=2, max_new_tokens=8, max_prompt_length=prompt_length, kl_coef=0.0, max_turns=2,
-                      agent_timeout=30.0, collective_timeout_s=60.0)  # fmt: skip
+    grpo = GRPOConfig(sampling=SamplingConfig(num_generations=2, max_new_tokens=8, max_prompt_length=prompt_length), objective=ObjectiveConfig(kl_coef=0.0), agents=AgentConfig(max_turns=2, agent_timeout=30.0), faults=FaultConfig(collective_timeout_s=60.0))  # fmt: skip
     return GRPOModule(short_turn_model(tokenizer), options.pop("reward_funcs", None), tokenizer=tokenizer,
                       policy=PolicyConfig(lora_r=4, lora_alpha=8), grpo=grpo,
                       optimizer=lambda params: torch.optim.AdamW(params, lr=1e-2), **options)  # fmt: skip

@@ -15,6 +15,7 @@ from lightning.pytorch import Callback
 from transformers import Qwen2ForSequenceClassification
 
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig, PromptDataModule
+from lightning_grpo.config import AdvantageConfig, SamplingConfig
 from lightning_grpo.rewards import RewardModel
 from lightning_grpo.testing import build_tiny_model, build_tiny_tokenizer, tiny_config
 from tests.conftest import make_trainer
@@ -73,8 +74,7 @@ def scenario_rewards(strategy: str, workdir: Path) -> None:
     module = GRPOModule(
         build_tiny_model(tokenizer), {"signal": signal, "tiny-rm": reward_model}, tokenizer=tokenizer,
         policy=PolicyConfig(lora_r=4, lora_alpha=8), reward_weights=[1.0, 0.0],
-        grpo=GRPOConfig(num_generations=G, max_new_tokens=6, max_prompt_length=16, dynamic_sampling=True,
-                        max_sampling_rounds=8),
+        grpo=GRPOConfig(sampling=SamplingConfig(num_generations=G, max_new_tokens=6, max_prompt_length=16), advantages=AdvantageConfig(dynamic_sampling=True, max_sampling_rounds=8)),
         optimizer=lambda params: torch.optim.AdamW(params, lr=1e-2),
     )  # fmt: skip
     records = [{"prompt": f"{i:02d}+1=", "signal": has_signal(i)} for i in range(NUM_PROMPTS)]

@@ -1,6 +1,6 @@
 """One rank's rollout fails or is empty, on 2 gloo ranks under DDP: no rank waits on a dead peer, every rank's error
 names the failing rank and its cause, a rank whose agents make no chat call trains on an empty batch, and
-``GRPOConfig.collective_timeout_s`` reaches the process group (:mod:`tests.distributed.rank_failures_worker`)."""
+``GRPOConfig.faults.collective_timeout_s`` reaches the process group (:mod:`tests.distributed.rank_failures_worker`)."""
 
 from __future__ import annotations
 
@@ -49,11 +49,11 @@ def test_dist_rank_whose_agents_make_no_call_trains_on_an_empty_batch(runs):
 
 
 def test_dist_collective_timeout_reaches_the_process_group(runs):
-    assert [r["timeout_s"] for r in _read(runs, "no-call")] == [60.0, 60.0]  # GRPOConfig.collective_timeout_s
+    assert [r["timeout_s"] for r in _read(runs, "no-call")] == [60.0, 60.0]  # GRPOConfig.faults.collective_timeout_s
 
 
 def test_dist_agent_raising_on_one_rank_stops_every_rank_naming_it(runs):
-    ranks = _agreed_failure(runs, "agent-raises", "NoAgentCallError: no agent run made a chat call")
+    ranks = _agreed_failure(runs, "agent-raises", "NoAgentCallError: no agent execution made a chat call")
     assert all("ValueError('agent boom on rank 1')" in r["message"] for r in ranks)
 
 

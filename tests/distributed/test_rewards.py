@@ -35,9 +35,9 @@ def test_dist_every_step_trains_on_informative_groups_with_the_same_rounds_on_ev
     for step0, step1 in zip(ranks[0]["steps"], ranks[1]["steps"], strict=True):
         m0, m1 = step0["metrics"], step1["metrics"]
         assert m0["train/sampling_rounds"] == m1["train/sampling_rounds"] >= 1
-        for name in ("train/prompts_per_step", "train/filtered_groups_frac", "train/zero_std_frac"):
+        for name in ("train/prompts_per_iteration", "train/filtered_groups_frac", "train/zero_std_frac"):
             assert m0[name] == m1[name]  # global statistics: the same on both ranks
-        assert m0["train/prompts_per_step"] == 2 * 2 * m0["train/sampling_rounds"]  # 2 prompts/round on 2 ranks
+        assert m0["train/prompts_per_iteration"] == 2 * 2 * m0["train/sampling_rounds"]  # 2 prompts/round on 2 ranks
         for step in (step0, step1):
             assert all(has_signal(int(p[:2])) for p in _groups(step["prompts"]))  # only informative groups kept
         assert m0["train/informative_groups_frac"] == 1.0 and m0["train/zero_std_frac"] == 0.0
@@ -50,7 +50,7 @@ def test_dist_extra_prompts_come_from_the_sampler_without_repeats(ranks):
     everything = scored[0] + scored[1]
     assert len(everything) == len(set(everything)) <= NUM_PROMPTS  # no prompt drawn twice, on any rank
     assert not set(scored[0]) & set(scored[1])  # the ranks' shards of the same sampler order
-    total = sum(s["metrics"]["train/prompts_per_step"] for s in ranks[0]["steps"])
+    total = sum(s["metrics"]["train/prompts_per_iteration"] for s in ranks[0]["steps"])
     assert total == len(everything)  # the logged count is exact
 
 

@@ -46,7 +46,7 @@ def test_dist_single_process_module_is_untouched(make_module):
     module = make_module()
     module.configure_model()  # no trainer: nothing to shard
     assert not is_sharded(module.policy) and not module.export_adapter_all_ranks
-    assert module.step_context().grad_scale == 1.0 and not module.sampling_settings().synced_gpus
+    assert module.iteration_context().grad_scale == 1.0 and not module.sampling_settings().synced_gpus
 
 
 def test_dist_decoder_layers_are_the_models_no_split_modules(tokenizer):

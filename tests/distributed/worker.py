@@ -20,6 +20,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig, PromptDataModule, Rollout
+from lightning_grpo.config import ObjectiveConfig, UpdateConfig
 from lightning_grpo.distributed import full_adapter_state_dict
 from lightning_grpo.rewards import StepRewards, step_reward
 from lightning_grpo.testing import build_tiny_model, build_tiny_tokenizer
@@ -361,7 +362,7 @@ def agent_module() -> GRPOModule:
     settings = {"num_generations": G, "max_new_tokens": 40, "max_prompt_length": 32, "max_turns": 3}
     return GRPOModule(
         short_turn_model(tokenizer), [_env_score], tokenizer=tokenizer, policy=PolicyConfig(lora_r=4, lora_alpha=8),
-        grpo=GRPOConfig(**settings, kl_coef=0.01, mini_batch_size=4, micro_batch_size=2),
+        grpo=GRPOConfig(**settings, objective=ObjectiveConfig(kl_coef=0.01), update=UpdateConfig(mini_batch_size=4, micro_batch_size=2)),
         optimizer=lambda params: torch.optim.AdamW(params, lr=1e-2), environment_factory=_rank_countdown,
     )  # fmt: skip
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from lightning_grpo.algorithms import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES
-from lightning_grpo.backends.vllm_settings import VLLMConfig
+from lightning_grpo.backends.vllm.settings import VLLMConfig
 from lightning_grpo.config import GRPOConfig
 from lightning_grpo.policy import PolicyConfig
 

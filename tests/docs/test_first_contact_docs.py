@@ -21,7 +21,7 @@ def test_the_readme_installs_the_cpu_build_before_the_package():
 def test_first_run_gives_the_24_gb_advice_as_a_command():
     page = (REPO / "docs" / "first-run.md").read_text(encoding="utf-8")
     block = re.search(r"# 24 GB card.*\n(lightning-grpo fit [^\n]*)", page)
-    assert block and block.group(1).endswith("--model.grpo.micro_batch_size 8")
+    assert block and block.group(1).endswith("--model.grpo.update.micro_batch_size 8")
 
 
 def test_first_run_names_a_gsm8k_range_from_a_labelled_peer_figure():

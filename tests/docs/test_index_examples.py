@@ -53,7 +53,7 @@ def _module(cls: type[GRPOModule], tokenizer, **grpo) -> GRPOModule:
 
 @pytest.fixture(scope="module")
 def override_examples() -> dict:
-    (block,) = section_blocks("Override one step by subclassing")
+    (block,) = section_blocks("Override one phase by subclassing")
     namespace: dict = {}
     exec(compile(block, str(INDEX), "exec"), namespace)
     return namespace

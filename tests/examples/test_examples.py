@@ -74,7 +74,7 @@ def test_tool_calling_runs_and_prints_its_line(tmp_path, capsys):
     first, last, steps = example.main([*args, "--no-progress-bar"])
     assert steps == 2 and 0.0 <= first <= 1.0 and 0.0 <= last <= 1.0
     line = capsys.readouterr().out.strip().splitlines()[-1]
-    assert re.fullmatch(r"tool_calling: mean reward \d\.\d\d -> \d\.\d\d over 2 steps \(\d+ s\)", line), line
+    assert re.fullmatch(r"tool_calling: mean reward \d\.\d\d -> \d\.\d\d over 2 iterations \(\d+ s\)", line), line
 
 
 def test_mcp_tools_starts_its_server_runs_and_closes_it(tmp_path, capsys):
@@ -84,7 +84,7 @@ def test_mcp_tools_starts_its_server_runs_and_closes_it(tmp_path, capsys):
     first, last, steps = example.main([*args, "--no-progress-bar"])
     assert steps == 2 and 0.0 <= first <= 1.0 and 0.0 <= last <= 1.0
     line = capsys.readouterr().out.strip().splitlines()[-1]
-    assert re.fullmatch(r"mcp_tools: mean reward \d\.\d\d -> \d\.\d\d over 2 steps \(\d+ s\)", line), line
+    assert re.fullmatch(r"mcp_tools: mean reward \d\.\d\d -> \d\.\d\d over 2 iterations \(\d+ s\)", line), line
 
 
 def test_multi_turn_env_game_and_a_short_run(tmp_path, capsys):
@@ -98,7 +98,8 @@ def test_multi_turn_env_game_and_a_short_run(tmp_path, capsys):
     args = ["--max-steps", "2", "--warmup-steps", "10", "--num-generations", "4", "--output-dir", str(tmp_path)]
     _, _, steps = example.main([*args, "--no-progress-bar"])
     line = capsys.readouterr().out.strip().splitlines()[-1]
-    assert steps == 2 and re.fullmatch(r"multi_turn_env: mean reward \d\.\d\d -> \d\.\d\d over 2 steps \(\d+ s\)", line)
+    pattern = r"multi_turn_env: mean reward \d\.\d\d -> \d\.\d\d over 2 iterations \(\d+ s\)"
+    assert steps == 2 and re.fullmatch(pattern, line), line
 
 
 @pytest.mark.parametrize("fraction", ["-0.1", "1.5"])

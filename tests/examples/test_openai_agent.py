@@ -41,7 +41,7 @@ def test_the_example_trains_over_http_and_prints_its_line(tmp_path, capsys):
     first, last, steps = load_example("openai_agent").main([*args, "--seed", "0", "--no-progress-bar"])
     assert steps == 2 and 0.0 <= first <= 1.0 and 0.0 <= last <= 1.0
     line = capsys.readouterr().out.strip().splitlines()[-1]
-    assert re.fullmatch(r"openai_agent: mean reward \d\.\d\d -> \d\.\d\d over 2 steps \(\d+ s\)", line), line
+    assert re.fullmatch(r"openai_agent: mean reward \d\.\d\d -> \d\.\d\d over 2 iterations \(\d+ s\)", line), line
 
 
 def test_help_shows_the_defaults_and_the_transports(capsys):

@@ -9,7 +9,7 @@ import torch._dynamo
 from peft import LoraConfig, get_peft_model
 from torch._dynamo.utils import counters
 
-from lightning_grpo.rollout import SamplingSettings, completion_logprobs, generate_rollout
+from lightning_grpo.rollout import SampleRequest, SamplingSettings, completion_logprobs, generate_rollout
 from lightning_grpo.rollout import decode as decode_module
 from lightning_grpo.rollout import generation as generation_module
 from lightning_grpo.rollout.buckets import DecodeBuckets
@@ -39,7 +39,7 @@ def test_cuda_graphs_sample_the_eager_tokens_and_follow_the_adapter(tokenizer, s
                 if "lora_B" in name:
                     parameter.add_(0.3 * torch.randn_like(parameter))
         torch.manual_seed(step)
-        ours = decoder.sample(model, tokenizer, ids, mask, settings)
+        ours = decoder.sample(model, tokenizer, SampleRequest(ids, mask, settings))
         torch.manual_seed(step)
         with torch.no_grad():
             eager = decode_module.decode_loop(model, ids, mask, settings, eos, tokenizer.pad_token_id)

@@ -37,7 +37,7 @@ class Steps(Callback):
         self.metrics: list[dict[str, float]] = []
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self.prompts.append(outputs["rollout"].prompts[:: pl_module.config.num_generations])
+        self.prompts.append(outputs["rollout"].prompts[:: pl_module.config.sampling.num_generations])
         self.metrics.append({k: float(v) for k, v in trainer.callback_metrics.items()})
 
 
@@ -72,12 +72,14 @@ def test_steps_hold_only_informative_groups_drawn_in_stream_order_without_repeat
     last = recorder.metrics[-1]
     assert last["train/informative_groups_frac"] == 1.0 and last["train/zero_std_frac"] == 0.0
     # step 3 sampled its regular batch (14, 15), then 16-17 and 18-19... until 2 informative groups were found
-    assert last["train/prompts_per_step"] == 2 * last["train/sampling_rounds"]
+    assert last["train/prompts_per_iteration"] == 2 * last["train/sampling_rounds"]
     assert 0 < last["train/filtered_groups_frac"] < 1
 
 
 def test_run_out_of_rounds_trains_on_what_it_has_keeps_the_batch_shape_and_warns(make_module):
-    with pytest.warns(UserWarning, match=r"dynamic_sampling: step 0 made max_sampling_rounds=1 rounds"):
+    with pytest.warns(
+        UserWarning, match=r"dynamic_sampling: the iteration at step 0 made max_sampling_rounds=1 rounds"
+    ):
         _, recorder, _ = _fit(make_module, steps=1, max_rounds=1)
     assert recorder.metrics[0]["train/sampling_rounds"] == 1.0
     assert recorder.metrics[0]["train/informative_groups_frac"] == 0.5  # only prompt 00 of 00-01 has signal

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from lightning_grpo import GRPOConfig
+from lightning_grpo.config import SamplingConfig, UpdateConfig
 from lightning_grpo.iteration.micro_batches import micro_batch_rows, row_tokens, split_by_tokens
 from tests.rollout.packing_cases import mixed_rollout
 
@@ -62,11 +63,16 @@ def test_without_a_budget_rows_split_by_count(tokenizer):
 
 
 def test_rollout_size_rule_for_budgets():
-    config = GRPOConfig(num_generations=4, mini_batch_size=8, micro_batch_size=3, micro_batch_tokens=512)
+    config = GRPOConfig(
+        sampling=SamplingConfig(num_generations=4),
+        update=UpdateConfig(mini_batch_size=8, micro_batch_size=3, micro_batch_tokens=512),
+    )
     config.check_rollout_size(16)  # micro_batch_size only caps the rows of a micro-batch: it need not divide
     with pytest.raises(ValueError, match=r"12 completions.*multiple of mini_batch_size=8 .*micro_batch_tokens=512"):
-        GRPOConfig(num_generations=4, mini_batch_size=8, micro_batch_tokens=512).check_rollout_size(12)
+        GRPOConfig(
+            sampling=SamplingConfig(num_generations=4), update=UpdateConfig(mini_batch_size=8, micro_batch_tokens=512)
+        ).check_rollout_size(12)
     with pytest.raises(ValueError, match=r"micro_batch_tokens must be an integer >= 1 or None, got 0"):
-        GRPOConfig(micro_batch_tokens=0)
+        GRPOConfig(update=UpdateConfig(micro_batch_tokens=0))
     with pytest.raises(ValueError, match=r"packing='yes' is not valid; choose one of 'auto', True, False"):
-        GRPOConfig(packing="yes")
+        GRPOConfig(update=UpdateConfig(packing="yes"))

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from lightning_grpo import GRPOConfig, PromptDataModule
+from lightning_grpo.config import CorrectionConfig
 from tests.conftest import make_trainer, prompt_records
 from tests.module.helpers import FixedRolloutModule, fixed_rollout
 
@@ -53,7 +54,7 @@ def test_rollout_mode_needs_rollout_logprobs(make_module, tokenizer):
 
 def test_old_logprobs_names_its_choices():
     with pytest.raises(ValueError, match="'recompute', 'rollout'"):
-        GRPOConfig(old_logprobs="sampler")
+        GRPOConfig(corrections=CorrectionConfig(old_logprobs="sampler"))
 
 
 def test_rollout_mode_with_one_update_takes_the_sampler_log_probs(make_module, tokenizer):

@@ -22,11 +22,11 @@ class Counting(GRPOModule):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.calls = {"step_context": 0, "compute_loss": 0, "reference": 0, "old": 0}
+        self.calls = {"iteration_context": 0, "compute_loss": 0, "reference": 0, "old": 0}
 
-    def step_context(self):
-        self.calls["step_context"] += 1
-        return super().step_context()
+    def iteration_context(self):
+        self.calls["iteration_context"] += 1
+        return super().iteration_context()
 
     def compute_loss(self, batch: UpdateBatch, counts):
         self.calls["compute_loss"] += 1
@@ -38,10 +38,10 @@ class Counting(GRPOModule):
         return super().compute_logprobs(rollout, reference=reference, with_entropy=with_entropy)
 
 
-def test_the_loop_and_the_fixed_passes_use_the_overrides_and_one_context_per_step(make_module):
+def test_the_loop_and_the_fixed_passes_use_the_overrides_and_one_context_per_iteration(make_module):
     module = make_module(reward_funcs=[length], module_cls=Counting, micro_batch_size=3, **SEVERAL_UPDATES)
     torch.manual_seed(0)
     make_trainer(max_steps=1).fit(module, PromptDataModule(prompt_records(6), batch_size=3))
     # 3 prompts x G=4 = 12 rows; 2 epochs x 2 mini-batches of 6, each 2 micro-batches of 3: 8 losses
-    assert module.calls == {"step_context": 1, "compute_loss": 8, "reference": 4, "old": 4}
+    assert module.calls == {"iteration_context": 1, "compute_loss": 8, "reference": 4, "old": 4}
     assert module._context is None  # not kept past its step

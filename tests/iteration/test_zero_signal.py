@@ -25,7 +25,7 @@ def _fit(make_module, reward, steps: int = 3):
 
 def test_equal_rewards_in_every_group_warn_once_with_reason_and_fix(make_module):
     trainer, messages = _fit(make_module, lambda completions, **kw: [1.0] * len(completions))
-    zero = [m for m in messages if m.startswith("All 2 groups of step")]
+    zero = [m for m in messages if m.startswith("All 2 groups of the iteration at step")]
     assert len(zero) == 1  # once, although all 3 steps had no signal
     assert zero[0] == ZERO_STD_MESSAGE.format(groups=2, step=0)
     assert "dynamic_sampling=True" in zero[0] and "num_generations" in zero[0]

@@ -8,6 +8,7 @@ from lightning.pytorch import Callback
 
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig
 from lightning_grpo.algorithms import compute_advantages
+from lightning_grpo.config import AgentConfig, SamplingConfig
 from lightning_grpo.rollout import agent_client
 from lightning_grpo.testing.agents import add, short_turn_model
 from tests.conftest import make_trainer
@@ -44,8 +45,8 @@ def test_branches_share_their_trajectory_advantage_and_rewards_default_to_the_ag
         assert advantages[i] == advantages[trajectory.index(t) + trajectory.count(t) - 1]  # its last branch's
     last = torch.tensor(rollout.columns["agent_last"])  # one reward per trajectory: its last branch's
     cfg = module.config
-    expected = compute_advantages(scores.rewards[last], rollout.group_ids[last], estimator=cfg.advantage_estimator,
-                                  scale=cfg.advantage_scale, eps=cfg.advantage_eps)  # fmt: skip
+    expected = compute_advantages(scores.rewards[last], rollout.group_ids[last], estimator=cfg.advantages.advantage_estimator,
+                                  scale=cfg.advantages.advantage_scale, eps=cfg.advantages.advantage_eps)  # fmt: skip
     torch.testing.assert_close(advantages[last], expected)
     per_run = agent_client.per_trajectory(scores.rewards, rollout, 4)  # what validation metrics read
     assert per_run.tolist() == scores.rewards[last].tolist()
@@ -94,7 +95,7 @@ def test_bad_agent_settings_are_refused(tokenizer):
     with pytest.raises(ValueError, match="cannot be combined with tools= or environment_factory="):
         GRPOModule(short_turn_model(tokenizer), tokenizer=tokenizer, agent=branching_agent, tools=[add])
     with pytest.raises(ValueError, match="agent_timeout"):
-        GRPOConfig(agent_timeout=0)
+        GRPOConfig(agents=AgentConfig(agent_timeout=0))
 
 
 @pytest.mark.parametrize("empty", [[], {}], ids=["list", "mapping"])
@@ -102,7 +103,7 @@ def test_empty_reward_funcs_leave_the_reward_to_the_agents(tokenizer, empty):
     """``reward_funcs=[]`` means none given, as a TRL-style environment's ``get_reward`` fills an empty list: each run
     is rewarded with what it returned (it was refused: "RewardFunctions needs at least one reward function")."""
     module = GRPOModule(short_turn_model(tokenizer), empty, tokenizer=tokenizer, agent=branching_agent,
-                        grpo=GRPOConfig(num_generations=2, max_new_tokens=40, max_prompt_length=64))  # fmt: skip
+                        grpo=GRPOConfig(sampling=SamplingConfig(num_generations=2, max_new_tokens=40, max_prompt_length=64)))  # fmt: skip
     torch.manual_seed(0)
     rollout = module.generate(BATCH)
     assert module.score(rollout).rewards.tolist() == [float(r) for r in rollout.columns["agent_reward"]]

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from lightning_grpo import GRPOConfig
+from lightning_grpo.config import AgentConfig
 from tests.conftest import make_trainer
 from tests.module.test_agent import BATCH, _module, branching_agent
 
@@ -75,6 +76,6 @@ class _BrokenSession:
 
 def test_agent_transport_is_checked():
     with pytest.raises(ValueError, match=r"agent_transport.*'in_process', 'http'"):
-        GRPOConfig(agent_transport="tcp")
+        GRPOConfig(agents=AgentConfig(agent_transport="tcp"))
     with pytest.raises(ValueError, match="agent_http_port"):
-        GRPOConfig(agent_http_port=70000)
+        GRPOConfig(agents=AgentConfig(agent_http_port=70000))

@@ -6,6 +6,7 @@ from lightning.pytorch.callbacks import ThroughputMonitor as LightningThroughput
 
 from lightning_grpo import GRPOConfig, GRPOModule
 from lightning_grpo.callbacks import AgentStats, CompletionStats, GroupRewardStats, ThroughputMonitor, default_callbacks
+from lightning_grpo.config import SamplingConfig
 from lightning_grpo.testing import build_tiny_model
 from tests.callbacks.helpers import ListLogger
 from tests.conftest import count_a, make_trainer, prompt_loader
@@ -21,7 +22,7 @@ def test_a_plain_trainer_logs_the_reward_and_the_completion_metrics(make_module)
     logger = ListLogger()
     trainer = _fit(make_module(), logger=logger)
     names = {name for metrics, _ in logger.logged for name in metrics}
-    assert {"train/reward_mean", "train/group/adv_std", "train/completion/eos_frac", "train/time/step"} <= names
+    assert {"train/reward_mean", "train/group/adv_std", "train/completion/eos_frac", "train/time/iteration"} <= names
     kinds = [type(callback) for callback in trainer.callbacks]
     assert [kind for kind in kinds if kind in (GroupRewardStats, CompletionStats, AgentStats)] == [
         GroupRewardStats, CompletionStats, AgentStats,
@@ -41,7 +42,7 @@ def test_a_callback_of_the_same_type_given_to_the_trainer_wins(make_module):
 
 
 def test_one_setting_turns_the_defaults_off(tokenizer):
-    grpo = GRPOConfig(num_generations=4, max_new_tokens=6, max_prompt_length=16)
+    grpo = GRPOConfig(sampling=SamplingConfig(num_generations=4, max_new_tokens=6, max_prompt_length=16))
     module = GRPOModule(build_tiny_model(tokenizer), [count_a], tokenizer=tokenizer, grpo=grpo, default_callbacks=False)
     trainer = _fit(module)
     assert not any(isinstance(callback, GroupRewardStats) for callback in trainer.callbacks)

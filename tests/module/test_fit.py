@@ -57,14 +57,16 @@ def test_fit_runs_with_every_setting(make_module, name):
     metrics = trainer.callback_metrics
     for key in ("train/loss", "train/pg_loss", "train/zero_std_frac", "train/clip_frac", "train/entropy"):
         assert key in metrics and torch.isfinite(metrics[key]), key
-    assert ("train/kl" in metrics) == (module.config.kl_coef > 0)
+    assert ("train/kl" in metrics) == (module.config.objective.kl_coef > 0)
     out = record.outputs[-1]
-    g = module.config.num_generations
-    assert len(out["rollout"]) == 3 * g and out["rollout"].completion_ids.shape[1] <= module.config.max_new_tokens
+    g = module.config.sampling.num_generations
+    assert (
+        len(out["rollout"]) == 3 * g and out["rollout"].completion_ids.shape[1] <= module.config.sampling.max_new_tokens
+    )
     assert set(out["timings"]) >= {"generate", "score", "update"}
-    several_updates = module.config.ppo_epochs > 1 or module.config.mini_batch_size is not None
+    several_updates = module.config.update.ppo_epochs > 1 or module.config.update.mini_batch_size is not None
     assert ("old_logprobs" in out["timings"]) == several_updates  # skipped when each rollout serves one update
-    assert ("reference" in out["timings"]) == (module.config.kl_coef > 0)
+    assert ("reference" in out["timings"]) == (module.config.objective.kl_coef > 0)
 
 
 def test_gradient_checkpointing_gives_the_same_update(make_module):

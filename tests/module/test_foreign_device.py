@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from lightning_grpo import GRPOConfig, PolicyConfig
+from lightning_grpo.config import SamplingConfig
 from lightning_grpo.testing import build_tiny_model
 from tests.conftest import count_a, make_trainer, prompt_loader
 from tests.module.helpers import FixedRolloutModule, fixed_rollout
@@ -64,7 +65,7 @@ CASES = {
 @pytest.mark.parametrize("settings", CASES.values(), ids=CASES.keys())
 def test_an_iteration_makes_its_tensors_on_the_inputs_device(tokenizer, settings):
     functions = [halves, count_a] if settings.get("advantage_estimator") == "grpo_process" else [count_a]
-    grpo = GRPOConfig(num_generations=2, max_new_tokens=6, max_prompt_length=16, **settings)
+    grpo = GRPOConfig(sampling=SamplingConfig(num_generations=2, max_new_tokens=6, max_prompt_length=16), **settings)
     module = ForeignDefaultDevice(build_tiny_model(tokenizer), functions, tokenizer=tokenizer, grpo=grpo,
                                   policy=PolicyConfig(lora_r=4, lora_alpha=8),
                                   optimizer=lambda params: HostStepAdamW(params, lr=1e-2))  # fmt: skip

@@ -11,6 +11,7 @@ from lightning.pytorch import Callback
 
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig
 from lightning_grpo.algorithms import compute_advantages
+from lightning_grpo.config import AdvantageConfig, SamplingConfig
 from lightning_grpo.iteration.function_rewards import function_reward_inputs
 from lightning_grpo.testing import build_tiny_model
 from lightning_grpo.testing.agents import short_turn_model
@@ -42,7 +43,7 @@ def test_gdpo_step_gets_each_functions_rewards_and_logs_their_shares(tokenizer):
     module = FixedRolloutModule(
         build_tiny_model(tokenizer), [count_a, short, skip_second_prompt], reward_weights=weights, tokenizer=tokenizer,
         policy=PolicyConfig(lora_r=4, lora_alpha=8),
-        grpo=GRPOConfig(num_generations=4, max_new_tokens=6, max_prompt_length=16, advantage_estimator="gdpo"),
+        grpo=GRPOConfig(sampling=SamplingConfig(num_generations=4, max_new_tokens=6, max_prompt_length=16), advantages=AdvantageConfig(advantage_estimator="gdpo")),
     )  # fmt: skip
     module.fixed = fixed_rollout(tokenizer, PROMPTS, COMPLETIONS, group_size=4)
     record = Record()
@@ -86,7 +87,7 @@ def test_agent_rollouts_keep_the_estimators_settings(tokenizer):
     rollout = module.generate(BATCH)
     scores = module.score(rollout)
     quartered = module.compute_advantages(scores.rewards, rollout)
-    module.config.advantage_estimator_args = None
+    module.config.advantages.advantage_estimator_args = None
     plain = module.compute_advantages(scores.rewards, rollout)
     assert bool(plain.abs().sum() > 0)
     torch.testing.assert_close(quartered, plain / 4)

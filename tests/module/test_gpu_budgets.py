@@ -12,7 +12,7 @@ import torch
 
 from lightning_grpo.algorithms.fused_head import FusedHeadLogProbs
 from lightning_grpo.iteration import LossCounts
-from lightning_grpo.iteration.context import StepContext
+from lightning_grpo.iteration.context import IterationContext
 from lightning_grpo.iteration.nonfinite import gradient_flag, step_is_finite
 from lightning_grpo.rollout.decode import decode_loop
 from lightning_grpo.rollout.generation import tokenize_prompts
@@ -101,7 +101,7 @@ def test_the_finite_check_syncs_once_per_optimizer_step(make_module):
     for parameter in module.policy.parameters():
         if parameter.requires_grad:
             parameter.grad = torch.ones_like(parameter)
-    context = StepContext(device=torch.device("cpu"), global_step=0, seed=0, grad_scale=1.0,
+    context = IterationContext(device=torch.device("cpu"), global_step=0, seed=0, grad_scale=1.0,
                           sum_across_ranks=lambda value: value, log=lambda *a, **k: None, timer=None,
                           warned=set(), skipped=[])  # fmt: skip
     with DispatchCounter() as counter:

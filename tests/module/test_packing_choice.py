@@ -17,7 +17,7 @@ class FixedLength(GRPOModule):
     """Every completion ``max_new_tokens`` long (EOS barred before): a rollout with no padding."""
 
     def sampling_settings(self, **kwargs):
-        return replace(super().sampling_settings(**kwargs), min_new_tokens=self.config.max_new_tokens)
+        return replace(super().sampling_settings(**kwargs), min_new_tokens=self.config.sampling.max_new_tokens)
 
 
 def _packings_of_one_step(make_module, monkeypatch, **settings) -> list:

@@ -1,4 +1,4 @@
-"""``GRPOConfig.sampling_adapter``: sampling with the adapter cast to the base dtype or merged into the base weights
+"""``GRPOConfig.sampling.sampling_adapter``: sampling with the adapter cast to the base dtype or merged into the base weights
 costs fewer ATen calls per token, and leaves the trained adapter and the base weights exactly as they were."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from benchmarks.gpu_readiness import decode_step_calls
 from lightning_grpo import GRPOConfig
+from lightning_grpo.config import SamplingConfig
 from lightning_grpo.policy.sampling_adapter import sampling_adapter
 from tests.conftest import count_a, make_trainer, prompt_loader
 
@@ -65,4 +66,4 @@ def test_a_fit_samples_through_it_and_keeps_a_float32_adapter(make_module, mode)
 
 def test_bad_values_are_refused():
     with pytest.raises(ValueError, match="sampling_adapter='bf16' is not valid; choose one of 'as_trained'"):
-        GRPOConfig(sampling_adapter="bf16")
+        GRPOConfig(sampling=SamplingConfig(sampling_adapter="bf16"))

@@ -9,6 +9,7 @@ from lightning.pytorch import Callback
 
 from lightning_grpo import GRPOConfig
 from lightning_grpo.algorithms import EstimatorNeeds, declare_needs, estimator_needs
+from lightning_grpo.config import AdvantageConfig, SamplingConfig
 from lightning_grpo.rewards import StepRewards, step_reward
 from tests.conftest import count_a, make_trainer, prompt_loader
 
@@ -75,10 +76,13 @@ def test_an_undeclared_users_estimator_receives_no_step_rewards(make_module):
 
 def test_a_declared_need_is_checked_like_a_built_in_ones(make_module):
     with pytest.raises(ValueError, match="num_generations >= 2"):
-        GRPOConfig(advantage_estimator=PATH, num_generations=1)
+        GRPOConfig(advantages=AdvantageConfig(advantage_estimator=PATH), sampling=SamplingConfig(num_generations=1))
     with pytest.raises(ValueError, match=f"advantage_estimator='{PATH}', which reads step rewards"):
-        GRPOConfig(advantage_estimator=PATH, dynamic_sampling=True)
-    GRPOConfig(advantage_estimator=f"{__name__}.undeclared_estimator", num_generations=1)  # no group needed
+        GRPOConfig(advantages=AdvantageConfig(advantage_estimator=PATH, dynamic_sampling=True))
+    GRPOConfig(
+        advantages=AdvantageConfig(advantage_estimator=f"{__name__}.undeclared_estimator"),
+        sampling=SamplingConfig(num_generations=1),
+    )  # no group needed
     module = make_module([count_a], advantage_estimator=PATH)
     with pytest.raises(ValueError, match="needs step rewards"):
         make_trainer(max_steps=1).fit(module, train_dataloaders=prompt_loader(["1+1="]))

@@ -12,6 +12,7 @@ from lightning.pytorch import Callback
 
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig
 from lightning_grpo.algorithms.process_supervision import process_advantages, with_outcome_step
+from lightning_grpo.config import AdvantageConfig, AgentConfig, SamplingConfig
 from lightning_grpo.iteration.zero_signal import NO_STEP_MESSAGE
 from lightning_grpo.rewards import StepRewards, step_reward
 from lightning_grpo.testing.agents import CountdownEnv, short_turn_model
@@ -86,8 +87,7 @@ def test_environment_turns_are_the_steps(tokenizer):
     module = GRPOModule(
         short_turn_model(tokenizer), [env_score], tokenizer=tokenizer, environment_factory=CountdownEnv,
         policy=PolicyConfig(lora_r=4, lora_alpha=8),
-        grpo=GRPOConfig(num_generations=2, max_new_tokens=60, max_prompt_length=32, max_turns=3,
-                        advantage_estimator="grpo_process"),
+        grpo=GRPOConfig(sampling=SamplingConfig(num_generations=2, max_new_tokens=60, max_prompt_length=32), agents=AgentConfig(max_turns=3), advantages=AdvantageConfig(advantage_estimator="grpo_process")),
     )  # fmt: skip
     prompts = [[{"role": "user", "content": "go"}], [{"role": "user", "content": "play"}]]
     out, trainer = _fit(module, prompts, turns=[2, 3])
@@ -137,9 +137,9 @@ def test_grpo_process_refuses_dynamic_sampling():
     with pytest.raises(
         ValueError, match=r"dynamic_sampling .* cannot be combined with advantage_estimator='grpo_process'"
     ):
-        GRPOConfig(advantage_estimator="grpo_process", dynamic_sampling=True)
+        GRPOConfig(advantages=AdvantageConfig(advantage_estimator="grpo_process", dynamic_sampling=True))
     with pytest.raises(ValueError, match="process_outcome_weight"):
-        GRPOConfig(process_outcome_weight=math.inf)
+        GRPOConfig(advantages=AdvantageConfig(process_outcome_weight=math.inf))
 
 
 @pytest.mark.learning

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from lightning_grpo import GRPOConfig
+from lightning_grpo.config import FaultConfig
 from lightning_grpo.rewards import RewardFunctions
 from tests.cli.run_process import REPO
 from tests.conftest import repo_pythonpath
@@ -48,10 +49,10 @@ def test_a_hung_reward_stops_the_run_and_the_process_exits():
 
 def test_timeouts_are_checked_and_reach_the_reward_functions():
     with pytest.raises(ValueError, match=r"finite number > 0\.0"):
-        GRPOConfig(reward_timeout=-1)
+        GRPOConfig(faults=FaultConfig(reward_timeout=-1))
     with pytest.raises(ValueError, match=r"finite number > 0\.0"):
-        GRPOConfig(reward_timeout={"judge": float("nan")})
-    rewards = RewardFunctions.of([len], timeout=GRPOConfig(reward_timeout=2.5).reward_timeout)
+        GRPOConfig(faults=FaultConfig(reward_timeout={"judge": float("nan")}))
+    rewards = RewardFunctions.of([len], timeout=GRPOConfig(faults=FaultConfig(reward_timeout=2.5)).reward_timeout)
     assert rewards.timeouts == (2.5,)
     with pytest.raises(ValueError, match="holds its weights and timeouts"):
         RewardFunctions.of(rewards, timeout=3)
@@ -61,5 +62,5 @@ def test_the_timeout_is_a_yaml_setting():
     from lightning_grpo.cli import parse_config
 
     tiny = str(REPO / "configs" / "debug" / "tiny.yaml")
-    config = parse_config(["fit", "--config", tiny, "--model.init_args.grpo.reward_timeout={math_answer: 30}"])
-    assert config.fit.model.init_args.grpo.reward_timeout == {"math_answer": 30.0}
+    config = parse_config(["fit", "--config", tiny, "--model.init_args.grpo.faults.reward_timeout={math_answer: 30}"])
+    assert config.fit.model.init_args.grpo.faults.reward_timeout == {"math_answer": 30.0}

@@ -117,8 +117,9 @@ def _scripted(tokenizer, reply, first_delay=0.0):
     first call takes ``first_delay`` seconds."""
     delays = [first_delay]
 
-    def sample(model, tok, prompt_ids, prompt_mask, settings):
+    def sample(model, tok, request):
         time.sleep(delays.pop() if delays else 0.0)
+        prompt_ids, prompt_mask, settings = request.prompt_ids, request.prompt_mask, request.settings
         g = settings.num_generations  # a prompt shared by g calls is given once, for g rows
         prompt_ids, prompt_mask = prompt_ids.repeat_interleave(g, 0), prompt_mask.repeat_interleave(g, 0)
         rows = [tokenizer(reply(tokenizer.decode(ids[m.bool()])), add_special_tokens=False)["input_ids"]

@@ -160,7 +160,7 @@ def test_the_server_and_agent_tasks_end_with_the_rollout_and_on_an_error(tokeniz
         await asyncio.sleep(0 if row["n"] == 1 else 3600)  # never returns by itself: cancelled by the error
         return 1.0
 
-    def broken_later(model, tok, prompt_ids, prompt_mask, settings):
+    def broken_later(model, tok, request):
         raise RuntimeError("the backend died")
 
     with pytest.raises(RuntimeError, match="the backend died"):

@@ -72,10 +72,10 @@ def test_agent_rollouts_sample_on_the_thread_that_runs_them():
     model = short_turn_model(tokenizer, eos_bias=-1e4).eval()
     threads, agent_threads = [], []
 
-    def sample(model, tokenizer, prompt_ids, prompt_mask, settings) -> Sampled:
+    def sample(model, tokenizer, request) -> Sampled:
         threads.append(threading.get_ident())
-        rows = prompt_ids.repeat_interleave(settings.num_generations, dim=0)
-        new = torch.full((len(rows), settings.max_new_tokens), 5, dtype=torch.long)
+        rows = request.prompt_ids.repeat_interleave(request.settings.num_generations, dim=0)
+        new = torch.full((len(rows), request.settings.max_new_tokens), 5, dtype=torch.long)
         return Sampled(torch.cat([rows, new], dim=1), torch.zeros(new.shape))
 
     async def agent(client, row):

@@ -60,10 +60,10 @@ def _run(model, tokenizer, turn_cache: bool, transport: str = "in_process"):
     if turn_cache:
         cache, sample = session.turn_cache, session.turn_cache.sample
 
-        def counting(*args, **kwargs):
+        def counting(model, tokenizer, request):
             before = cache.prefilled
-            out = sample(*args, **kwargs)
-            calls.append((list(kwargs["rows"]), cache.prefilled - before, len(cache)))
+            out = sample(model, tokenizer, request)
+            calls.append((list(request.rows), cache.prefilled - before, len(cache)))
             return out
 
         cache.sample = counting

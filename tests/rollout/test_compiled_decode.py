@@ -10,7 +10,7 @@ import torch._dynamo
 from peft import LoraConfig, get_peft_model
 from torch._dynamo.utils import counters
 
-from lightning_grpo.rollout import SamplingSettings, completion_logprobs, generate_rollout
+from lightning_grpo.rollout import SampleRequest, SamplingSettings, completion_logprobs, generate_rollout
 from lightning_grpo.rollout import decode as decode_module
 from lightning_grpo.rollout import generation as generation_module
 from lightning_grpo.rollout.buckets import DecodeBuckets, check_decode_lengths, pick_decode_path
@@ -57,7 +57,7 @@ def _eager(model, tokenizer, prompts, settings, seed):
 def _compiled(decoder, model, tokenizer, prompts, settings, seed):
     ids, mask = generation_module.tokenize_prompts(tokenizer, prompts, 16, torch.device("cpu"))
     torch.manual_seed(seed)
-    return decoder.sample(model, tokenizer, ids, mask, settings)
+    return decoder.sample(model, tokenizer, SampleRequest(ids, mask, settings))
 
 
 @pytest.mark.parametrize("options", OPTIONS)

@@ -129,7 +129,8 @@ def test_groups_with_different_first_observations_sample_each_row(tokenizer):
 def _scripted(tokenizer, script):
     """Replace sampling by ``script(context_text) -> turn text``; each turn ends with EOS."""
 
-    def sample(model, tok, prompt_ids, prompt_mask, settings):
+    def sample(model, tok, request):
+        prompt_ids, prompt_mask, settings = request.prompt_ids, request.prompt_mask, request.settings
         ids = prompt_ids.repeat_interleave(settings.num_generations, dim=0)
         mask = prompt_mask.repeat_interleave(settings.num_generations, dim=0)
         texts = [script(tokenizer.decode(row[m.bool()])) for row, m in zip(ids, mask, strict=True)]

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from lightning_grpo import GRPOConfig, distributed
+from lightning_grpo.config import FaultConfig
 from lightning_grpo.iteration.rank_rows import idle_minibatch
 from lightning_grpo.iteration.types import UpdateBatch
 from lightning_grpo.rollout import agent_wiring
@@ -49,12 +50,12 @@ def _sample(tokenizer, ranks):
 
 
 def test_agents_without_a_chat_call_fail_on_one_process_and_give_an_empty_rollout_under_ranks(tokenizer):
-    with pytest.raises(NoAgentCallError, match="no agent run made a chat call, so there is nothing to train on"):
+    with pytest.raises(NoAgentCallError, match="no agent execution made a chat call, so there is nothing to train on"):
         _sample(tokenizer, None)
     votes = []  # a fake 2-rank sum: the other rank sampled rows and nothing failed
     ranks = RankVotes(lambda t: votes.append(t.tolist()) or t, torch.device("cpu"), 1, 2)
     rollout, stats = _sample(tokenizer, ranks)
-    assert len(rollout) == 0 and stats.runs == 2 and not stats.failures
+    assert len(rollout) == 0 and stats.executions == 2 and not stats.failures
     assert set(rollout.columns) == {"level", "agent_reward", "agent_trajectory", "agent_last", "agent_error"}
     assert votes == [[0.0, 0.0, 1.0]]  # one vote: not failed, empty
     batch = UpdateBatch(rollout, torch.zeros(0), rollout.sampled_mask, torch.zeros(0, 1), None)
@@ -65,15 +66,15 @@ def test_agents_without_a_chat_call_fail_on_one_process_and_give_an_empty_rollou
 @pytest.mark.parametrize("value", [0, 0.5, -1, float("nan"), float("inf"), 604801, "900", True])
 def test_collective_timeout_refuses_values_outside_its_range(value):
     with pytest.raises((SettingError, TypeError), match=r"collective_timeout_s must be a finite number in \[1.0, "):
-        GRPOConfig(collective_timeout_s=value)
-    assert GRPOConfig(collective_timeout_s=None).collective_timeout_s is None
+        GRPOConfig(faults=FaultConfig(collective_timeout_s=value))
+    assert GRPOConfig(faults=FaultConfig(collective_timeout_s=None)).collective_timeout_s is None
     assert GRPOConfig().collective_timeout_s == 900.0
 
 
 def test_collective_timeout_conflicts_are_refused_naming_both_values(monkeypatch):
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)  # no process group is touched before
     own = SimpleNamespace(_timeout=timedelta(hours=2))
-    with pytest.raises(ValueError, match=r"timeout=2:00:00\) and GRPOConfig.collective_timeout_s=900 disagree"):
+    with pytest.raises(ValueError, match=r"timeout=2:00:00\) and GRPOConfig.faults.collective_timeout_s=900 disagree"):
         distributed.set_collective_timeout(own, 900.0)
     with pytest.raises(ValueError, match="collective_timeout_s=500 must exceed agent_timeout=600"):
         distributed.set_collective_timeout(SimpleNamespace(_timeout=None), 500.0, agent_timeout=600.0)

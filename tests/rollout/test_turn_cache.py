@@ -1,4 +1,4 @@
-"""The turn cache (``GRPOConfig.turn_cache``): each trajectory keeps its KV cache across agent turns, and a later turn
+"""The turn cache (``GRPOConfig.agents.turn_cache``): each trajectory keeps its KV cache across agent turns, and a later turn
 prefills only the inserted tokens; the tokens sampled are those of a full re-prefill (docs/agents.md, cost)."""
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ from lightning_grpo import GRPOConfig, PolicyConfig
 from lightning_grpo.agents import EnvStep
 from lightning_grpo.backends.build import build_backend
 from lightning_grpo.backends.hf import HFBackend
-from lightning_grpo.backends.protocol import BackendRun
-from lightning_grpo.rollout import SamplingSettings
+from lightning_grpo.backends.protocol import BackendSpec
+from lightning_grpo.config import AgentConfig, BackendConfig
+from lightning_grpo.rollout import SampleRequest, SamplingSettings
 from lightning_grpo.rollout.agent import AgentSettings
 from lightning_grpo.rollout.multi_turn import generate_conversations
 from lightning_grpo.rollout.turn_cache import TurnCache
@@ -52,7 +53,7 @@ def tokenizer_module():
 
 
 def _rollout(model, tokenizer, settings, *, turn_cache: bool | None, g: int = 3, seed: int = 0):
-    """A rollout through the Hugging Face backend's session, ``turn_cache`` as ``GRPOConfig.turn_cache``."""
+    """A rollout through the Hugging Face backend's session, ``turn_cache`` as ``GRPOConfig.agents.turn_cache``."""
     agent = AgentSettings(environment_factory=RaggedEnv, max_turns=4)
     settings = SamplingSettings(num_generations=g, max_new_tokens=120, **settings)
     session = _backend(max_turns=4, turn_cache=turn_cache).session(model, settings)
@@ -60,9 +61,9 @@ def _rollout(model, tokenizer, settings, *, turn_cache: bool | None, g: int = 3,
     if session.turn_cache is not None:
         sample = session.sample
 
-        def counting(*args, **kwargs):
-            out = sample(*args, **kwargs)
-            calls.append((len(kwargs["rows"]), len(session.turn_cache)))
+        def counting(model, tokenizer, request):
+            out = sample(model, tokenizer, request)
+            calls.append((len(request.rows), len(session.turn_cache)))
             return out
 
         session.sample = counting
@@ -106,20 +107,24 @@ def test_a_context_that_changed_under_the_cache_is_prefilled_from_where_it_diffe
     mask = torch.ones_like(ids)
     cache = TurnCache()
     torch.manual_seed(0)
-    first = cache.sample(model, tokenizer_module, ids, mask, settings, rows=[0, 1])
+    first = cache.sample(model, tokenizer_module, SampleRequest(ids, mask, settings, rows=[0, 1]))
     context = first.sequences.clone()
     context[0, 2] = 13  # row 0's context differs from its cache at position 2; row 1's is its cache plus one token
     torch.manual_seed(1)
-    resumed = cache.sample(model, tokenizer_module, context, torch.ones_like(context), settings, rows=[0, 1])
+    resumed = cache.sample(
+        model, tokenizer_module, SampleRequest(context, torch.ones_like(context), settings, rows=[0, 1])
+    )
     torch.manual_seed(1)
-    fresh = TurnCache().sample(model, tokenizer_module, context, torch.ones_like(context), settings, rows=[0, 1])
+    fresh = TurnCache().sample(
+        model, tokenizer_module, SampleRequest(context, torch.ones_like(context), settings, rows=[0, 1])
+    )
     assert torch.equal(resumed.sequences, fresh.sequences)
     torch.testing.assert_close(resumed.logprobs, fresh.logprobs, rtol=0, atol=1e-6)
     assert cache.reused >= 2
 
 
 def _backend(multi_turn: bool | None = None, **grpo: Any) -> HFBackend:
-    return HFBackend(None, BackendRun(GRPOConfig(**grpo), PolicyConfig(), multi_turn=multi_turn))
+    return HFBackend(None, BackendSpec(GRPOConfig(**grpo), PolicyConfig(), multi_turn=multi_turn))
 
 
 def test_the_default_keeps_the_cache_for_every_multi_turn_run_whatever_the_sampler(model):
@@ -163,13 +168,19 @@ def test_a_turn_cache_that_cannot_be_kept_is_a_clear_error(model):
         _backend(turn_cache=True).session(model, SamplingSettings(2, 8, static_cache=True))
     assert _backend().session(model, SamplingSettings(2, 8, synced_gpus=True, sampler="inverse_cdf")).turn_cache is None
     with pytest.raises(SettingError, match=r"turn_cache='yes' is not valid; choose one of None \(auto\), True, False"):
-        build_backend(BackendRun(GRPOConfig(turn_cache="yes"), PolicyConfig()))
+        build_backend(BackendSpec(GRPOConfig(agents=AgentConfig(turn_cache="yes")), PolicyConfig()))
 
 
 def test_the_vllm_backend_refuses_a_turn_cache_and_says_what_it_does_instead():
     pytest.importorskip("vllm")
     with pytest.raises(SettingError, match=r"backend 'vllm' does not keep.*prefix cache.*turn_cache to None"):
-        build_backend(BackendRun(GRPOConfig(rollout_backend="vllm", turn_cache=True), PolicyConfig(), "tiny"))
+        build_backend(
+            BackendSpec(
+                GRPOConfig(backend=BackendConfig(rollout_backend="vllm"), agents=AgentConfig(turn_cache=True)),
+                PolicyConfig(),
+                "tiny",
+            )
+        )
 
 
 @pytest.mark.parametrize("layers", [2, 6])
@@ -199,13 +210,21 @@ def test_a_trajectory_absent_from_a_call_ends_unless_ends_are_told(model, tokeni
     settings = SamplingSettings(num_generations=1, max_new_tokens=4, sampler="inverse_cdf")
     ids = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])
     cache = TurnCache(explicit_ends=explicit_ends)
-    first = cache.sample(model, tokenizer_module, ids, torch.ones_like(ids), settings, rows=[0, 1])
-    cache.sample(model, tokenizer_module, first.sequences[1:], torch.ones_like(first.sequences[1:]), settings, rows=[1])
+    first = cache.sample(model, tokenizer_module, SampleRequest(ids, torch.ones_like(ids), settings, rows=[0, 1]))
+    cache.sample(
+        model,
+        tokenizer_module,
+        SampleRequest(first.sequences[1:], torch.ones_like(first.sequences[1:]), settings, rows=[1]),
+    )
     assert len(cache) == (2 if explicit_ends else 1)
     cache.finish([0, 7])  # a row without a cache is skipped
     assert len(cache) == 1
     prefilled = cache.prefilled
-    cache.sample(model, tokenizer_module, first.sequences[:1], torch.ones_like(first.sequences[:1]), settings, rows=[0])
+    cache.sample(
+        model,
+        tokenizer_module,
+        SampleRequest(first.sequences[:1], torch.ones_like(first.sequences[:1]), settings, rows=[0]),
+    )
     assert cache.prefilled - prefilled == first.sequences.shape[1]  # its cache is gone: the whole context again
 
 

@@ -1,6 +1,8 @@
-"""A rollout driven by the user's own agent code: ``async def agent(client, row) -> reward``, G runs per row.
+"""A rollout driven by the user's own agent code: ``async def agent(client, row) -> reward``, run G times per
+row.
 
-Every run gets its own :class:`~lightning_grpo.rollout.agent_client.client.PolicyClient` and recorder; all runs of
+Every execution (one trajectory) gets its own :class:`~lightning_grpo.rollout.agent_client.client.PolicyClient` and
+recorder; all executions of
 the batch go concurrently in one event loop, their calls gathered into batched sampling calls. The rollout's rows are
 the branches of every trajectory (one or more each); see ``docs/agents.md``, "Your own agent code".
 """
@@ -31,12 +33,12 @@ from lightning_grpo.rollout.agent_client.main_thread import MainThreadCalls
 from lightning_grpo.rollout.agent_client.recorder import TrajectoryRecorder
 from lightning_grpo.rollout.batch import Rollout, left_pad
 from lightning_grpo.rollout.generation import eval_mode
-from lightning_grpo.rollout.sampling_settings import SampleFn, SamplingSettings, eos_token_ids
+from lightning_grpo.rollout.sampling_settings import SampleFn, SampleRequest, SamplingSettings, eos_token_ids
 from lightning_grpo.rollout.session import RolloutSession, draw
 from lightning_grpo.rollout.turn_cache import TurnCache
 
 __all__ = [
-    "AGENT_COLUMNS", "AgentLimits", "AgentRun", "AgentStats", "NoAgentCallError", "agent_reward", "check_agent",
+    "AGENT_COLUMNS", "AgentExecution", "AgentLimits", "AgentStats", "NoAgentCallError", "agent_reward", "check_agent",
     "is_agent_rollout", "module_agent", "per_trajectory", "run_agents", "spread_to_branches", "trajectory_rewards_nan",
 ]  # fmt: skip
 
@@ -49,9 +51,9 @@ AGENT_COLUMNS = ("agent_reward", "agent_trajectory", "agent_last", "agent_error"
 
 @dataclass(frozen=True)
 class AgentLimits:
-    """Time limits and batching of agent runs (``GRPOConfig.agent_call_timeout``, ``agent_timeout``,
+    """Time limits and batching of agent executions (``GRPOConfig.agents.agent_call_timeout``, ``agent_timeout``,
     ``agent_batch_window``), the model name served, and the route: ``transport`` ``"in_process"`` (a
-    ``PolicyClient``) or ``"http"`` (a loopback server on ``port``, 0 for a free one; ``GRPOConfig.agent_transport``,
+    ``PolicyClient``) or ``"http"`` (a loopback server on ``port``, 0 for a free one; ``GRPOConfig.agents.agent_transport``,
     ``agent_http_port``)."""
 
     call_timeout: float = 60.0
@@ -64,12 +66,13 @@ class AgentLimits:
     @classmethod
     def of(cls, config: Any) -> AgentLimits:
         """The limits a ``GRPOConfig`` sets (its ``agent_*`` settings)."""
-        return cls(config.agent_call_timeout, config.agent_timeout, config.agent_batch_window,
-                   transport=config.agent_transport, port=config.agent_http_port)  # fmt: skip
+        return cls(config.agents.agent_call_timeout, config.agents.agent_timeout, config.agents.agent_batch_window,
+                   transport=config.agents.agent_transport, port=config.agents.agent_http_port)  # fmt: skip
 
 
 class NoAgentCallError(RuntimeError):
-    """No agent run of the batch made a chat call, so the rollout has no row; ``stats`` says what the agents did."""
+    """No agent execution of the batch made a chat call, so the rollout has no row; ``stats`` says what the agents
+    did."""
 
     def __init__(self, message: str, stats: AgentStats) -> None:
         super().__init__(message)
@@ -77,7 +80,7 @@ class NoAgentCallError(RuntimeError):
 
 
 @dataclass
-class AgentRun:
+class AgentExecution:
     """One trajectory: its row, recorder, returned reward and error."""
 
     row: int
@@ -89,17 +92,17 @@ class AgentRun:
 
 @dataclass
 class AgentStats:
-    """What a rollout's agents did: failed runs, batch sizes of the sampling calls."""
+    """What a rollout's agents did: failed executions, batch sizes of the sampling calls."""
 
     failures: list[tuple[int, BaseException]] = field(default_factory=list)
     batches: list[int] = field(default_factory=list)
-    runs: int = 0  # agent runs: rows × G
+    executions: int = 0  # agent executions (trajectories): rows × G
 
     def metrics(self, sequences: int) -> dict[str, float]:
-        """``rollout/agent_failed`` (runs that raised) and ``rollout/agent_sequences_per_run`` (rollout rows per run,
-        ``sequences`` of them: a run whose calls branch adds rows)."""
+        """``rollout/agent_failed`` (executions that raised) and ``rollout/agent_sequences_per_trajectory`` (rollout
+        rows per execution, ``sequences`` of them: an execution whose calls branch adds rows)."""
         return {"rollout/agent_failed": float(len(self.failures)),
-                "rollout/agent_sequences_per_run": sequences / max(self.runs, 1)}  # fmt: skip
+                "rollout/agent_sequences_per_trajectory": sequences / max(self.executions, 1)}  # fmt: skip
 
 
 def check_agent(agent: Any) -> Callable[..., Any]:
@@ -167,16 +170,18 @@ def run_agents(
     g = settings.num_generations
     recorder = lambda: TrajectoryRecorder(tokenizer, settings.max_new_tokens, max_prompt_length, counter.__next__,  # noqa: E731
                                           prompts)  # fmt: skip
-    runs = [AgentRun(b, recorder()) for b in range(len(rows)) for _ in range(g)]
+    executions = [AgentExecution(b, recorder()) for b in range(len(rows)) for _ in range(g)]
     ends = _CacheEnds(sample)
     sampler = _batch_sampler(model, tokenizer, settings, sample, ends)
     calls = MainThreadCalls()  # the agents' loop in a worker thread; each batch sampled here (main_thread.py)
     with eval_mode(model):
-        stats = calls.run(_run_all(agent, rows, runs, sampler, tokenizer, parser, limits, ends.ended, calls.call))
-    ends.drop()  # the runs that returned after the last batch
+        running = _run_all(agent, rows, executions, sampler, tokenizer, parser, limits, ends.ended, calls.call)
+        stats = calls.run(running)
+    ends.drop()  # the executions that returned after the last batch
     for index, error in stats.failures:
-        log.warning("agent run %d (batch row %d) failed: %s: %s", index, runs[index].row, type(error).__name__, error)
-    return _rollout(tokenizer, rows, runs, g, stats), stats
+        row = executions[index].row
+        log.warning("agent execution %d (batch row %d) failed: %s: %s", index, row, type(error).__name__, error)
+    return _rollout(tokenizer, rows, executions, g, stats), stats
 
 
 def _batch_sampler(model: nn.Module, tokenizer: PreTrainedTokenizerBase, settings: SamplingSettings,
@@ -185,7 +190,7 @@ def _batch_sampler(model: nn.Module, tokenizer: PreTrainedTokenizerBase, setting
     prefilled once (:func:`~lightning_grpo.rollout.agent_client.grouping.group_calls`).
 
     A turn cache keeps a branch's cache while its agent is out of step (busy with a tool when a batch is sampled):
-    it drops the caches of the runs that returned (``ends``) and of the padding rows."""
+    it drops the caches of the executions that returned (``ends``) and of the padding rows."""
     eos = set(eos_token_ids(tokenizer).tolist())
     device = next(model.parameters()).device
     padding_rows = itertools.count(-1, -1)  # padding rows' trajectory numbers: never a branch's, never reused
@@ -198,7 +203,7 @@ def _batch_sampler(model: nn.Module, tokenizer: PreTrainedTokenizerBase, setting
         ids, mask = left_pad([batch[i].context for i in groups.prompts], tokenizer.pad_token_id, device)
         rows = [batch[i].row if i != PADDING else next(padding_rows) for i in groups.members]
         call = replace(settings, num_generations=groups.g, max_new_tokens=max(r.max_tokens for r in batch))
-        out = draw(sample, model, tokenizer, ids, mask, call, rows=rows)
+        out = draw(sample, model, tokenizer, SampleRequest(ids, mask, call, rows=rows))
         ends.drop(row for row, i in zip(rows, groups.members, strict=True) if i == PADDING)
         results: list[Any] = [None] * len(batch)
         for i, new, logprobs in zip(groups.members, out.sequences[:, ids.shape[1] :].tolist(), out.logprobs.tolist(),
@@ -214,10 +219,11 @@ def _batch_sampler(model: nn.Module, tokenizer: PreTrainedTokenizerBase, setting
 
 class _CacheEnds:
     """Tells the turn cache of ``sample`` (a session's, such as the Hugging Face backend's; if it keeps one) when an
-    agent's run has ended, so that it keeps the caches of runs absent from a batch (busy with a tool) meanwhile.
+    agent's execution has ended, so that it keeps the caches of executions absent from a batch (busy with a tool)
+    meanwhile.
 
-    Runs are put in :attr:`ended` by the event loop's thread; :meth:`sampled` and :meth:`drop` run in the sampler's
-    (never while a batch is sampled) or once the loop is over.
+    Executions are put in :attr:`ended` by the event loop's thread; :meth:`sampled` and :meth:`drop` run in the
+    sampler's (never while a batch is sampled) or once the loop is over.
     """
 
     def __init__(self, sample: SampleFn | RolloutSession | None) -> None:
@@ -225,17 +231,17 @@ class _CacheEnds:
         self.cache = cache if isinstance(cache, TurnCache) else None
         if self.cache is not None:
             self.cache.explicit_ends = True  # absent from a batch is not ended: calls arrive as agents make them
-        self.ended: deque[int] = deque()  # runs that returned, raised or timed out
-        self._rows: dict[int, set[int]] = {}  # the rows (branches) each run's calls were sampled on
+        self.ended: deque[int] = deque()  # executions that returned, raised or timed out
+        self._rows: dict[int, set[int]] = {}  # the rows (branches) each execution's calls were sampled on
 
     def sampled(self, batch: list[Request]) -> None:
-        """Note the row of each call of ``batch`` as its run's."""
+        """Note the row of each call of ``batch`` as its execution's."""
         if self.cache is not None:
             for request in batch:
                 self._rows.setdefault(request.owner, set()).add(request.row)
 
     def drop(self, rows: Iterable[int] = ()) -> None:
-        """Drop the caches of ``rows`` and of every row of the runs that ended."""
+        """Drop the caches of ``rows`` and of every row of the executions that ended."""
         dropped = list(rows)
         while self.ended:
             dropped.extend(self._rows.pop(self.ended.popleft(), ()))
@@ -246,7 +252,7 @@ class _CacheEnds:
 async def _run_all(
     agent: Callable[..., Any],
     rows: Sequence[dict[str, Any]],
-    runs: list[AgentRun],
+    executions: list[AgentExecution],
     sampler: Any,
     tokenizer: PreTrainedTokenizerBase,
     parser: ToolCallParser,
@@ -254,28 +260,29 @@ async def _run_all(
     ended: deque[int],
     offload: Callable[..., Any] = asyncio.to_thread,
 ) -> AgentStats:
-    """Every run, concurrently; each run's index is put in ``ended`` when it returns, raises or times out; each
+    """Every execution, concurrently; each one's index is put in ``ended`` when it returns, raises or times out; each
     gathered batch sampled through ``offload`` (:class:`~lightning_grpo.rollout.agent_client.gather.CallGatherer`)."""
-    gatherer, stats = CallGatherer(sampler, len(runs), limits.window, offload), AgentStats(runs=len(runs))
+    gatherer = CallGatherer(sampler, len(executions), limits.window, offload)
+    stats = AgentStats(executions=len(executions))
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
-    endpoints = [TrajectoryEndpoint(run.recorder, gatherer, i, parser, decode, limits.model, limits.call_timeout)
-                 for i, run in enumerate(runs)]  # fmt: skip
+    endpoints = [TrajectoryEndpoint(e.recorder, gatherer, i, parser, decode, limits.model, limits.call_timeout)
+                 for i, e in enumerate(executions)]  # fmt: skip
     async with _clients(endpoints, limits) as clients:
 
-        async def one(index: int, run: AgentRun) -> None:
+        async def one(index: int, execution: AgentExecution) -> None:
             try:
-                value = await asyncio.wait_for(agent(clients[index], dict(rows[run.row])), limits.timeout)
-                run.reward = _reward(value)
-            except Exception as err:  # any failure of the user's agent: the run gets no reward
-                run.error = err if not isinstance(err, TimeoutError) else TimeoutError(
+                value = await asyncio.wait_for(agent(clients[index], dict(rows[execution.row])), limits.timeout)
+                execution.reward = _reward(value)
+            except Exception as err:  # any failure of the user's agent: the execution gets no reward
+                execution.error = err if not isinstance(err, TimeoutError) else TimeoutError(
                     f"the agent ran past agent_timeout={limits.timeout} s")  # fmt: skip
-                stats.failures.append((index, run.error))
+                stats.failures.append((index, execution.error))
             finally:
-                run.calls = endpoints[index].calls
+                execution.calls = endpoints[index].calls
                 ended.append(index)
                 gatherer.finished()
 
-        await _drive([asyncio.ensure_future(one(i, run)) for i, run in enumerate(runs)], gatherer)
+        await _drive([asyncio.ensure_future(one(i, e)) for i, e in enumerate(executions)], gatherer)
     stats.batches = list(gatherer.batches)
     return stats
 
@@ -325,14 +332,14 @@ def _reward(value: Any) -> float | None:
     return float(value)
 
 
-def _rollout(tokenizer: PreTrainedTokenizerBase, rows: Sequence[dict[str, Any]], runs: list[AgentRun], g: int,
-             stats: AgentStats) -> Rollout:  # fmt: skip
+def _rollout(tokenizer: PreTrainedTokenizerBase, rows: Sequence[dict[str, Any]], executions: list[AgentExecution],
+             g: int, stats: AgentStats) -> Rollout:  # fmt: skip
     """One row per branch of every trajectory, in trajectory order; group ids are the batch rows."""
-    entries = [(t, run, branch, i == len(run.recorder.branches) - 1)
-               for t, run in enumerate(runs) for i, branch in enumerate(run.recorder.branches)]  # fmt: skip
+    entries = [(t, e, branch, i == len(e.recorder.branches) - 1)
+               for t, e in enumerate(executions) for i, branch in enumerate(e.recorder.branches)]  # fmt: skip
     if not entries:
         first = f"; the first error: {stats.failures[0][1]!r}" if stats.failures else ""
-        raise NoAgentCallError(f"no agent run made a chat call, so there is nothing to train on{first}", stats)
+        raise NoAgentCallError(f"no agent execution made a chat call, so there is nothing to train on{first}", stats)
     branches = [b for _, _, b, _ in entries]
     p = max(len(b.prompt_ids) for b in branches)
     t = max(1, *(len(b.tokens) for b in branches))
@@ -343,19 +350,19 @@ def _rollout(tokenizer: PreTrainedTokenizerBase, rows: Sequence[dict[str, Any]],
     ids = _right_pad([b.tokens for b in branches], pad, t, torch.long)
     sampled = _right_pad([b.sampled for b in branches], 0, t, torch.long)
     logprobs = _right_pad([b.logprobs for b in branches], 0.0, t, torch.float32)
-    columns = {key: [rows[run.row][key] for _, run, _, _ in entries] for key in rows[0] if key != "prompt"}
+    columns = {key: [rows[e.row][key] for _, e, _, _ in entries] for key in rows[0] if key != "prompt"}
     clash = sorted(set(columns) & set(AGENT_COLUMNS))
     if clash:
         raise ValueError(f"dataset column(s) {clash} clash with the agent rollout's columns; rename them")
     columns.update(
-        agent_reward=[run.reward for _, run, _, _ in entries], agent_trajectory=[t for t, _, _, _ in entries],
+        agent_reward=[e.reward for _, e, _, _ in entries], agent_trajectory=[t for t, _, _, _ in entries],
         agent_last=[last for _, _, _, last in entries],
-        agent_error=[None if run.error is None else repr(run.error) for _, run, _, _ in entries],
+        agent_error=[None if e.error is None else repr(e.error) for _, e, _, _ in entries],
     )  # fmt: skip
     return Rollout(
         prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=ids, completion_mask=mask,
         truncated=torch.tensor([not b.open for _, _, b, _ in entries]),
-        group_ids=torch.tensor([run.row for _, run, _, _ in entries]),
+        group_ids=torch.tensor([e.row for _, e, _, _ in entries]),
         prompts=[b.prompt for _, _, b, _ in entries],
         completions=[b.messages[len(b.prompt) :] for _, _, b, _ in entries],
         columns=columns, sampled_mask=sampled, logprobs=logprobs,
@@ -387,7 +394,8 @@ def spread_to_branches(advantages: torch.Tensor, rollout: Rollout) -> torch.Tens
 
 
 def per_trajectory(rewards: torch.Tensor, rollout: Rollout, trajectories: int) -> torch.Tensor:
-    """``(trajectories,)`` rewards, one per agent run in batch order (its last branch's; NaN for a run with no row)."""
+    """``(trajectories,)`` rewards, one per agent execution in batch order (its last branch's; NaN for one without a
+    row)."""
     out = torch.full((trajectories,), math.nan, dtype=rewards.dtype, device=rewards.device)
     last = torch.tensor(rollout.columns["agent_last"], dtype=torch.bool, device=rewards.device)
     index = torch.tensor(rollout.columns["agent_trajectory"], dtype=torch.long, device=rewards.device)

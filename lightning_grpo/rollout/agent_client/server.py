@@ -58,7 +58,7 @@ def bind_loopback(port: int) -> socket.socket:
             raise OSError(
                 err.errno,
                 f"port {port} on {HOST} is in use, so the agent server cannot listen there: choose another "
-                "GRPOConfig.agent_http_port, or 0 for a free port",
+                "GRPOConfig.agents.agent_http_port, or 0 for a free port",
             ) from err
         raise
     sock.listen(2048)

@@ -17,7 +17,7 @@ import tempfile
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, ClassVar
@@ -28,8 +28,9 @@ from peft import PeftModel
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from lightning_grpo.backends.protocol import BackendRun
-from lightning_grpo.backends.vllm_server_process import (
+from lightning_grpo.backends.protocol import BackendSpec
+from lightning_grpo.backends.vllm.settings import VLLMConfig, engine_lora_rank
+from lightning_grpo.backends.vllm_server.process import (
     ServerError,
     ServerProcess,
     free_port,
@@ -37,10 +38,9 @@ from lightning_grpo.backends.vllm_server_process import (
     post_json,
     server_environment,
 )
-from lightning_grpo.backends.vllm_server_settings import VLLMServerConfig, serve_command, start_hint
-from lightning_grpo.backends.vllm_settings import VLLMConfig, engine_lora_rank
+from lightning_grpo.backends.vllm_server.settings import VLLMServerConfig, serve_command, start_hint
 from lightning_grpo.distributed import full_adapter_state_dict, is_sharded
-from lightning_grpo.rollout.sampling_settings import Sampled, SamplingSettings, eos_token_ids
+from lightning_grpo.rollout.sampling_settings import Sampled, SampleRequest, SamplingSettings, eos_token_ids
 
 __all__ = ["VLLMServerBackend", "VLLMServerSession"]
 
@@ -98,22 +98,14 @@ class VLLMServerSession:
         self.url, self.config = backend.url, backend.config
         self._open = True
 
-    def sample(
-        self,
-        model: nn.Module,
-        tokenizer: PreTrainedTokenizerBase,
-        prompt_ids: torch.Tensor,
-        prompt_mask: torch.Tensor,
-        settings: SamplingSettings,
-        *,
-        rows: Sequence[int],
-    ) -> Sampled:
+    def sample(self, model: nn.Module, tokenizer: PreTrainedTokenizerBase, request: SampleRequest) -> Sampled:
         """``(R*G, P+T)`` prompt and sampled tokens, G consecutive rows per prompt, and each token's log-prob.
 
-        ``model`` is not used (the server holds the synced adapter). Prompt ``i`` of the call is one request with
-        ``n = G`` and seed ``s + i*G``; vLLM seeds its ``j``-th sample ``s + i*G + j``, so no two samples of the call
-        share a seed, copies of one prompt included (``s`` is new for every call).
+        ``model`` and ``request.rows`` are not used (the server holds the synced adapter). Prompt ``i`` of the call
+        is one request with ``n = G`` and seed ``s + i*G``; vLLM seeds its ``j``-th sample ``s + i*G + j``, so no two
+        samples of the call share a seed, copies of one prompt included (``s`` is new for every call).
         """
+        prompt_ids, prompt_mask, settings = request.prompt_ids, request.prompt_mask, request.settings
         g = settings.num_generations
         body = self._body(settings, tokenizer)
         base = self._seeds.randrange(_SEEDS - len(prompt_ids) * g)
@@ -160,9 +152,10 @@ class VLLMServerBackend:
     backend starts (``start: true``).
 
     Args:
-        settings: Its :class:`~lightning_grpo.backends.vllm_server_settings.VLLMServerConfig`
-            (``grpo.rollout_backend_args``).
-        run: The run it samples for (the model's name for ``start: true``, the LoRA rank, the lengths).
+        settings: Its :class:`~lightning_grpo.backends.vllm_server.settings.VLLMServerConfig`
+            (``grpo.backend.rollout_backend_args``).
+        spec: What it samples for (:class:`BackendSpec`: the model's name for ``start: true``, the LoRA rank, the
+            lengths).
     """
 
     settings_class: ClassVar[type | None] = VLLMServerConfig
@@ -176,15 +169,17 @@ class VLLMServerBackend:
         "it sends each turn's whole context, and the server's prefix cache reuses the KV blocks of the turns before"
     )
 
-    def __init__(self, settings: VLLMServerConfig | None, run: BackendRun) -> None:
+    def __init__(self, settings: VLLMServerConfig | None, spec: BackendSpec) -> None:
         if settings is None:
             raise ValueError(
                 "rollout_backend='vllm_server' needs rollout_backend_args: url (a running vLLM server, e.g. "
                 "{url: 'http://127.0.0.1:8000'}) or start: true (docs/vllm.md, A vLLM server on other GPUs)"
             )
-        self.config, self.model_name = settings, run.model_name
-        self.lora_rank = engine_lora_rank(VLLMConfig(max_lora_rank=settings.max_lora_rank), run.policy.lora_r)
-        self.max_model_len = settings.max_model_len or run.grpo.max_prompt_length + run.grpo.max_new_tokens
+        self.config, self.model_name = settings, spec.model_name
+        self.lora_rank = engine_lora_rank(VLLMConfig(max_lora_rank=settings.max_lora_rank), spec.policy.lora_r)
+        self.max_model_len = (
+            settings.max_model_len or spec.grpo.sampling.max_prompt_length + spec.grpo.sampling.max_new_tokens
+        )
         self.url: str | None = settings.url
         self.server: ServerProcess | None = None
         self.adapter: str | None = None

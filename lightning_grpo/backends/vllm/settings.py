@@ -137,7 +137,7 @@ def check_installed() -> str:
 
 
 def check_sampling(sampling: dict[str, Any], *, generate_overridden: bool, quantized: bool) -> None:
-    """Refuse settings the vLLM engine cannot honour (``sampling``: ``GRPOConfig.sampling_kwargs``).
+    """Refuse settings the vLLM engine cannot honour (``sampling``: the fields of ``GRPOConfig.sampling``).
 
     Raises:
         ValueError: A custom ``sampler``, ``static_cache``, an overridden ``generate`` or a quantized policy.

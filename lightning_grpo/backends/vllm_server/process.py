@@ -4,7 +4,7 @@
 unreachable server, a timeout (retried once, then an error naming ``request_timeout_s``), vLLM's own error message.
 :class:`ServerProcess` runs ``vllm serve`` in its own process group, waits until it answers, and kills the group
 (the API server and its engine process) on :meth:`~ServerProcess.close`, on an exception and at interpreter exit.
-The server runs through :mod:`~lightning_grpo.backends.vllm_server_launch` (the scalar-kernel fix under
+The server runs through :mod:`~lightning_grpo.backends.vllm_server.launch` (the scalar-kernel fix under
 ``ATEN_CPU_CAPABILITY=default``).
 """
 
@@ -69,7 +69,7 @@ def _call(url: str, body: dict[str, Any] | None, timeout: float, *, what: str, h
             if _is_timeout(error):
                 raise ServerError(
                     f"{what} to the vLLM server ({url}) timed out twice after {timeout:g} s "
-                    "(GRPOConfig.rollout_backend_args.request_timeout_s): raise request_timeout_s, or check that the "
+                    "(GRPOConfig.backend.rollout_backend_args.request_timeout_s): raise request_timeout_s, or check that the "
                     "server is not overloaded"
                 ) from error
             base = "{0.scheme}://{0.netloc}".format(urllib.parse.urlsplit(url))
@@ -112,7 +112,7 @@ class ServerProcess:
     """``vllm serve`` run by this package: started in its own process group, stopped with all its processes.
 
     Args:
-        args: The arguments after ``vllm serve`` (see :func:`~lightning_grpo.backends.vllm_server_settings.
+        args: The arguments after ``vllm serve`` (see :func:`~lightning_grpo.backends.vllm_server.settings.
             serve_command`).
         env: Its environment (see :func:`server_environment`).
         command: The program and its first arguments; default this module as the launcher.
@@ -120,7 +120,7 @@ class ServerProcess:
 
     def __init__(self, args: list[str], env: dict[str, str], command: list[str] | None = None) -> None:
         self.log_path = Path(tempfile.mkstemp(prefix="lightning-grpo-vllm-server-", suffix=".log")[1])
-        launcher = command or [sys.executable, "-m", "lightning_grpo.backends.vllm_server_launch"]
+        launcher = command or [sys.executable, "-m", "lightning_grpo.backends.vllm_server.launch"]
         with self.log_path.open("wb") as log:
             self.process: subprocess.Popen | None = subprocess.Popen(
                 [*launcher, *args], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
@@ -155,7 +155,7 @@ class ServerProcess:
         self.close()
         raise ServerError(
             f"the vLLM server this run started did not answer at {url} within {timeout:g} s "
-            f"(GRPOConfig.rollout_backend_args.start_timeout_s):\n{tail}"
+            f"(GRPOConfig.backend.rollout_backend_args.start_timeout_s):\n{tail}"
         )
 
     def close(self) -> None:

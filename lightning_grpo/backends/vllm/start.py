@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from lightning_grpo.backends.vllm_settings import VLLMConfig
+from lightning_grpo.backends.vllm.settings import VLLMConfig
 
 __all__ = ["build_llm", "engine_environment"]
 

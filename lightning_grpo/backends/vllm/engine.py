@@ -20,11 +20,11 @@ from peft import PeftModel
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from lightning_grpo.backends.vllm_files import bytes_needed, make_work_dir, save_base
-from lightning_grpo.backends.vllm_settings import VLLMConfig, check_installed
-from lightning_grpo.backends.vllm_start import build_llm, engine_environment
+from lightning_grpo.backends.vllm.files import bytes_needed, make_work_dir, save_base
+from lightning_grpo.backends.vllm.settings import VLLMConfig, check_installed
+from lightning_grpo.backends.vllm.start import build_llm, engine_environment
 from lightning_grpo.policy.weights import merged_weights
-from lightning_grpo.rollout.sampling_settings import Sampled, SamplingSettings, eos_token_ids
+from lightning_grpo.rollout.sampling_settings import Sampled, SampleRequest, SamplingSettings, eos_token_ids
 
 __all__ = ["VLLMEngine"]
 
@@ -153,22 +153,17 @@ class VLLMEngine:
     # ------------------------------------------------------------------ sampling
 
     @torch.no_grad()
-    def sample(
-        self,
-        model: nn.Module,
-        tokenizer: PreTrainedTokenizerBase,
-        prompt_ids: torch.Tensor,
-        prompt_mask: torch.Tensor,
-        settings: SamplingSettings,
-    ) -> Sampled:
+    def sample(self, model: nn.Module, tokenizer: PreTrainedTokenizerBase, request: SampleRequest) -> Sampled:
         """``(B*G, P+T)`` prompt and sampled tokens, G consecutive rows per prompt, and each token's log-prob.
 
-        The signature of :func:`~lightning_grpo.rollout.generation.sample_tokens` (``model`` is not used: the engine
-        holds the synced weights). Prompts go in as our token ids. The requests carry no seed of their own: the
-        engine draws every row's noise in one batched call from the default generator, seeded by a seed drawn from
-        torch's global generator, which the step seeds, so the same seed samples the same completions
-        (:func:`_seeded_draws`).
+        A :data:`~lightning_grpo.rollout.sampling_settings.SampleFn`, as
+        :func:`~lightning_grpo.rollout.generation.sample_tokens` (``model`` and ``request.rows`` are not used: the
+        engine holds the synced weights, and vLLM's prefix cache reuses earlier turns). Prompts go in as our token
+        ids. The requests carry no seed of their own: the engine draws every row's noise in one batched call from the
+        default generator, seeded by a seed drawn from torch's global generator, which the step seeds, so the same
+        seed samples the same completions (:func:`_seeded_draws`).
         """
+        prompt_ids, prompt_mask, settings = request.prompt_ids, request.prompt_mask, request.settings
         self.wake()
         rows = zip(prompt_ids, prompt_mask, strict=True)
         prompts = [{"prompt_token_ids": row[mask.bool()].tolist()} for row, mask in rows]  # our tokens, unpadded

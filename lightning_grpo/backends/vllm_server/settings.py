@@ -13,7 +13,7 @@ from lightning_grpo.settings_checks import check_number
 
 __all__ = ["VLLMServerConfig", "serve_command", "start_hint"]
 
-_PREFIX = "GRPOConfig.rollout_backend_args"
+_PREFIX = "GRPOConfig.backend.rollout_backend_args"
 
 
 @dataclass

@@ -1,22 +1,20 @@
 """The vLLM backend (``rollout_backend: vllm``): a colocated engine's life within a fit. Checked at construction,
 started at fit start, synced before each rollout, put to sleep for the update, closed at the end of fit or on an
-exception (docs/vllm.md). The engine itself is :class:`~lightning_grpo.backends.vllm_engine.VLLMEngine`."""
+exception (docs/vllm.md). The engine itself is :class:`~lightning_grpo.backends.vllm.engine.VLLMEngine`."""
 
 from __future__ import annotations
 
 import atexit
-from collections.abc import Sequence
 from typing import Any, ClassVar
 
-import torch
 from peft import PeftModel
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from lightning_grpo.backends.protocol import BackendRun
-from lightning_grpo.backends.vllm_settings import VLLMConfig, check_installed, check_sampling, engine_lora_rank
+from lightning_grpo.backends.protocol import BackendSpec
+from lightning_grpo.backends.vllm.settings import VLLMConfig, check_installed, check_sampling, engine_lora_rank
 from lightning_grpo.distributed import full_adapter_state_dict, is_sharded
-from lightning_grpo.rollout.sampling_settings import Sampled, SamplingSettings
+from lightning_grpo.rollout.sampling_settings import Sampled, SampleRequest, SamplingSettings
 
 __all__ = ["VLLMBackend", "VLLMSession"]
 
@@ -25,24 +23,15 @@ class VLLMSession:
     """One rollout sampled by the engine (no state kept between turns: vLLM's prefix cache reuses earlier turns).
 
     Args:
-        engine: The running :class:`~lightning_grpo.backends.vllm_engine.VLLMEngine`.
+        engine: The running :class:`~lightning_grpo.backends.vllm.engine.VLLMEngine`.
     """
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
 
-    def sample(
-        self,
-        model: nn.Module,
-        tokenizer: PreTrainedTokenizerBase,
-        prompt_ids: torch.Tensor,
-        prompt_mask: torch.Tensor,
-        settings: SamplingSettings,
-        *,
-        rows: Sequence[int],
-    ) -> Sampled:
-        """The engine's :meth:`~lightning_grpo.backends.vllm_engine.VLLMEngine.sample`."""
-        return self.engine.sample(model, tokenizer, prompt_ids, prompt_mask, settings)
+    def sample(self, model: nn.Module, tokenizer: PreTrainedTokenizerBase, request: SampleRequest) -> Sampled:
+        """The engine's :meth:`~lightning_grpo.backends.vllm.engine.VLLMEngine.sample`."""
+        return self.engine.sample(model, tokenizer, request)
 
     def close(self) -> None:
         """Nothing to drop."""
@@ -55,10 +44,10 @@ class VLLMBackend:
     settings it can honour, the LoRA rank); :meth:`start` builds the engine.
 
     Args:
-        settings: The engine's settings (the module's ``vllm`` argument or ``grpo.rollout_backend_args``).
-        run: The run it samples for: sampling settings and lengths, the policy's LoRA rank and quantization, the
-            model's name (``None``: the policy was given as an object and its base is saved once for the engine)
-            and whether ``generate`` is overridden (refused: it would bypass the engine).
+        settings: The engine's settings (the module's ``vllm`` argument or ``grpo.backend.rollout_backend_args``).
+        spec: What it samples for (:class:`BackendSpec`): sampling settings and lengths, the policy's LoRA rank and
+            quantization, the model's name (``None``: the policy was given as an object and its base is saved once for
+            the engine) and whether ``generate`` is overridden (refused: it would bypass the engine).
     """
 
     settings_class: ClassVar[type | None] = VLLMConfig
@@ -70,15 +59,15 @@ class VLLMBackend:
         "reuses the KV blocks of the turns before"
     )
 
-    def __init__(self, settings: VLLMConfig | None, run: BackendRun) -> None:
+    def __init__(self, settings: VLLMConfig | None, spec: BackendSpec) -> None:
         check_installed()
-        grpo, policy = run.grpo, run.policy
-        check_sampling(grpo.sampling_kwargs, generate_overridden=run.generate_overridden,
+        grpo, policy = spec.grpo, spec.policy
+        check_sampling(vars(grpo.sampling), generate_overridden=spec.generate_overridden,
                        quantized=policy.quantization is not None)  # fmt: skip
         self.config = config = settings or VLLMConfig()
-        self.model_name = run.model_name
+        self.model_name = spec.model_name
         self.lora_rank = engine_lora_rank(config, policy.lora_r)
-        self.max_model_len = config.max_model_len or grpo.max_prompt_length + grpo.max_new_tokens
+        self.max_model_len = config.max_model_len or grpo.sampling.max_prompt_length + grpo.sampling.max_new_tokens
         self.engine: Any = None
 
     def start(self, policy: PeftModel, seed: int, *, sharded: bool) -> None:
@@ -87,7 +76,7 @@ class VLLMBackend:
             return
         if sharded and self.config.sync == "merged":
             raise ValueError("vllm.sync='merged' does not support FSDP2 (sharded base weights); use sync: adapter")
-        from lightning_grpo.backends.vllm_engine import VLLMEngine  # imports vLLM only when it is chosen
+        from lightning_grpo.backends.vllm.engine import VLLMEngine  # imports vLLM only when it is chosen
 
         self.engine = VLLMEngine.start(
             policy, self.config, model_name=self.model_name, max_model_len=self.max_model_len,

@@ -1,4 +1,4 @@
-"""One step ahead (``GRPOConfig.async_rollout``) with a backend that samples apart (a frozen copy taken at each sync,
+"""One step ahead (``GRPOConfig.backend.async_rollout``) with a backend that samples apart (a frozen copy taken at each sync,
 as a server holds the adapter it loaded): the next rollout overlaps the update, samples the previous step's adapter,
 is logged as stale, trains on the same prompts for as many steps as a synchronous run, and leaves no thread behind
 when the background rollout or the update fails."""
@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from lightning_grpo import GRPOModule
-from lightning_grpo.iteration.async_rollout import AheadBackend
+from lightning_grpo.backends.ahead import AheadBackend
 from lightning_grpo.settings_checks import SettingError
 from lightning_grpo.testing.apart_backend import FrozenCopyBackend, adapter_checksum
 from tests.conftest import make_trainer
@@ -180,9 +180,9 @@ def test_a_failed_update_cancels_and_joins_the_background_rollout(make_module):
 
 
 def test_refused_with_a_backend_that_samples_in_the_trainer(make_module):
-    with pytest.raises(SettingError, match=r"GRPOConfig.async_rollout=True.*'hf'.*vllm_server") as raised:
+    with pytest.raises(SettingError, match=r"GRPOConfig.backend.async_rollout=True.*'hf'.*vllm_server") as raised:
         make_module(async_rollout=True)  # (7) rollout_backend: hf
-    assert raised.value.setting == "GRPOConfig.async_rollout"
+    assert raised.value.setting == "GRPOConfig.backend.async_rollout"
 
 
 class OwnGenerate(GRPOModule):
@@ -201,6 +201,7 @@ def test_refused_with_a_generate_override_tools_or_dynamic_sampling(make_module)
 
 def test_refused_with_tools(tokenizer):
     from lightning_grpo import GRPOConfig, PolicyConfig
+    from lightning_grpo.config import BackendConfig, SamplingConfig
     from lightning_grpo.testing import build_tiny_model
 
     def add(a: int, b: int) -> int:
@@ -215,7 +216,7 @@ def test_refused_with_tools(tokenizer):
     with pytest.raises(SettingError, match=r"GRPOConfig\.async_rollout=True cannot sample ahead multi-turn rollouts"):
         GRPOModule(build_tiny_model(tokenizer), [lambda prompts, completions, **_: [0.0] * len(completions)],
                    tokenizer=tokenizer, tools=[add], policy=PolicyConfig(lora_r=4),
-                   grpo=GRPOConfig(rollout_backend=PATH, async_rollout=True, num_generations=2))  # fmt: skip
+                   grpo=GRPOConfig(backend=BackendConfig(rollout_backend=PATH, async_rollout=True), sampling=SamplingConfig(num_generations=2)))  # fmt: skip
 
 
 def test_a_batch_other_than_the_one_sampled_ahead_is_sampled_now(make_module):

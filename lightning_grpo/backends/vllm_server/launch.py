@@ -1,4 +1,4 @@
-"""The vLLM server as this package starts it: ``python -m lightning_grpo.backends.vllm_server_launch <vllm serve
+"""The vLLM server as this package starts it: ``python -m lightning_grpo.backends.vllm_server.launch <vllm serve
 arguments>`` (the model first, then what follows it in ``vllm serve``).
 
 It is vLLM's OpenAI-compatible API server (``vllm.entrypoints.openai.api_server``; the ``vllm`` command itself fails
@@ -13,7 +13,7 @@ import sys
 
 
 def _scalar_kernels() -> None:  # pragma: no cover (runs in the server's processes)
-    from lightning_grpo.backends.vllm_start import _scalar_kernels_under_default_capability
+    from lightning_grpo.backends.vllm.start import _scalar_kernels_under_default_capability
 
     _scalar_kernels_under_default_capability()
 

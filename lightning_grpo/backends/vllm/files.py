@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from peft import PeftModel
 
-from lightning_grpo.backends.vllm_settings import VLLMConfig
+from lightning_grpo.backends.vllm.settings import VLLMConfig
 from lightning_grpo.policy.weights import base_weights
 
 __all__ = ["bytes_needed", "make_work_dir", "save_base"]
