@@ -147,7 +147,8 @@ def set_collective_timeout(strategy: Strategy, seconds: float | None, *, agent_t
 
     Args:
         strategy: The trainer's strategy.
-        seconds: ``GRPOConfig.faults.collective_timeout_s``; ``None`` keeps the strategy's own (``timeout=``, else 30 min).
+        seconds: ``GRPOConfig.faults.collective_timeout_s``; ``None`` keeps the strategy's own (``timeout=``, else 30
+        min).
         agent_timeout: With agent code, ``GRPOConfig.agents.agent_timeout``: one rank may wait that long for another's
             rollout, so ``seconds`` must exceed it.
 
@@ -160,12 +161,14 @@ def set_collective_timeout(strategy: Strategy, seconds: float | None, *, agent_t
     timeout, own = timedelta(seconds=seconds), getattr(strategy, "_timeout", None)
     if own is not None and own not in (default_pg_timeout, timeout):
         raise ValueError(
-            f"{type(strategy).__name__}(timeout={own}) and GRPOConfig.faults.collective_timeout_s={seconds:g} disagree: set "
+            f"{type(strategy).__name__}(timeout={own}) and GRPOConfig.faults.collective_timeout_s={seconds:g} "
+            "disagree: set "
             f"collective_timeout_s={own.total_seconds():g} (or None to keep the strategy's), or drop timeout="
         )
     if agent_timeout is not None and seconds <= agent_timeout:
         raise ValueError(
-            f"GRPOConfig.faults.collective_timeout_s={seconds:g} must exceed agent_timeout={agent_timeout:g}: a rank may wait "
+            f"GRPOConfig.faults.collective_timeout_s={seconds:g} must exceed agent_timeout={agent_timeout:g}: a rank "
+            "may wait "
             "that long for another rank's agents before their next collective; raise collective_timeout_s"
         )
     from torch.distributed import distributed_c10d

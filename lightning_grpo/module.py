@@ -76,20 +76,23 @@ class GRPOModule(LightningModule):
         default_callbacks: Add the monitoring callbacks of :func:`~lightning_grpo.callbacks.default_callbacks` that
             the trainer lacks (:meth:`configure_callbacks`), so any ``Trainer`` logs ``train/reward_mean`` and the
             rest; ``False``: only the trainer's callbacks.
-        vllm: Settings of the colocated vLLM engine of ``grpo.backend.rollout_backend="vllm"`` (``docs/vllm.md``); ``None``:
-            ``grpo.backend.rollout_backend_args`` or the defaults. Any backend's settings: ``grpo.backend.rollout_backend_args``.
+        vllm: Settings of the colocated vLLM engine of ``grpo.backend.rollout_backend="vllm"`` (``docs/vllm.md``);
+            ``None``: ``grpo.backend.rollout_backend_args`` or the defaults. Any backend's settings:
+            ``grpo.backend.rollout_backend_args``.
         agent: Your own agent code as the rollout: ``async def agent(client, row) -> float | None`` (or its import
             path), run G times per row with an ``openai.AsyncOpenAI`` on the policy, in process or over a loopback
-            HTTP server (``GRPOConfig.agents.agent_transport``; docs/agents.md, "Your own agent code", "Agents over HTTP");
-            without ``reward_funcs`` the reward is what it returns.
+            HTTP server (``GRPOConfig.agents.agent_transport``; docs/agents.md, "Your own agent code", "Agents over
+            HTTP"); without ``reward_funcs`` the reward is what it returns.
 
     Example::
 
         from lightning import Trainer
         from lightning_grpo import GRPOModule, GRPOConfig, PromptDataModule
+        from lightning_grpo.config import SamplingConfig
         from lightning_grpo.rewards import math_answer
 
-        module = GRPOModule("Qwen/Qwen2.5-0.5B-Instruct", [math_answer], grpo=GRPOConfig(num_generations=8))
+        grpo = GRPOConfig(sampling=SamplingConfig(num_generations=8))
+        module = GRPOModule("Qwen/Qwen2.5-0.5B-Instruct", [math_answer], grpo=grpo)
         Trainer(max_steps=100).fit(module, PromptDataModule("train.jsonl", batch_size=4))
     """
 
@@ -122,8 +125,9 @@ class GRPOModule(LightningModule):
         self.policy_config = policy or PolicyConfig()
         self.agent_fn = agent_wiring.agent_code(agent, tools, environment_factory,
                                                 dynamic_sampling=cfg.advantages.dynamic_sampling)  # fmt: skip
-        factory, self.rewards = agent_wiring.agent_rewards(self.agent_fn, environment_factory, reward_funcs,
-                                                           reward_weights, timeout=cfg.faults.reward_timeout)  # fmt: skip
+        factory, self.rewards = agent_wiring.agent_rewards(
+            self.agent_fn, environment_factory, reward_funcs, reward_weights, timeout=cfg.faults.reward_timeout
+        )
         check_function_rewards(cfg, self.rewards, agent=self.agent_fn is not None)  # gdpo: two functions or more
         name = model if isinstance(model, str | Path) else None
         self.tokenizer = load_tokenizer(tokenizer, name, trust_remote_code=self.policy_config.trust_remote_code)
@@ -136,9 +140,13 @@ class GRPOModule(LightningModule):
         self.agent_limits = agent_client.AgentLimits.of(cfg)  # agent code's (agent=): time limits, transport
         self.optimizer_factory, self.scheduler_factory, self.seed = optimizer, lr_scheduler, seed
         self.use_default_callbacks = default_callbacks
-        spec = BackendSpec(cfg, self.policy_config, None if name is None else str(name),
-                          generate_overridden=type(self).generate is not GRPOModule.generate,
-                          multi_turn=(self.agent.multi_turn and cfg.agents.max_turns > 1) or bool(self.agent_fn))  # fmt: skip
+        spec = BackendSpec(
+            cfg,
+            self.policy_config,
+            None if name is None else str(name),
+            generate_overridden=type(self).generate is not GRPOModule.generate,
+            multi_turn=(self.agent.multi_turn and cfg.agents.max_turns > 1) or bool(self.agent_fn),
+        )
         backend = build_backend(spec, vllm)  # always one; with async_rollout, one that also samples ahead
         self.rollout_backend: RolloutBackend = ahead_of(backend, cfg, self.tokenizer, self.agent, self.agent_limits)
         self.timer, self._warned = (
@@ -150,8 +158,9 @@ class GRPOModule(LightningModule):
         self.skipped_steps: list[
             int
         ] = []  # steps skipped for non-finite values (GRPOConfig.faults.on_nonfinite="skip")
-        self.entropy_control = entropy_controller(cfg.objective.entropy_control, cfg.objective.entropy_control_args, cfg.objective.entropy_coef,
-                                                  shared=False)  # fmt: skip
+        self.entropy_control = entropy_controller(
+            cfg.objective.entropy_control, cfg.objective.entropy_control_args, cfg.objective.entropy_coef, shared=False
+        )
         self.entropy_coef = self.entropy_control(None)  # this iteration's; updated from each iteration's global entropy
         self.val_metrics = ValidationMetrics(
             self.config.validation.num_generations, self.config.validation.success_threshold
@@ -186,9 +195,15 @@ class GRPOModule(LightningModule):
                 self.config.advantages.dynamic_sampling
             ):  # more prompts until groups carry signal (docs/dynamic-sampling.md)
                 rollout, scores = dynamic_sample(
-                    context, rollout, scores, generate=self.generate, score=self.score, source=self.trainer.datamodule,
-                    max_rounds=self.config.advantages.max_sampling_rounds, pad_token_id=self.tokenizer.pad_token_id or 0,
-                )  # fmt: skip
+                    context,
+                    rollout,
+                    scores,
+                    generate=self.generate,
+                    score=self.score,
+                    source=self.trainer.datamodule,
+                    max_rounds=self.config.advantages.max_sampling_rounds,
+                    pad_token_id=self.tokenizer.pad_token_id or 0,
+                )
             check_signal(context, rollout, scores)  # logs train/zero_std_frac; warns once on a zero-signal iteration
             with timer("score"):
                 inputs = {**advantage_inputs(scores), **function_reward_inputs(self.config, scores, self.rewards)}
@@ -298,10 +313,20 @@ class GRPOModule(LightningModule):
             counts.aggregate, loss_mask=batch.loss_mask, mode=self.config.objective.loss_agg_mode
         )  # global
         return grpo_loss(
-            current.logprobs, current.entropy, batch.advantages, batch.loss_mask, self.config.objective, aggregate,
-            corrections=self.config.corrections, old_logprobs=batch.old_logprobs, ref_logprobs=batch.ref_logprobs, behaviour_logprobs=batch.rollout.logprobs,
-            at_sampling_weights=batch.at_sampling_weights, seed=self._iteration_seed(), entropy_coef=self.entropy_coef,
-        )  # fmt: skip
+            current.logprobs,
+            current.entropy,
+            batch.advantages,
+            batch.loss_mask,
+            self.config.objective,
+            aggregate,
+            corrections=self.config.corrections,
+            old_logprobs=batch.old_logprobs,
+            ref_logprobs=batch.ref_logprobs,
+            behaviour_logprobs=batch.rollout.logprobs,
+            at_sampling_weights=batch.at_sampling_weights,
+            seed=self._iteration_seed(),
+            entropy_coef=self.entropy_coef,
+        )
 
     def update_policy(self, batch: UpdateBatch) -> tuple[Tensor, dict[str, Tensor]]:
         """``ppo_epochs`` passes over shuffled mini-batches, one optimizer step each (``run_updates``)."""

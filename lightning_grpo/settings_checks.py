@@ -5,8 +5,8 @@ infinity or a string reaches the user as ``temperature must be a finite number >
 error deep inside torch or transformers. docs/troubleshooting.md lists the messages.
 
 The errors are :class:`SettingError` (a ``ValueError``; :class:`SettingTypeError` is also a ``TypeError``): they
-carry the setting's name and value, so that a settings class names itself (``GRPOConfig.sampling.num_generations=1: ...``,
-:func:`named_errors`) and the command line names the full key of the config
+carry the setting's name and value, so that a settings class names itself (``GRPOConfig.sampling.num_generations=1:
+...``, :func:`named_errors`) and the command line names the full key of the config
 (``model.init_args.grpo.sampling.num_generations``).
 """
 
@@ -39,7 +39,8 @@ class SettingError(ValueError):
         self.value = value
 
     def renamed(self, name: str) -> SettingError:
-        """The same error, its message starting with ``name`` (``GRPOConfig.objective.kl_coef``, a config key) instead."""
+        """The same error, its message starting with ``name`` (``GRPOConfig.objective.kl_coef``, a config key)
+        instead."""
         message = str(self)
         if message.startswith(self.setting):
             message = name + message[len(self.setting) :]
@@ -57,8 +58,8 @@ def named_errors(settings: Any, owner: str | None = None) -> Iterator[None]:
     """Errors raised inside that start with a field of the dataclass ``settings`` name its class (or ``owner``,
     e.g. ``GRPOConfig.sampling`` for a group of settings) first.
 
-    ``num_generations=1: ...`` becomes :class:`SettingError` ``GRPOConfig.sampling.num_generations=1: ...`` (a ``TypeError``
-    stays one too); other errors pass unchanged.
+    ``num_generations=1: ...`` becomes :class:`SettingError` ``GRPOConfig.sampling.num_generations=1: ...`` (a
+    ``TypeError`` stays one too); other errors pass unchanged.
 
     Example::
 

@@ -14,6 +14,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig
+from lightning_grpo.config import SamplingConfig
 from lightning_grpo.testing import build_tiny_model, build_tiny_tokenizer, load_tiny_model
 
 warnings.filterwarnings("ignore", message=".*does not have many workers.*")
@@ -49,9 +50,17 @@ def warm_tiny_cache() -> None:
     load_tiny_model("addition")
 
 
+def tiny_sampling(**settings: Any) -> SamplingConfig:
+    """The sampling of the tiny test runs (4 samples of at most 6 tokens after prompts of at most 16 tokens), with
+    ``settings`` (its fields) changed: ``make_module(sampling=tiny_sampling(temperature=0.8))``."""
+    return SamplingConfig(**{"num_generations": 4, "max_new_tokens": 6, "max_prompt_length": 16, **settings})
+
+
 @pytest.fixture
 def make_module(tokenizer) -> Callable[..., GRPOModule]:
-    """Build a GRPOModule over a fresh tiny model (seed 0): ``make_module(reward_funcs=..., **grpo_settings)``."""
+    """Build a GRPOModule over a fresh tiny model (seed 0): ``make_module(reward_funcs=..., **groups)``, each group of
+    ``GRPOConfig`` by its name (``objective=ObjectiveConfig(kl_coef=0.0)``); ``sampling`` defaults to
+    :func:`tiny_sampling`."""
 
     def build(
         reward_funcs: Any = (count_a,),
@@ -60,15 +69,15 @@ def make_module(tokenizer) -> Callable[..., GRPOModule]:
         policy: PolicyConfig | None = None,
         module_cls: type[GRPOModule] = GRPOModule,
         lr_scheduler: Any = None,
-        **settings: Any,
+        sampling: SamplingConfig | None = None,
+        **groups: Any,
     ) -> GRPOModule:
-        defaults = {"num_generations": 4, "max_new_tokens": 6, "max_prompt_length": 16}
         return module_cls(
             build_tiny_model(tokenizer),
             list(reward_funcs),
             tokenizer=tokenizer,
             policy=policy or PolicyConfig(lora_r=4, lora_alpha=8),
-            grpo=GRPOConfig(**{**defaults, **settings}),
+            grpo=GRPOConfig(sampling=sampling or tiny_sampling(), **groups),
             optimizer=lambda params: torch.optim.AdamW(params, lr=lr),
             lr_scheduler=lr_scheduler,
         )

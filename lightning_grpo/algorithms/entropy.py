@@ -1,9 +1,9 @@
 """Entropy control: the entropy bonus's coefficient (constant or adaptive) and top-entropy token selection.
 
 The objective subtracts ``c · H`` (``H`` the aggregated per-token entropy of the loss tokens). ``c`` comes from an
-**entropy control** component (``GRPOConfig.objective.entropy_control`` + ``entropy_control_args``), called once per training
-step with the step's global mean entropy ``e`` (the logged ``train/entropy``, reduced over all ranks, so every rank
-computes the same ``c``) and returning the coefficient of the next step:
+**entropy control** component (``GRPOConfig.objective.entropy_control`` + ``entropy_control_args``), called once per
+training step with the step's global mean entropy ``e`` (the logged ``train/entropy``, reduced over all ranks, so every
+rank computes the same ``c``) and returning the coefficient of the next step:
 
 * ``constant``: ``c = entropy_coef`` always (the bonus of earlier releases).
 * ``adaptive`` (Skywork-OR1, He et al. 2025, arXiv:2505.22312, §3.2; TRL ``use_adaptive_entropy``): a state

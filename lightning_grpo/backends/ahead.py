@@ -5,8 +5,9 @@ thread while this iteration scores, computes its log-probs and updates the polic
 Only a backend whose ``samples_apart`` is true serves it (its sampling runs outside the trainer process, from the
 adapter its last ``sync`` sent: ``vllm_server``); :mod:`lightning_grpo.backends.build` refuses the others. The
 module's backend is then an :class:`AheadBackend` (:func:`ahead_of`), which owns the background thread and the
-rollout sampled ahead, and ``training_step`` takes each rollout through :func:`iteration_rollout`, handing it plain
-values: the batch, its ``generate``, the global step, the ranks' votes, the next batch and the sampling settings.
+rollout sampled ahead. ``training_step`` takes the rollout sampled ahead for its batch (:func:`take_ahead`), samples
+the batch itself when there is none, then launches the next one (:func:`launch_ahead`), handing both plain values:
+the batch, the global step, the ranks' votes, the next batch and its sampling settings.
 
 * **Iteration k+1's prompts**: during iteration k, the batch Lightning will hand to iteration k+1 is drawn one batch
   early from the fit loop's data fetcher (:func:`~lightning_grpo.data.lookahead.next_batch`) and held there, so
@@ -51,7 +52,7 @@ from lightning_grpo.rollout.rank_agreement import RankVotes, agreed_rollout
 from lightning_grpo.rollout.sampling_settings import SamplingSettings
 
 __all__ = [
-    "AheadBackend", "RolloutCancelled", "agreed_ahead", "ahead_of", "iteration_rollout", "sample_apart",
+    "AheadBackend", "RolloutCancelled", "agreed_ahead", "ahead_of", "launch_ahead", "sample_apart", "take_ahead",
 ]  # fmt: skip
 
 Batch = Mapping[str, Sequence[Any]]
@@ -155,12 +156,6 @@ class AheadBackend:
         finally:
             self.cancel()
 
-    def optimizer_steps(self, rows: int) -> int:
-        """The optimizer steps of an iteration whose rollout has ``rows`` rows (``ppo_epochs`` passes of
-        ``mini_batch_size`` rows each)."""
-        update = self.config.update
-        return update.ppo_epochs * -(-rows // (update.mini_batch_size or rows))
-
     def sample_ahead(self, batch: Batch, settings: SamplingSettings, version: int) -> None:
         """Launch the rollout of ``batch`` (the next iteration's) with the adapter synced at ``version``, through a
         session opened here on the main thread (so that what it draws from torch's generators, e.g. its request
@@ -246,42 +241,55 @@ def ahead_of(
     return cast("RolloutBackend", AheadBackend(backend, config, tokenizer, agent, limits))
 
 
-def iteration_rollout(
-    backend: RolloutBackend,
-    batch: Batch,
-    generate: Callable[[Batch], Rollout],
-    *,
-    step: int,
-    ranks: RankVotes | None,
-    upcoming: Callable[[int], Batch | None],
-    settings: Callable[[], SamplingSettings],
-    log: Callable[..., Any],
-) -> Rollout:
-    """This iteration's rollout: ``generate(batch)``, or, when ``backend`` is an :class:`AheadBackend`, the rollout it
-    sampled for ``batch`` during the iteration before (``rollout/staleness`` 1) if every rank has one, else
-    ``generate(batch)`` now (0); then the next batch's rollout is launched, unless this iteration is the fit's last.
+def take_ahead(
+    backend: RolloutBackend, batch: Batch, *, step: int, ranks: RankVotes | None, log: Callable[..., Any]
+) -> Rollout | None:
+    """The rollout ``backend`` sampled ahead for ``batch`` during the iteration before, if every rank has one
+    (``rollout/staleness`` 1, logged with ``log``); ``None``: ``batch`` is to be sampled now (0). Always ``None``
+    unless ``backend`` is an :class:`AheadBackend`.
 
     Args:
         backend: The module's backend, after this iteration's ``sync``.
         batch: This iteration's prompts.
-        generate: The module's ``generate``: samples a batch now.
-        step: The global step (the version this iteration's ``sync`` sent).
+        step: The global step (the version this iteration's ``sync`` sent; error messages name it).
         ranks: The ranks' votes on several processes; ``None`` on one.
-        upcoming: ``upcoming(updates)``: the batch Lightning hands to the next iteration when this one takes
-            ``updates`` optimizer steps, or ``None`` (:func:`~lightning_grpo.data.lookahead.next_batch`).
-        settings: The module's ``sampling_settings``: what the next rollout is sampled with.
         log: Logs ``rollout/staleness`` (``LightningModule.log``).
+
+    Raises:
+        RankFailureError: The rollout ahead failed on some rank (several processes; the cause of each named).
+        RuntimeError: It failed, on one process (:meth:`AheadBackend.take`).
     """
     if not isinstance(backend, AheadBackend):
-        return generate(batch)
+        return None
     rollout = agreed_ahead(lambda: backend.take(batch, step), ranks)
-    staleness = 0.0 if rollout is None else 1.0
-    rollout = generate(batch) if rollout is None else rollout
-    log("rollout/staleness", staleness, on_step=True, batch_size=len(batch.get("prompt", ())) or 1)
-    following = upcoming(backend.optimizer_steps(len(rollout)))
+    log("rollout/staleness", float(rollout is not None), on_step=True, batch_size=len(batch.get("prompt", ())) or 1)
+    return rollout
+
+
+def launch_ahead(
+    backend: RolloutBackend,
+    upcoming: Callable[[int], Batch | None],
+    rows: int,
+    settings: Callable[[], SamplingSettings],
+    step: int,
+) -> None:
+    """Launch the next iteration's rollout in ``backend``'s background thread (:meth:`AheadBackend.sample_ahead`),
+    unless this iteration is the fit's last or ``backend`` is not an :class:`AheadBackend`.
+
+    Args:
+        backend: The module's backend, after this iteration's ``sync``.
+        upcoming: ``upcoming(updates)``: the batch Lightning hands to the next iteration when this one takes
+            ``updates`` optimizer steps, or ``None`` (:func:`~lightning_grpo.data.lookahead.next_batch`).
+        rows: The rows of this iteration's rollout (``ppo_epochs`` passes of ``mini_batch_size`` rows: its updates).
+        settings: The module's ``sampling_settings``: what the next rollout is sampled with.
+        step: The global step: the adapter version the next rollout samples with.
+    """
+    if not isinstance(backend, AheadBackend):
+        return
+    update = backend.config.update
+    following = upcoming(update.ppo_epochs * -(-rows // (update.mini_batch_size or rows)))
     if following is not None:
         backend.sample_ahead(following, settings(), step)
-    return rollout
 
 
 def agreed_ahead(take: Callable[[], Rollout | None], ranks: RankVotes | None) -> Rollout | None:

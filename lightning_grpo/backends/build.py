@@ -2,7 +2,8 @@
 its settings checked key by key, and the run's settings it must honour (``docs/backends.md``).
 
 Every error is a :class:`~lightning_grpo.settings_checks.SettingError` whose message starts with the setting it
-refuses (``GRPOConfig.backend.rollout_backend=...``, ``GRPOConfig.backend.rollout_backend_args.<key>=...``, ``GRPOConfig.sampling.top_k=...``).
+refuses (``GRPOConfig.backend.rollout_backend=...``, ``GRPOConfig.backend.rollout_backend_args.<key>=...``,
+``GRPOConfig.sampling.top_k=...``).
 """
 
 from __future__ import annotations
@@ -76,8 +77,8 @@ def backend_settings(cls: type, args: Mapping[str, Any] | None, name: str) -> An
     if settings_class is None:
         if args:
             raise SettingError(
-                f"GRPOConfig.backend.rollout_backend_args={args!r}: the rollout backend {name!r} takes no settings; remove "
-                "rollout_backend_args",
+                f"GRPOConfig.backend.rollout_backend_args={args!r}: the rollout backend {name!r} takes no settings; "
+                "remove rollout_backend_args",
                 "GRPOConfig.backend.rollout_backend_args", args,
             )  # fmt: skip
         return None
@@ -113,8 +114,8 @@ def check_supported(cls: type, spec: BackendSpec, name: str) -> None:
 
 
 def check_turn_cache(cls: type, spec: BackendSpec, name: str) -> None:
-    """Refuse ``GRPOConfig.agents.turn_cache`` set to anything but ``None``/``True``/``False``, or ``True`` with a backend
-    that cannot keep a trajectory's KV cache across turns (its ``keeps_turn_cache`` is not true).
+    """Refuse ``GRPOConfig.agents.turn_cache`` set to anything but ``None``/``True``/``False``, or ``True`` with a
+    backend that cannot keep a trajectory's KV cache across turns (its ``keeps_turn_cache`` is not true).
 
     Raises:
         SettingError: Names the value, the backend and what the backend does instead.
@@ -128,7 +129,8 @@ def check_turn_cache(cls: type, spec: BackendSpec, name: str) -> None:
     if value is True and not getattr(cls, "keeps_turn_cache", False):
         instead = getattr(cls, "turn_cache_instead", "it samples each turn from the turn's whole context")
         raise SettingError(
-            f"GRPOConfig.agents.turn_cache=True: the rollout backend {name!r} does not keep a trajectory's KV cache across "
+            f"GRPOConfig.agents.turn_cache=True: the rollout backend {name!r} does not keep a trajectory's KV cache "
+            "across "
             f"agent turns ({instead}); set turn_cache to None (auto) or False, or use rollout_backend: hf",
             "GRPOConfig.agents.turn_cache", value,
         )  # fmt: skip
@@ -148,7 +150,8 @@ def check_behaviour_logprobs(cls: type, spec: BackendSpec, name: str) -> None:
         return
     setting, value = next(iter(needs.items()))
     raise SettingError(
-        f"GRPOConfig.corrections.{setting}={value!r} compares the trainer's log-probs with the sampler's (Rollout.logprobs), but "
+        f"GRPOConfig.corrections.{setting}={value!r} compares the trainer's log-probs with the sampler's "
+        "(Rollout.logprobs), but "
         f"the rollout backend {name!r} does not record them (its records_logprobs is not true); choose a "
         "rollout_backend that does ('hf' or 'vllm'), declare records_logprobs = True on your backend if its "
         f"sessions fill Rollout.logprobs, or set {setting} to null",
@@ -157,9 +160,9 @@ def check_behaviour_logprobs(cls: type, spec: BackendSpec, name: str) -> None:
 
 
 def check_async_rollout(cls: type, spec: BackendSpec, name: str) -> None:
-    """Refuse ``GRPOConfig.backend.async_rollout`` with a backend whose ``samples_apart`` is not true (its sampling would
-    race the update in this process), with a ``generate`` override (it may not sample through the backend), or for a
-    multi-turn run (``spec.multi_turn``: tools, environments, agent code).
+    """Refuse ``GRPOConfig.backend.async_rollout`` with a backend whose ``samples_apart`` is not true (its sampling
+    would race the update in this process), with a ``generate`` override (it may not sample through the backend), or for
+    a multi-turn run (``spec.multi_turn``: tools, environments, agent code).
 
     Raises:
         SettingError: Names the setting, the backend and the backends that allow it.

@@ -1,14 +1,14 @@
 """The Hugging Face backend (``rollout_backend: hf``, the default): the policy samples itself, in this process.
 
 Sampling is :func:`~lightning_grpo.rollout.generation.sample_tokens`: Hugging Face ``generate`` with each prompt
-prefilled once for its G samples, or our own decoding loop (``GRPOConfig.sampling.sampler``, ``drop_finished``). With the turn
-cache (``GRPOConfig.agents.turn_cache``, on by default for multi-turn runs) a session keeps each trajectory's KV cache from
-one agent turn to the next (:class:`~lightning_grpo.rollout.turn_cache.TurnCache`, our own loop). With
-``GRPOConfig.sampling.decode: compiled`` the backend keeps a :class:`~lightning_grpo.rollout.compiled_decode.CompiledDecoder`
-for the run: its static KV caches (one per shape bucket) and compiled step serve every session (the agent turns of a
-multi-turn run excepted when the turn cache is kept: the turn cache samples those). The policy *is* the sampler's
-weights, so there is nothing to start or sync; ``GRPOConfig.sampling.sampling_adapter`` sets how the adapter samples for the
-length of a session.
+prefilled once for its G samples, or our own decoding loop (``GRPOConfig.sampling.sampler``, ``drop_finished``). With
+the turn cache (``GRPOConfig.agents.turn_cache``, on by default for multi-turn runs) a session keeps each trajectory's
+KV cache from one agent turn to the next (:class:`~lightning_grpo.rollout.turn_cache.TurnCache`, our own loop). With
+``GRPOConfig.sampling.decode: compiled`` the backend keeps a
+:class:`~lightning_grpo.rollout.compiled_decode.CompiledDecoder` for the run: its static KV caches (one per shape
+bucket) and compiled step serve every session (the agent turns of a multi-turn run excepted when the turn cache is kept:
+the turn cache samples those). The policy *is* the sampler's weights, so there is nothing to start or sync;
+``GRPOConfig.sampling.sampling_adapter`` sets how the adapter samples for the length of a session.
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ class HFSession:
         mode: ``GRPOConfig.sampling.sampling_adapter``.
         turn_cache: Keep each trajectory's KV cache across agent turns (:class:`~lightning_grpo.rollout.turn_cache.
             TurnCache`; every turn is sampled by our own decoding loop); ``False``: each turn re-prefills its context.
-        decoder: The compiled decode path (``GRPOConfig.sampling.decode``) that samples every call the turn cache does not;
+        decoder: The compiled decode path (``GRPOConfig.sampling.decode``) that samples every call the turn cache does
+        not;
             ``None``: :func:`~lightning_grpo.rollout.generation.sample_tokens`.
     """
 
@@ -152,7 +153,8 @@ class HFBackend:
         blocker = _turn_cache_blocker(settings)
         if self.turn_cache is True and blocker:
             raise ValueError(
-                f"GRPOConfig.agents.turn_cache=True cannot be kept {blocker}: the Hugging Face backend samples those with "
+                f"GRPOConfig.agents.turn_cache=True cannot be kept {blocker}: the Hugging Face backend samples those "
+                "with "
                 "generate, which re-prefills every turn; set turn_cache to None (auto) or False"
             )
         if self.turn_cache is None:
@@ -160,8 +162,8 @@ class HFBackend:
         return self.turn_cache
 
     def _decoder(self, policy: nn.Module, settings: SamplingSettings) -> CompiledDecoder | None:
-        """The compiled decode path if ``GRPOConfig.sampling.decode`` picks it on the policy's device (made once), else None
-        (``"auto"`` also leaves ``static_cache`` and ``drop_finished``, the eager paths' own switches, eager).
+        """The compiled decode path if ``GRPOConfig.sampling.decode`` picks it on the policy's device (made once), else
+        None (``"auto"`` also leaves ``static_cache`` and ``drop_finished``, the eager paths' own switches, eager).
 
         Raises:
             ValueError: ``decode="compiled"`` and the model cannot run it (its class named).
@@ -174,7 +176,8 @@ class HFBackend:
         blocker = compile_blocker(policy)
         if blocker and self.decode == "compiled":
             raise ValueError(
-                f"GRPOConfig.sampling.decode='compiled' cannot run: {blocker}. Set decode to 'eager' (or 'auto', which samples "
+                f"GRPOConfig.sampling.decode='compiled' cannot run: {blocker}. Set decode to 'eager' (or 'auto', which "
+                "samples "
                 "such a model with the eager path: generate, or our own loop with sampler/drop_finished)"
             )
         if blocker:

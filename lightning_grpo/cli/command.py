@@ -53,6 +53,7 @@ from lightning_grpo.cli.errors import (
     debug_enabled,
     imported,
     misspelt_setting,
+    moved_setting,
     setting_key,
     summarize_parse_error,
 )
@@ -195,6 +196,7 @@ class GRPOCLI(LightningCLI):
             "trainer_defaults": {"enable_model_summary": False, **kwargs.pop("trainer_defaults", {})},
         }
         parser_kwargs = {"description": _DESCRIPTION, "allow_abbrev": False, **kwargs.pop("parser_kwargs", {})}
+        _refuse_moved_settings(sys.argv[1:] if args is None else args, parser_kwargs.get("prog"))
         # each setting's help is the docstring under its field (GRPOConfig, PolicyConfig, VLLMConfig): on before the
         # parser is built, as jsonargparse reads the docstrings when it adds a class's arguments
         set_parsing_settings(docstring_parse_attribute_docstrings=True)
@@ -355,6 +357,22 @@ def _import_from_working_directory() -> None:
     """
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
+
+
+def _refuse_moved_settings(args: Any, prog: str | None) -> None:
+    """Exit with one line (status 2, as a parser error) when ``args`` or a config they give hold a flat setting's old
+    name (``--model.grpo.temperature``): before anything is parsed, as jsonargparse would report a union of subtypes.
+
+    Raises:
+        SystemExit: The line names the old key and its new place (``grpo.sampling.temperature``).
+    """
+    found = moved_setting(args)
+    if found is None:
+        return
+    listed = args if isinstance(args, (list, tuple)) else []
+    subcommand = next((f" {arg}" for arg in listed if arg in _SUBCOMMANDS), "")
+    sys.stderr.write(f"{prog or Path(sys.argv[0]).name}{subcommand}: error: {found}\n")
+    sys.exit(2)
 
 
 def _is_prompt_datamodule(path: Any) -> bool:

@@ -18,16 +18,19 @@ import os
 import pkgutil
 import re
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from jsonargparse import Namespace
 
+from lightning_grpo.config import GROUPS, MOVED_SETTINGS, moved_setting_message
 from lightning_grpo.settings_checks import SettingError
 
 __all__ = [
     "DEBUG_HINT", "check_optimizers", "debug_enabled", "explain_import", "imported", "misspelt_setting",
-    "setting_key", "summarize_parse_error",
+    "moved_setting", "setting_key", "summarize_parse_error",
 ]  # fmt: skip
 
 #: The environment variable that keeps full messages and tracebacks (``--debug`` sets it).
@@ -186,7 +189,8 @@ def _missing(parts: Sequence[str], index: int, parent: Any) -> str:
 
 
 def setting_key(config: Namespace, error: SettingError) -> str:
-    """The key of the config (``model.init_args.grpo.sampling.num_generations``) that holds the setting ``error`` refused."""
+    """The key of the config (``model.init_args.grpo.sampling.num_generations``) that holds the setting ``error``
+    refused."""
     field = error.setting.rpartition(".")[2]
     leaves = [(key, value) for key, value in config.items() if key.rpartition(".")[2] == field]
     keys = [key for key, _ in leaves]
@@ -255,9 +259,12 @@ def misspelt_setting(message: str, options: Sequence[str]) -> str | None:
         >>> misspelt_setting("unrecognized arguments: --trainer.max_step 3", ["--trainer.max_steps"])
         "unknown setting 'trainer.max_step': did you mean 'trainer.max_steps'? Fix the name and run again."
     """
-    found = re.search(r"class_path '([\w.]+)':\s+Option '(\w+)' is not accepted", message)
+    found = re.search(_NOT_ACCEPTED, message)
     if found:
-        cls, name = found.groups()
+        cls, option, group, group_option, argument = found.groups()
+        name = option or (f"{group}.{group_option}" if group else argument.split("=")[0])
+        if name in MOVED_SETTINGS and _is_grpo_config(cls):  # an old flat name the command line did not see first
+            return moved_setting_message(name)
         return _suggest(name, _parameters(cls), f" of {cls}")
     found = re.search(r"unrecognized arguments: --(\S+)|does not accept option '([\w.]+)'", message)
     if found:
@@ -266,19 +273,136 @@ def misspelt_setting(message: str, options: Sequence[str]) -> str | None:
     return None
 
 
+#: An unknown option of a class's settings: ``Option 'x' is not accepted``, ``Group 'g' does not accept option 'x'``
+#: (a YAML key in a group) or ``unrecognized arguments: --g.x=1`` (a flag).
+_NOT_ACCEPTED = re.compile(
+    r"class_path '([\w.]+)':\s+(?:Option '([\w.]+)' is not accepted|Group '([\w.]+)' does not accept option "
+    r"'([\w.]+)'|unrecognized arguments: --(\S+))"
+)
+
+
 def _suggest(name: str, valid: Sequence[str], where: str) -> str:
-    close = difflib.get_close_matches(name, valid, n=1, cutoff=0.6)
-    hint = f"did you mean {close[0]!r}?" if close else f"valid names: {', '.join(sorted(valid)[:12])}"
+    """The closest of the ``valid`` names (``group.name`` for a setting in a group: a name alone matches it too)."""
+    aliases = {name: name for name in valid}
+    for full in valid:
+        aliases.setdefault(full.rpartition(".")[2], full)
+    same = [full for full in valid if "." in name and full.rpartition(".")[2] == name.rpartition(".")[2]]
+    close = same[:1] or difflib.get_close_matches(name, list(aliases), n=1, cutoff=0.6)
+    hint = f"did you mean {aliases[close[0]]!r}?" if close else f"valid names: {', '.join(sorted(valid)[:12])}"
     return f"unknown setting {name!r}{where}: {hint} Fix the name and run again."
 
 
 def _parameters(path: str) -> list[str]:
-    """The keyword parameters of the class at import ``path`` (its dataclass fields or ``__init__`` arguments)."""
+    """The keyword parameters of the class at import ``path`` (its dataclass fields or ``__init__`` arguments); a
+    group of settings (a field that is a dataclass, as ``GRPOConfig.sampling``) gives ``group.name`` for each."""
+    cls = imported(path)
+    if dataclasses.is_dataclass(cls):
+        names = []
+        for field in dataclasses.fields(cls):
+            group = field.default_factory
+            if isinstance(group, type) and dataclasses.is_dataclass(group):
+                names += [f"{field.name}.{inner.name}" for inner in dataclasses.fields(group)]
+            else:
+                names.append(field.name)
+        return names
     try:
-        parameters = inspect.signature(imported(path)).parameters.values()
+        parameters = inspect.signature(cls).parameters.values()
     except (TypeError, ValueError):
         return []
     return [p.name for p in parameters if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+
+
+def _is_grpo_config(path: str) -> bool:
+    """Whether the import ``path`` names :class:`~lightning_grpo.GRPOConfig` (or a subclass of it)."""
+    cls = imported(path)
+    return isinstance(cls, type) and dataclasses.is_dataclass(cls) and set(GROUPS) <= set(cls.__dataclass_fields__)
+
+
+#: A command-line flag that sets one GRPOConfig setting: ``--model.grpo.<name>`` (``init_args`` where a config has it).
+_GRPO_FLAG = re.compile(r"--(model\.(?:init_args\.)?grpo\.(?:init_args\.)?)(\w+)(?=$|[.=])")
+#: Command-line flags whose value is a config (a file or inline YAML), and where in it the module's settings are.
+_CONFIG_FLAGS = {"--config": "root", "-c": "root", "--model": "model", "--model.init_args": "init_args"}
+_CONFIG_FLAGS |= {"--model.grpo": "grpo", "--model.init_args.grpo": "grpo"}
+
+
+def moved_setting(args: Sequence[str] | dict[str, Any] | None) -> str | None:
+    """The line for the first flat setting's old name in command-line ``args`` or the configs they give, or ``None``.
+
+    GRPOConfig's settings are grouped (``grpo.sampling.temperature``, docs/configuration.md); an old flat key, as a
+    flag (``--model.grpo.temperature=0.5``) or in a config (``model: init_args: grpo: temperature: 0.5`` in a
+    ``--config`` file), is named with its new place before anything is parsed: jsonargparse would report it as a
+    union of subtypes. A config that cannot be read is left to the parser.
+
+    Example::
+
+        >>> moved_setting(["fit", "--model.grpo.temperature=0.5"])  # doctest: +ELLIPSIS
+        '--model.grpo.temperature moved to --model.grpo.sampling.temperature (settings are grouped: docs/...)'
+    """
+    if isinstance(args, dict):
+        return _moved_in_config(args, "--config", "")
+    args = list(args or [])
+    for index, arg in enumerate(args):
+        flag = _GRPO_FLAG.match(arg)
+        if flag and flag.group(2) in MOVED_SETTINGS:
+            return moved_setting_message(flag.group(2), prefix=f"--{flag.group(1)}")
+        name, has_value, value = arg.partition("=")
+        if name not in _CONFIG_FLAGS or (not has_value and index + 1 == len(args)):
+            continue
+        value = value if has_value else args[index + 1]
+        found = _moved_in_config(_read_config(value), name, value if _is_file(value) else "")
+        if found:
+            return found
+    return None
+
+
+def _is_file(value: str) -> bool:
+    try:
+        return os.path.isfile(value)
+    except (OSError, ValueError):
+        return False
+
+
+def _read_config(value: str) -> Any:
+    """The YAML (or JSON) of the file ``value``, else of ``value`` itself; ``None`` when it does not load."""
+    try:
+        text = Path(value).read_text(encoding="utf-8") if _is_file(value) else value
+        return yaml.safe_load(text)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+
+
+def _moved_in_config(data: Any, flag: str, source: str) -> str | None:
+    """The line for the first flat setting's old name in the config ``data`` given to ``flag``, from the file
+    ``source`` (``""``: inline). ``--config`` gives the subcommand's config or the whole command's (``fit: model:``)."""
+    level = _CONFIG_FLAGS[flag]
+    if level == "grpo":
+        found = _moved_in_grpo(data, f"{flag.removeprefix('--')}.")
+    elif level == "init_args":
+        found = _moved_in_grpo(_get(data, "grpo"), "model.init_args.grpo.")
+    elif level == "model":
+        found = _moved_in_model(data, "model.")
+    else:
+        roots = [(data, "")] + [(_get(data, name), f"{name}.") for name in ("fit", "validate", "test", "predict")]
+        found = next((f for node, at in roots if (f := _moved_in_model(_get(node, "model"), f"{at}model."))), None)
+    return f"{source}: {found}" if found and source else found
+
+
+def _moved_in_model(model: Any, prefix: str) -> str | None:
+    found = _moved_in_grpo(_get(_get(model, "init_args"), "grpo"), f"{prefix}init_args.grpo.")
+    return found or _moved_in_grpo(_get(model, "grpo"), f"{prefix}grpo.")
+
+
+def _moved_in_grpo(grpo: Any, prefix: str) -> str | None:
+    if isinstance(grpo, dict) and isinstance(grpo.get("init_args"), dict):  # grpo given by class_path
+        grpo, prefix = grpo["init_args"], f"{prefix}init_args."
+    if not isinstance(grpo, dict):
+        return None
+    name = next((key for key in grpo if key in MOVED_SETTINGS), None)
+    return None if name is None else moved_setting_message(name, prefix=prefix)
+
+
+def _get(data: Any, key: str) -> Any:
+    return data.get(key) if isinstance(data, dict) else None
 
 
 def imported(path: str) -> Any:

@@ -1,7 +1,9 @@
 """The phases of one GRPO iteration and the types they exchange.
 
 ``GRPOModule.training_step`` runs them in order (docs/index.md): sampling and scoring (the module's ``generate`` and
-``score``), :func:`~lightning_grpo.iteration.dynamic_sampling.dynamic_sample` when asked, the zero-signal check
+``score``; with ``async_rollout``, the rollout sampled one iteration ahead: not a phase here but the backend's,
+:mod:`lightning_grpo.backends.ahead`, handed plain values),
+:func:`~lightning_grpo.iteration.dynamic_sampling.dynamic_sample` when asked, the zero-signal check
 (:func:`~lightning_grpo.iteration.zero_signal.check_signal`), advantages, ``prepare_update`` and the update loop
 (:func:`~lightning_grpo.iteration.update.run_updates`). The phases take an :class:`IterationContext` that
 ``training_step`` builds once per iteration, and the module's overridable methods as explicit callables; they never

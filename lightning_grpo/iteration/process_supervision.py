@@ -39,8 +39,8 @@ def gather_step_rewards(
 ) -> Tensor | None:
     """``(N, T)`` step rewards (NaN where no step ends) for an estimator that declares it needs them; else ``None``.
 
-    With ``config.advantages.process_outcome_weight`` set, the outcome reward (the weighted sum of the functions that returned
-    a number for the row, not :class:`~lightning_grpo.rewards.StepRewards`) times that weight is one more step,
+    With ``config.advantages.process_outcome_weight`` set, the outcome reward (the weighted sum of the functions that
+    returned a number for the row, not :class:`~lightning_grpo.rewards.StepRewards`) times that weight is one more step,
     ending at the row's last sampled token.
     """
     if not estimator_needs(config.advantages.advantage_estimator).step_rewards:
@@ -85,7 +85,8 @@ def check_step_sources(config: GRPOConfig, rewards: RewardFunctions, *, environm
     if any(gives_step_rewards(function) for function in rewards.functions):
         return
     raise ValueError(
-        f"advantage_estimator={config.advantages.advantage_estimator!r} needs step rewards, but no environment is set and none "
+        f"advantage_estimator={config.advantages.advantage_estimator!r} needs step rewards, but no environment is set "
+        "and none "
         f"of the reward functions {list(rewards.names)} is marked as giving them. Give an environment_factory (its "
         "turn rewards are the steps), or a reward function that returns StepRewards per completion, marked with "
         "@lightning_grpo.rewards.step_reward (docs/math.md, Process supervision); or use advantage_estimator='grpo'"

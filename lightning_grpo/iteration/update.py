@@ -95,8 +95,8 @@ def sampling_logprobs(
 ) -> Tensor | None:
     """``(N, T)`` old log-probs of the rollout; ``None`` (the detached current ones) when it serves one update.
 
-    ``config.corrections.old_logprobs`` chooses: ``"recompute"`` runs :func:`fixed_logprobs` (timed as ``old_logprobs``) for a
-    rollout that serves several updates; ``"rollout"`` takes the behaviour log-probs the sampler recorded
+    ``config.corrections.old_logprobs`` chooses: ``"recompute"`` runs :func:`fixed_logprobs` (timed as ``old_logprobs``)
+    for a rollout that serves several updates; ``"rollout"`` takes the behaviour log-probs the sampler recorded
     (``rollout.logprobs``), moved to ``device``, whatever the number of updates (verl's bypass mode: the ratio is
     ``π/μ`` from the first update on, so the clip, DPPO's trust region and OPSM see the sampler mismatch).
     ``compute_logprobs``, ``policy`` and ``sum_across_ranks`` are as for :func:`fixed_logprobs`.

@@ -130,7 +130,8 @@ def _merge_layer(layer: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 @contextmanager
 def sampling_adapter(model: nn.Module, mode: str) -> Iterator[None]:
-    """The policy as ``GRPOConfig.sampling.sampling_adapter`` samples it: ``"as_trained"``, ``"base_dtype"`` or ``"merged"``."""
+    """The policy as ``GRPOConfig.sampling.sampling_adapter`` samples it: ``"as_trained"``, ``"base_dtype"`` or
+    ``"merged"``."""
     if mode == "merged":
         with merged_adapter(model):
             yield

@@ -1,4 +1,4 @@
-"""Shape buckets of the compiled decode path (``GRPOConfig.sampling.decode``): a run sees a few shapes, each compiled once.
+"""Shape buckets of the compiled decode path (``GRPOConfig.sampling.decode``): a few shapes, each compiled once.
 
 A compiled decode step is specialised to the shapes of its inputs: the number of rows sampled together and the length
 of the static KV cache. Rollouts vary both (prompt lengths, rows left after dynamic sampling, agent turns still
@@ -30,8 +30,8 @@ __all__ = [
     "pick_decode_path",
 ]
 
-#: ``GRPOConfig.sampling.decode``: ``"auto"`` picks per device (:func:`pick_decode_path`), ``"eager"`` is today's sampling
-#: (``generate`` or our own loop), ``"compiled"`` the compiled decode step over a static KV cache.
+#: ``GRPOConfig.sampling.decode``: ``"auto"`` picks per device (:func:`pick_decode_path`), ``"eager"`` is today's
+#: sampling (``generate`` or our own loop), ``"compiled"`` the compiled decode step over a static KV cache.
 DecodePath = Literal["auto", "eager", "compiled"]
 DECODE_PATHS: tuple[str, ...] = get_args(DecodePath)
 

@@ -1,4 +1,5 @@
-"""The compiled decode path (``GRPOConfig.sampling.decode: compiled``): one compiled callable per decode step, no recompiles.
+"""The compiled decode path (``GRPOConfig.sampling.decode: compiled``): one compiled callable per decode step, no
+recompiles.
 
 Each sampling call is rounded up to a shape bucket (:mod:`lightning_grpo.rollout.buckets`). A bucket owns a static KV
 cache (transformers' ``StaticCache``) and fixed buffers (attention mask, tokens fed, tokens and log-probs drawn, the

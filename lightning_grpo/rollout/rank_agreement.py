@@ -3,8 +3,8 @@
 Under DDP every rank samples its own rollout, with no collective inside it. When one rank's rollout raises (its
 agent code, an environment's ``step``, a tool server that died), that rank would leave while the others block in
 their next collective: gloo reports "Connection closed by peer", which names nothing, and NCCL waits until the
-process group's timeout (``GRPOConfig.faults.collective_timeout_s``). :func:`agreed_rollout` runs the rollout in a guard and
-then takes one small collective on every rank, a sum of ``(active, failed, empty)`` votes; when a rank failed, the
+process group's timeout (``GRPOConfig.faults.collective_timeout_s``). :func:`agreed_rollout` runs the rollout in a guard
+and then takes one small collective on every rank, a sum of ``(active, failed, empty)`` votes; when a rank failed, the
 causes are gathered and every rank raises a :class:`RankFailureError` naming each failing rank and its cause (on a
 failing rank it is chained to the rank's own exception). One process pays a ``try`` and nothing else.
 

@@ -9,7 +9,7 @@ warm-up live here, so a change to the task lands in all three::
     add_task_flags(parser)
     options = parser.parse_args([])
     tokenizer, rows, model = warm_policy(options)  # "a+b?" rows, the tool-name chat template, a warmed tiny model
-    grpo = GRPOConfig(**grpo_settings(options), max_turns=2)
+    grpo = GRPOConfig(**grpo_settings(options), agents=AgentConfig(max_turns=2))
 
 **Why the warm-up takes 800 steps** (:data:`WARMUP_STEPS`; it was 400). The warm-up stands for pretraining: how often
 the policy calls its tool (a fifth of its traces, :data:`CALL_FRACTION`) and how reliably it copies the question's
@@ -30,6 +30,7 @@ from typing import Any
 
 from transformers import Qwen2ForCausalLM
 
+from lightning_grpo.config import ObjectiveConfig, SamplingConfig
 from lightning_grpo.testing.agents import add_records, tool_name_tokenizer, warm_up_tool_use
 from lightning_grpo.testing.tiny_model import build_tiny_model
 from lightning_grpo.testing.tokenizer import TinyTokenizer
@@ -77,5 +78,7 @@ def warm_policy(options: argparse.Namespace) -> tuple[TinyTokenizer, list[dict[s
 
 
 def grpo_settings(options: argparse.Namespace) -> dict[str, Any]:
-    """The task's ``GRPOConfig`` settings (an example adds its own: ``max_turns``, a transport, a timeout)."""
-    return {"num_generations": options.num_generations, "max_new_tokens": 128, "max_prompt_length": 64, "kl_coef": 0.0}
+    """The task's groups of ``GRPOConfig``, by name (an example adds its own ``agents``: ``max_turns``, a transport,
+    a timeout)."""
+    sampling = SamplingConfig(num_generations=options.num_generations, max_new_tokens=128, max_prompt_length=64)
+    return {"sampling": sampling, "objective": ObjectiveConfig(kl_coef=0.0)}

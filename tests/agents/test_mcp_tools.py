@@ -239,12 +239,16 @@ def test_yaml_tools_entries_naming_servers_parse_through_the_cli(tmp_path, http_
 
 def _module(reward):
     from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig
+    from lightning_grpo.config import AgentConfig, SamplingConfig
     from lightning_grpo.testing.agents import short_turn_model, tool_name_tokenizer
 
     tokenizer = tool_name_tokenizer()  # tools by name only: short prompts
-    options = {"num_generations": 2, "max_new_tokens": 24, "max_prompt_length": 200, "max_turns": 2}
+    grpo = GRPOConfig(
+        sampling=SamplingConfig(num_generations=2, max_new_tokens=24, max_prompt_length=200),
+        agents=AgentConfig(max_turns=2),
+    )
     return GRPOModule(short_turn_model(tokenizer), [reward], tokenizer=tokenizer, tools=[{"command": STDIO}],
-                      policy=PolicyConfig(lora_r=4, lora_alpha=8), grpo=GRPOConfig(**options))  # fmt: skip
+                      policy=PolicyConfig(lora_r=4, lora_alpha=8), grpo=grpo)  # fmt: skip
 
 
 BATCH = {"prompt": [[{"role": "user", "content": "add 2 and 3"}], [{"role": "user", "content": "go"}]]}

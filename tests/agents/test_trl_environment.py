@@ -13,6 +13,7 @@ import torch
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig
 from lightning_grpo.agents import EnvStep
 from lightning_grpo.agents.trl_environment import TRLEnvironments, is_trl_factory, tool_method_names
+from lightning_grpo.config import AgentConfig, SamplingConfig
 from lightning_grpo.rollout import AgentSettings, SamplingSettings, sample_rollout
 from lightning_grpo.rollout import multi_turn as multi_turn_module
 from lightning_grpo.rollout.chat import render_messages
@@ -297,17 +298,20 @@ def test_get_reward_may_be_the_only_reward_and_reward_functions_see_environments
         seen.append(list(environments))
         return [float(e.said == ["hi"]) for e in environments]
 
-    options = {"num_generations": 2, "max_new_tokens": 24, "max_prompt_length": 600, "max_turns": 2}
+    grpo = GRPOConfig(
+        sampling=SamplingConfig(num_generations=2, max_new_tokens=24, max_prompt_length=600),
+        agents=AgentConfig(max_turns=2),
+    )
     model = short_turn_model(tokenizer)
     module = GRPOModule(model, tokenizer=tokenizer, policy=PolicyConfig(lora_r=4, lora_alpha=8),
-                        grpo=GRPOConfig(**options), environment_factory=Ledger)  # fmt: skip
+                        grpo=grpo, environment_factory=Ledger)  # fmt: skip
     assert module.rewards.names == ("Ledger",) and module.rewards.weights == (1.0,)
     batch = {"prompt": PROMPTS, "question": ["a", "b"], "target": [0, 5]}
     torch.manual_seed(0)
     rollout = module.generate(batch)
     scores = module.score(rollout)
     assert scores.rewards.tolist() == [1.0, 1.0, 0.0, 0.0]  # the random policy deposits nothing: balance 0
-    both = GRPOModule(model, [said_hi], reward_weights=[0.5], tokenizer=tokenizer, grpo=GRPOConfig(**options),
+    both = GRPOModule(model, [said_hi], reward_weights=[0.5], tokenizer=tokenizer, grpo=grpo,
                       policy=PolicyConfig(lora_r=4, lora_alpha=8), environment_factory={"echo": Echo})  # fmt: skip
     assert both.rewards.names == ("said_hi",) and both.rewards.weights == (0.5,)  # Echo owns no reward
     both.score(both.generate({"prompt": PROMPTS, "environment": ["echo", "echo"]}))
@@ -351,9 +355,12 @@ def test_a_fit_with_a_trl_environment_dict_and_batches_without_prompts(tokenizer
         assert all(p[-1]["content"].startswith("Talk about ") for p in prompts)  # the prompt came from reset alone
         return [float(len(e.said)) for e in environments]
 
-    options = {"num_generations": 2, "max_new_tokens": 16, "max_prompt_length": 600, "max_turns": 2}
+    grpo = GRPOConfig(
+        sampling=SamplingConfig(num_generations=2, max_new_tokens=16, max_prompt_length=600),
+        agents=AgentConfig(max_turns=2),
+    )
     module = GRPOModule(short_turn_model(tokenizer), [said], tokenizer=tokenizer, environment_factory={"task": Task},
-                        policy=PolicyConfig(lora_r=4, lora_alpha=8), grpo=GRPOConfig(**options))  # fmt: skip
+                        policy=PolicyConfig(lora_r=4, lora_alpha=8), grpo=grpo)  # fmt: skip
     batch = {"environment": ["task", "task"], "topic": ["cats", "dogs"]}  # no "prompt": reset writes it
     loader = torch.utils.data.DataLoader([batch], batch_size=None)
     make_trainer(max_steps=1).fit(module, loader)

@@ -12,7 +12,7 @@ from lightning_grpo import GRPOConfig
 from lightning_grpo.algorithms import PolicyLossSettings, PolicyLossTerms, compute_advantages, kl_penalty, policy_loss
 from lightning_grpo.algorithms.components import component_settings
 from lightning_grpo.algorithms.policy_losses import POLICY_LOSS
-from lightning_grpo.config import ObjectiveConfig
+from lightning_grpo.config import GROUPS, ObjectiveConfig
 
 HERE = __name__  # this module: its functions and classes are the user's components of the tests
 LP = torch.tensor([[0.0, -1.0], [-0.5, -0.2]])
@@ -105,29 +105,64 @@ def test_estimators_take_their_own_settings():
 
 
 @pytest.mark.parametrize(
-    ("settings", "message"),
+    ("group", "settings", "message"),
     [
-        ({"loss_kind_args": {"beta": 1.0}},
-         "loss_kind_args={'beta': 1.0} is not valid: the policy loss kind 'clip' takes no setting 'beta'; "
-         "its settings: clip_low, clip_high, dual_clip, delta"),
-        ({"loss_kind": "cispo", "loss_kind_args": {"dual_clip": 2.0}},
-         "takes no setting 'dual_clip'; its settings: clip_low, clip_high"),
-        ({"kl_estimator_args": {"scale": 2.0}}, "the KL estimator 'k3' takes no settings; got 'scale'"),
-        ({"advantage_estimator_args": {"shift": 1}}, "the advantage estimator 'grpo' takes no settings; got 'shift'"),
-        ({"loss_kind": f"{HERE}.capped_reinforce", "loss_kind_args": {"max_ration": 2}},
-         "takes no setting 'max_ration'; its settings: max_ratio"),
-        ({"kl_estimator": f"{HERE}.scaled_k2"}, "needs the setting(s) scale"),
-        ({"loss_kind": f"{HERE}.not_a_loss"},
-         "is not one: a policy loss is called as f(logprobs, old_logprobs, advantages, completion_mask, settings) "
-         "-> PolicyLossTerms, but it takes (logprobs: 'Tensor', old_logprobs: 'Tensor')"),
-        ({"loss_kind": f"{HERE}.no_such_loss"}, f"cannot import the policy loss kind '{HERE}.no_such_loss'"),
-        ({"loss_kind": "ppo"}, "loss_kind='ppo' is not valid; choose one of 'clip', 'gspo', 'cispo'"),
-        ({"loss_kind_args": ["clip_high"]}, "loss_kind_args must be a mapping of setting names to values"),
-        ({"loss_kind_args": {"clip_high": -0.1}}, "GRPOConfig.objective.loss_kind_args.clip_high must be a finite number >= 0"),
+        (
+            "objective",
+            {"loss_kind_args": {"beta": 1.0}},
+            "loss_kind_args={'beta': 1.0} is not valid: the policy loss kind 'clip' takes no setting 'beta'; "
+            "its settings: clip_low, clip_high, dual_clip, delta",
+        ),
+        (
+            "objective",
+            {"loss_kind": "cispo", "loss_kind_args": {"dual_clip": 2.0}},
+            "takes no setting 'dual_clip'; its settings: clip_low, clip_high",
+        ),
+        ("objective", {"kl_estimator_args": {"scale": 2.0}}, "the KL estimator 'k3' takes no settings; got 'scale'"),
+        (
+            "advantages",
+            {"advantage_estimator_args": {"shift": 1}},
+            "the advantage estimator 'grpo' takes no settings; got 'shift'",
+        ),
+        (
+            "objective",
+            {"loss_kind": f"{HERE}.capped_reinforce", "loss_kind_args": {"max_ration": 2}},
+            "takes no setting 'max_ration'; its settings: max_ratio",
+        ),
+        ("objective", {"kl_estimator": f"{HERE}.scaled_k2"}, "needs the setting(s) scale"),
+        (
+            "objective",
+            {"loss_kind": f"{HERE}.not_a_loss"},
+            "is not one: a policy loss is called as f(logprobs, old_logprobs, advantages, completion_mask, settings) "
+            "-> PolicyLossTerms, but it takes (logprobs: 'Tensor', old_logprobs: 'Tensor')",
+        ),
+        (
+            "objective",
+            {"loss_kind": f"{HERE}.no_such_loss"},
+            f"cannot import the policy loss kind '{HERE}.no_such_loss'",
+        ),
+        ("objective", {"loss_kind": "ppo"}, "loss_kind='ppo' is not valid; choose one of 'clip', 'gspo', 'cispo'"),
+        ("objective", {"loss_kind_args": ["clip_high"]}, "loss_kind_args must be a mapping of setting names to values"),
+        (
+            "objective",
+            {"loss_kind_args": {"clip_high": -0.1}},
+            "GRPOConfig.objective.loss_kind_args.clip_high must be a finite number >= 0",
+        ),
     ],
-    ids=["unknown", "builtin-other", "kl-none", "adv-none", "user-typo", "missing", "signature", "import", "name",
-         "not-a-mapping", "range"],
-)  # fmt: skip
-def test_bad_component_settings_are_refused_naming_what_is_allowed(settings, message):
+    ids=[
+        "unknown",
+        "builtin-other",
+        "kl-none",
+        "adv-none",
+        "user-typo",
+        "missing",
+        "signature",
+        "import",
+        "name",
+        "not-a-mapping",
+        "range",
+    ],
+)
+def test_bad_component_settings_are_refused_naming_what_is_allowed(group, settings, message):
     with pytest.raises(ValueError, match=re.escape(message)):
-        GRPOConfig(**settings)
+        GRPOConfig(**{group: GROUPS[group](**settings)})

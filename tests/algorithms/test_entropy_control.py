@@ -89,7 +89,9 @@ def test_top_entropy_matches_the_formula_on_random_masks(quantile):
 
 @pytest.mark.parametrize("quantile", [0.0, -0.1, 1.5, math.nan])
 def test_bad_quantile_is_refused_naming_the_setting(quantile):
-    with pytest.raises(ValueError, match=r"^GRPOConfig\.token_selection_args=.* quantile=.* must be in \(0, 1\]"):
+    with pytest.raises(
+        ValueError, match=r"^GRPOConfig\.objective\.token_selection_args=.* quantile=.* must be in \(0, 1\]"
+    ):
         GRPOConfig(
             objective=ObjectiveConfig(token_selection="top_entropy", token_selection_args={"quantile": quantile})
         )

@@ -36,8 +36,16 @@ def _inputs(seed: int):
 
 def _expected(cfg, logprobs, old, behaviour, ref, entropy, adv, mask, mode):
     n, t = mask.shape
-    pg, _ = policy_loss(logprobs, old, adv, mask, kind="clip", clip_low=cfg.objective.clip_low, clip_high=cfg.objective.clip_high,
-                        dual_clip=cfg.objective.dual_clip)  # fmt: skip
+    pg, _ = policy_loss(
+        logprobs,
+        old,
+        adv,
+        mask,
+        kind="clip",
+        clip_low=cfg.objective.clip_low,
+        clip_high=cfg.objective.clip_high,
+        dual_clip=cfg.objective.dual_clip,
+    )
     lo, hi = cfg.corrections.rollout_correction_args["min"], cfg.corrections.rollout_correction_args["max"]
     values = [e for i in range(n) for j, e in enumerate(entropy[i].tolist()) if mask[i, j]]
     s = sorted(values)
@@ -72,11 +80,29 @@ def _expected(cfg, logprobs, old, behaviour, ref, entropy, adv, mask, mode):
 @pytest.mark.parametrize("correction", ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_grpo_loss_composes_the_pieces(mode, correction, seed):
-    cfg = GRPOConfig(corrections=CorrectionConfig(rollout_correction=correction, rollout_correction_args={"min": 0.7, "max": 1.4}, rollout_rejection="geometric", rollout_rejection_args={"min": 0.85, "max": 1.2}, off_policy_mask="opsm", off_policy_mask_args={"threshold": 0.05}), objective=ObjectiveConfig(kl_weighting="importance", token_selection="top_entropy", token_selection_args={"quantile": 0.5}, entropy_coef=0.1, kl_coef=0.2, clip_high=0.28))  # fmt: skip
+    cfg = GRPOConfig(
+        corrections=CorrectionConfig(
+            rollout_correction=correction,
+            rollout_correction_args={"min": 0.7, "max": 1.4},
+            rollout_rejection="geometric",
+            rollout_rejection_args={"min": 0.85, "max": 1.2},
+            off_policy_mask="opsm",
+            off_policy_mask_args={"threshold": 0.05},
+        ),
+        objective=ObjectiveConfig(
+            kl_weighting="importance",
+            token_selection="top_entropy",
+            token_selection_args={"quantile": 0.5},
+            entropy_coef=0.1,
+            kl_coef=0.2,
+            clip_high=0.28,
+        ),
+    )
     logprobs, old, behaviour, ref, entropy, adv, mask = _inputs(seed)
     aggregate = lambda v: aggregate_loss(v, mask, mode, norm=5)  # noqa: E731
-    loss, metrics = grpo_loss(logprobs, entropy, adv, mask, cfg, aggregate, old_logprobs=old, ref_logprobs=ref,
-                              behaviour_logprobs=behaviour, entropy_coef=0.1)  # fmt: skip
+    loss, metrics = grpo_loss(logprobs, entropy, adv, mask, cfg.objective, aggregate, corrections=cfg.corrections,
+                              old_logprobs=old, ref_logprobs=ref, behaviour_logprobs=behaviour,
+                              entropy_coef=0.1)  # fmt: skip
     expected = _expected(cfg, logprobs, old, behaviour, ref, entropy, adv, mask, mode)
     torch.testing.assert_close(loss, expected)
     grads = torch.autograd.grad(loss, [logprobs, entropy])
@@ -92,8 +118,8 @@ def test_the_pieces_are_off_by_default():
     logprobs, old, behaviour, ref, entropy, adv, mask = _inputs(0)
     aggregate = lambda v: aggregate_loss(v, mask, "token-mean")  # noqa: E731
     cfg = GRPOConfig()
-    loss, metrics = grpo_loss(logprobs, entropy, adv, mask, cfg, aggregate, old_logprobs=old, ref_logprobs=ref,
-                              behaviour_logprobs=behaviour)  # fmt: skip
+    loss, metrics = grpo_loss(logprobs, entropy, adv, mask, cfg.objective, aggregate, corrections=cfg.corrections,
+                              old_logprobs=old, ref_logprobs=ref, behaviour_logprobs=behaviour)  # fmt: skip
     pg, _ = policy_loss(logprobs, old, adv, mask, kind="clip", clip_low=0.2, clip_high=0.2, dual_clip=3.0)
     d = ref - logprobs
     torch.testing.assert_close(loss, aggregate(pg) + cfg.objective.kl_coef * aggregate(d.exp() - d - 1))

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lightning_grpo.algorithms.rollout_correction import rejection_keep, rollout_correct, rollout_weights
-from lightning_grpo.config import GRPOConfig
+from lightning_grpo.config import GROUPS, GRPOConfig
 
 MODES = ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
 
@@ -132,20 +132,33 @@ def test_needs_behaviour_logprobs():
 
 
 @pytest.mark.parametrize(
-    ("settings", "match"),
+    ("group", "settings", "match"),
     [
-        ({"rollout_correction": "sequence_truncate", "rollout_correction_args": {"max": None}},
-         "rollout_correction_args={'max': None} is not valid: sequence_truncate truncates the weights"),
-        ({"rollout_correction": "token_mask", "rollout_correction_args": {"min": 2.0, "max": 1.0}},
-         "token_mask: min=2.0 > max=1.0: the band is empty"),
-        ({"rollout_rejection": "geometric", "rollout_rejection_args": {"min": 1.5, "max": 1.1}},
-         "geometric: min=1.5 > max=1.1"),
-        ({"rollout_correction": "sequence_mask", "old_logprobs": "rollout"}, "old_logprobs='recompute'"),
-        ({"rollout_correction": "sequence"}, "rollout_correction='sequence' is not valid; choose one of"),
-        ({"token_selection_args": {"quantile": 0.5}}, "token_selection_args={'quantile': 0.5} is set but"),
-        ({"off_policy_mask": "opsm"}, "needs the setting(s) threshold"),
+        (
+            "corrections",
+            {"rollout_correction": "sequence_truncate", "rollout_correction_args": {"max": None}},
+            "rollout_correction_args={'max': None} is not valid: sequence_truncate truncates the weights",
+        ),
+        (
+            "corrections",
+            {"rollout_correction": "token_mask", "rollout_correction_args": {"min": 2.0, "max": 1.0}},
+            "token_mask: min=2.0 > max=1.0: the band is empty",
+        ),
+        (
+            "corrections",
+            {"rollout_rejection": "geometric", "rollout_rejection_args": {"min": 1.5, "max": 1.1}},
+            "geometric: min=1.5 > max=1.1",
+        ),
+        ("corrections", {"rollout_correction": "sequence_mask", "old_logprobs": "rollout"}, "old_logprobs='recompute'"),
+        (
+            "corrections",
+            {"rollout_correction": "sequence"},
+            "rollout_correction='sequence' is not valid; choose one of",
+        ),
+        ("objective", {"token_selection_args": {"quantile": 0.5}}, "token_selection_args={'quantile': 0.5} is set but"),
+        ("corrections", {"off_policy_mask": "opsm"}, "needs the setting(s) threshold"),
     ],
-)  # fmt: skip
-def test_bad_settings_name_the_settings_and_the_fix(settings, match):
+)
+def test_bad_settings_name_the_settings_and_the_fix(group, settings, match):
     with pytest.raises(ValueError, match=re.escape(match)):
-        GRPOConfig(**settings)
+        GRPOConfig(**{group: GROUPS[group](**settings)})

@@ -16,7 +16,9 @@ import torch
 from lightning_grpo.algorithms.entropy import top_entropy_mask
 from lightning_grpo.algorithms.off_policy import off_policy_mask
 from lightning_grpo.algorithms.rollout_correction import rollout_weights
+from lightning_grpo.config import AdvantageConfig, ObjectiveConfig, UpdateConfig
 from lightning_grpo.testing import build_tiny_model
+from tests.conftest import tiny_sampling
 from tests.module.helpers import FixedRolloutModule, fixed_rollout
 from tests.rewards.test_trl_parity import AGG, COMPLETIONS, PROMPTS, T, _ours, _perturb, _theirs, frac_a
 
@@ -85,10 +87,12 @@ def test_top_entropy_mask_equals_trl(quantile):
 @pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
 def test_importance_weighted_kl_equals_trls_bias_corrected_kl(make_module, tokenizer, tmp_path, loss_type):
     """``kl_estimator: k3`` + ``kl_weighting: importance`` is TRL's ``use_bias_correction_kl=True``."""
+    objective = ObjectiveConfig(
+        loss_agg_mode=AGG[loss_type], kl_coef=0.2, kl_estimator="k3", kl_weighting="importance", dual_clip=None
+    )
     module = make_module(
-        [frac_a], module_cls=FixedRolloutModule, loss_agg_mode=AGG[loss_type], kl_coef=0.2, kl_estimator="k3",
-        kl_weighting="importance", max_new_tokens=T, temperature=1.0, max_grad_norm=None, dual_clip=None,
-        advantage_eps=1e-4,
+        [frac_a], module_cls=FixedRolloutModule, sampling=tiny_sampling(max_new_tokens=T, temperature=1.0),
+        objective=objective, update=UpdateConfig(max_grad_norm=None), advantages=AdvantageConfig(advantage_eps=1e-4),
     )  # fmt: skip
     _perturb(module.policy)
     rollout = fixed_rollout(tokenizer, PROMPTS, COMPLETIONS, group_size=4)

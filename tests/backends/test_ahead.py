@@ -1,7 +1,7 @@
-"""One step ahead (``GRPOConfig.backend.async_rollout``) with a backend that samples apart (a frozen copy taken at each sync,
-as a server holds the adapter it loaded): the next rollout overlaps the update, samples the previous step's adapter,
-is logged as stale, trains on the same prompts for as many steps as a synchronous run, and leaves no thread behind
-when the background rollout or the update fails."""
+"""One step ahead (``GRPOConfig.backend.async_rollout``) with a backend that samples apart (a frozen copy taken at
+each sync, as a server holds the adapter it loaded): the next rollout overlaps the update, samples the previous step's
+adapter, is logged as stale, trains on the same prompts for as many steps as a synchronous run, and leaves no thread
+behind when the background rollout or the update fails."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader
 
 from lightning_grpo import GRPOModule
 from lightning_grpo.backends.ahead import AheadBackend
+from lightning_grpo.config import AdvantageConfig, BackendConfig, CorrectionConfig
 from lightning_grpo.settings_checks import SettingError
 from lightning_grpo.testing.apart_backend import FrozenCopyBackend, adapter_checksum
 from tests.conftest import make_trainer
@@ -67,7 +68,9 @@ class Watch(L.Callback):
 
 
 def fit(make_module, watch: Watch, *, async_rollout: bool = True, module_cls: type = GRPOModule, **kwargs: Any):
-    module = make_module(rollout_backend=PATH, async_rollout=async_rollout, module_cls=module_cls)
+    module = make_module(
+        backend=BackendConfig(rollout_backend=PATH, async_rollout=async_rollout), module_cls=module_cls
+    )
     make_trainer(callbacks=[watch], **kwargs).fit(module, loader())
     return module
 
@@ -127,7 +130,7 @@ class FailingAhead(FrozenCopyBackend):
 
 
 def test_a_failed_background_rollout_surfaces_at_the_next_step_and_the_backend_closes(make_module):
-    module = make_module(rollout_backend=f"{__name__}.FailingAhead", async_rollout=True)
+    module = make_module(backend=BackendConfig(rollout_backend=f"{__name__}.FailingAhead", async_rollout=True))
     with pytest.raises(RuntimeError, match="step 1: the rollout sampled ahead") as raised:
         make_trainer(max_epochs=1).fit(module, loader())
     assert isinstance(raised.value.__cause__, ConnectionError)  # (5) with its cause
@@ -171,7 +174,9 @@ class UpdateFails(GRPOModule):
 
 def test_a_failed_update_cancels_and_joins_the_background_rollout(make_module):
     BlockingAhead.closed.clear()
-    module = make_module(rollout_backend=f"{__name__}.BlockingAhead", async_rollout=True, module_cls=UpdateFails)
+    module = make_module(
+        backend=BackendConfig(rollout_backend=f"{__name__}.BlockingAhead", async_rollout=True), module_cls=UpdateFails
+    )
     with pytest.raises(FloatingPointError, match="update failed"):
         make_trainer(max_epochs=1).fit(module, loader())
     events = module.rollout_backend.backend.events
@@ -181,7 +186,7 @@ def test_a_failed_update_cancels_and_joins_the_background_rollout(make_module):
 
 def test_refused_with_a_backend_that_samples_in_the_trainer(make_module):
     with pytest.raises(SettingError, match=r"GRPOConfig.backend.async_rollout=True.*'hf'.*vllm_server") as raised:
-        make_module(async_rollout=True)  # (7) rollout_backend: hf
+        make_module(backend=BackendConfig(async_rollout=True))  # (7) rollout_backend: hf
     assert raised.value.setting == "GRPOConfig.backend.async_rollout"
 
 
@@ -191,11 +196,14 @@ class OwnGenerate(GRPOModule):
 
 
 def test_refused_with_a_generate_override_tools_or_dynamic_sampling(make_module):
-    with pytest.raises(SettingError, match=r"GRPOConfig\.async_rollout=True needs GRPOModule\.generate"):
-        make_module(rollout_backend=PATH, async_rollout=True, module_cls=OwnGenerate)
-    with pytest.raises(ValueError, match="async_rollout=True cannot be combined with dynamic_sampling"):
-        make_module(rollout_backend=PATH, async_rollout=True, dynamic_sampling=True)
-    module = make_module(rollout_backend=PATH, async_rollout=False)
+    with pytest.raises(SettingError, match=r"GRPOConfig\.backend\.async_rollout=True needs GRPOModule\.generate"):
+        make_module(backend=BackendConfig(rollout_backend=PATH, async_rollout=True), module_cls=OwnGenerate)
+    with pytest.raises(ValueError, match=r"async_rollout=True cannot be combined with advantages\.dynamic_sampling"):
+        make_module(
+            backend=BackendConfig(rollout_backend=PATH, async_rollout=True),
+            advantages=AdvantageConfig(dynamic_sampling=True),
+        )
+    module = make_module(backend=BackendConfig(rollout_backend=PATH, async_rollout=False))
     assert isinstance(module.rollout_backend, FrozenCopyBackend)  # off by default: the backend itself
 
 
@@ -213,14 +221,23 @@ def test_refused_with_tools(tokenizer):
         """
         return a + b
 
-    with pytest.raises(SettingError, match=r"GRPOConfig\.async_rollout=True cannot sample ahead multi-turn rollouts"):
-        GRPOModule(build_tiny_model(tokenizer), [lambda prompts, completions, **_: [0.0] * len(completions)],
-                   tokenizer=tokenizer, tools=[add], policy=PolicyConfig(lora_r=4),
-                   grpo=GRPOConfig(backend=BackendConfig(rollout_backend=PATH, async_rollout=True), sampling=SamplingConfig(num_generations=2)))  # fmt: skip
+    multi_turn = r"GRPOConfig\.backend\.async_rollout=True cannot sample ahead multi-turn rollouts"
+    with pytest.raises(SettingError, match=multi_turn):
+        GRPOModule(
+            build_tiny_model(tokenizer),
+            [lambda prompts, completions, **_: [0.0] * len(completions)],
+            tokenizer=tokenizer,
+            tools=[add],
+            policy=PolicyConfig(lora_r=4),
+            grpo=GRPOConfig(
+                backend=BackendConfig(rollout_backend=PATH, async_rollout=True),
+                sampling=SamplingConfig(num_generations=2),
+            ),
+        )
 
 
 def test_a_batch_other_than_the_one_sampled_ahead_is_sampled_now(make_module):
-    module = make_module(rollout_backend=PATH, async_rollout=True)
+    module = make_module(backend=BackendConfig(rollout_backend=PATH, async_rollout=True))
     ahead = module.rollout_backend
     assert isinstance(ahead, AheadBackend)
     ahead.start(module.policy, 0, sharded=False)
@@ -245,14 +262,14 @@ def test_a_resumed_fit_starts_synchronously_on_the_prompts_not_trained_yet(make_
 
     straight = Watch(wait=False)
     make_trainer(max_steps=6, callbacks=[straight]).fit(
-        make_module(rollout_backend=PATH, async_rollout=True), _stream()
+        make_module(backend=BackendConfig(rollout_backend=PATH, async_rollout=True)), _stream()
     )
     first = Watch(wait=False)
     checkpoint = ModelCheckpoint(dirpath=tmp_path, save_last=True, every_n_train_steps=2)  # mid-epoch, one ahead
-    module = make_module(rollout_backend=PATH, async_rollout=True)
+    module = make_module(backend=BackendConfig(rollout_backend=PATH, async_rollout=True))
     make_trainer(max_steps=2, enable_checkpointing=True, callbacks=[checkpoint, first]).fit(module, _stream())
     resumed = Watch(wait=False)
-    module = make_module(rollout_backend=PATH, async_rollout=True)
+    module = make_module(backend=BackendConfig(rollout_backend=PATH, async_rollout=True))
     make_trainer(max_steps=6, callbacks=[resumed]).fit(module, _stream(), ckpt_path=tmp_path / "last.ckpt")
     assert first.prompts + resumed.prompts == straight.prompts  # the batch drawn ahead at the save is trained after
     assert first.staleness + resumed.staleness == [0.0, 1.0, 0.0, 1.0, 0.0, 1.0]  # resume, then epoch 2: synchronous
@@ -263,7 +280,7 @@ def test_validation_waits_for_the_rollout_ahead_and_keeps_it(make_module):
     from tests.conftest import prompt_records
 
     watch = Watch(wait=False)
-    module = make_module(rollout_backend=PATH, async_rollout=True)
+    module = make_module(backend=BackendConfig(rollout_backend=PATH, async_rollout=True))
     trainer = make_trainer(max_steps=4, val_check_interval=1, callbacks=[watch])
     trainer.fit(module, _stream(val_data=prompt_records(2)))
     events = module.rollout_backend.backend.events
@@ -288,8 +305,11 @@ def test_the_correction_compares_with_the_stale_behaviour_logprobs(make_module):
     def alternate(prompts, completions, **_):
         return [float(i % 2) for i in range(len(completions))]  # varies within every group: every step updates
 
-    module = make_module([alternate], rollout_backend=PATH, async_rollout=True, rollout_correction="token_truncate",
-                         rollout_correction_args={"max": 100.0})  # fmt: skip
+    module = make_module(
+        [alternate],
+        backend=BackendConfig(rollout_backend=PATH, async_rollout=True),
+        corrections=CorrectionConfig(rollout_correction="token_truncate", rollout_correction_args={"max": 100.0}),
+    )
     agreement = Agreement()
     make_trainer(max_epochs=1, callbacks=[agreement]).fit(module, loader())
     (fresh, *stale) = agreement.rows
@@ -311,13 +331,13 @@ def test_an_async_run_repeats_exactly(make_module):
     for _ in range(2):  # the session ahead is opened on the main thread, in the step's seeded stream
         record = Completions()
         make_trainer(max_epochs=1, callbacks=[record]).fit(
-            make_module(rollout_backend=PATH, async_rollout=True), loader()
+            make_module(backend=BackendConfig(rollout_backend=PATH, async_rollout=True)), loader()
         )
         runs.append(record.completions)
     assert runs[0] == runs[1] and len(runs[0]) == 3
 
 
 def test_refused_under_fsdp2_at_start(make_module):
-    module = make_module(rollout_backend=PATH, async_rollout=True)
-    with pytest.raises(ValueError, match=r"GRPOConfig\.async_rollout=True is not supported under FSDP2"):
+    module = make_module(backend=BackendConfig(rollout_backend=PATH, async_rollout=True))
+    with pytest.raises(ValueError, match=r"GRPOConfig\.backend\.async_rollout=True is not supported under FSDP2"):
         module.rollout_backend.start(module.policy, 0, sharded=True)

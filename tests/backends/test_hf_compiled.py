@@ -163,5 +163,5 @@ def test_a_backend_without_decode_refuses_anything_but_auto():
 
     check_supported(VLLMBackend, BackendSpec(GRPOConfig(), PolicyConfig()), "vllm")  # auto: nothing asked of it
     spec = BackendSpec(GRPOConfig(sampling=SamplingConfig(decode="compiled")), PolicyConfig())
-    with pytest.raises(ValueError, match=r"GRPOConfig\.decode='compiled'.*'vllm' does not honour decode.*'auto'"):
+    with pytest.raises(ValueError, match=r"GRPOConfig\.sampling\.decode='compiled'.*'vllm' does not honour decode.*'auto'"):
         check_supported(VLLMBackend, spec, "vllm")

@@ -91,7 +91,7 @@ def not_a_class() -> None:
 
 
 def test_a_backend_named_by_import_path_runs_the_whole_fit(make_module):
-    module = make_module(rollout_backend=PATH, rollout_backend_args={"tag": "mine"})
+    module = make_module(backend=BackendConfig(rollout_backend=PATH, rollout_backend_args={"tag": "mine"}))
     backend = module.rollout_backend
     assert isinstance(backend, RecordingBackend) and isinstance(backend, RolloutBackend)
     assert backend.settings == RecordingSettings(tag="mine") and backend.spec.grpo is module.config
@@ -107,7 +107,7 @@ def test_the_backend_is_closed_when_the_fit_fails(make_module):
     def broken(prompts, completions, **_):
         raise RuntimeError("reward service down")
 
-    module = make_module([broken], rollout_backend=PATH)
+    module = make_module([broken], backend=BackendConfig(rollout_backend=PATH))
     with pytest.raises(RuntimeError, match="reward service down"):
         make_trainer(max_steps=2).fit(module, prompt_loader(PROMPTS))
     assert module.rollout_backend.events[-1] == ("close",) and ("close session",) in module.rollout_backend.events
@@ -117,7 +117,7 @@ def test_a_backend_sampling_like_hugging_face_gives_the_same_rollout(make_module
     batch = {"prompt": PROMPTS}
     rollouts = []
     for backend in ("hf", PATH):
-        module = make_module(rollout_backend=backend)
+        module = make_module(backend=BackendConfig(rollout_backend=backend))
         torch.manual_seed(0)
         rollouts.append(module.generate(batch))
     assert isinstance(make_module().rollout_backend, HFBackend)
@@ -159,7 +159,7 @@ def test_a_plain_sample_function_still_samples(tokenizer):
 @pytest.mark.parametrize(
     ("backend", "message"),
     [
-        ("tests.backends.test_user_backend.Missing", r"^GRPOConfig\.rollout_backend='tests\.backends\..*Missing': "
+        ("tests.backends.test_user_backend.Missing", r"^GRPOConfig\.backend\.rollout_backend='tests\.backends\..*Missing': "
          r"cannot import it \(.*has no attribute 'Missing'\); choose 'hf', 'vllm', 'vllm_server' or the import path"),
         ("no_such_package.Backend", r"cannot import it \(No module named 'no_such_package'\)"),
         ("tests.backends.test_user_backend.not_a_class", r"a backend is a class, got a function"),
@@ -169,35 +169,35 @@ def test_a_plain_sample_function_still_samples(tokenizer):
 )  # fmt: skip
 def test_an_import_path_that_is_not_a_backend_is_refused_naming_why(make_module, backend, message):
     with pytest.raises(ValueError, match=message):
-        make_module(rollout_backend=backend)
+        make_module(backend=BackendConfig(rollout_backend=backend))
 
 
 def test_a_backend_name_that_is_no_import_path_is_refused_by_the_config():
-    with pytest.raises(ValueError, match=r"GRPOConfig\.rollout_backend='sglang' is not valid; choose one of 'hf', "):
+    with pytest.raises(ValueError, match=r"GRPOConfig\.backend\.rollout_backend='sglang' is not valid; choose one of 'hf', "):
         GRPOConfig(backend=BackendConfig(rollout_backend="sglang"))
 
 
 @pytest.mark.parametrize(
     ("backend", "args", "message"),
     [
-        (PATH, {"colour": "red"}, r"^GRPOConfig\.rollout_backend_args\.colour='red': not a setting of the rollout "
+        (PATH, {"colour": "red"}, r"^GRPOConfig\.backend\.rollout_backend_args\.colour='red': not a setting of the rollout "
          r"backend '.*RecordingBackend' \(RecordingSettings\); allowed keys: tag, scale$"),
         ("vllm", {"gpu_memory": 0.5}, r"rollout_backend_args\.gpu_memory=0\.5: .*allowed keys: gpu_memory_utilization"),
-        ("hf", {"tag": "x"}, r"^GRPOConfig\.rollout_backend_args=\{'tag': 'x'\}: the rollout backend 'hf' takes no "),
+        ("hf", {"tag": "x"}, r"^GRPOConfig\.backend\.rollout_backend_args=\{'tag': 'x'\}: the rollout backend 'hf' takes no "),
     ],
 )  # fmt: skip
 def test_unknown_backend_settings_are_refused_naming_the_key_and_the_allowed_ones(make_module, backend, args, message):
     with pytest.raises(ValueError, match=message):
-        make_module(rollout_backend=backend, rollout_backend_args=args)
+        make_module(backend=BackendConfig(rollout_backend=backend, rollout_backend_args=args))
 
 
 def test_a_setting_the_backend_does_not_honour_is_refused_at_set_up(make_module):
     assert (
-        make_module(rollout_backend=PATH, top_p=0.9).rollout_backend.spec.grpo.sampling.top_p == 0.9
+        make_module(backend=BackendConfig(rollout_backend=PATH), sampling=SamplingConfig(top_p=0.9)).rollout_backend.spec.grpo.sampling.top_p == 0.9
     )  # one it honours
-    with pytest.raises(ValueError, match=r"^GRPOConfig\.top_k=5: the rollout backend '.*RecordingBackend' does not "
+    with pytest.raises(ValueError, match=r"^GRPOConfig\.sampling\.top_k=5: the rollout backend '.*RecordingBackend' does not "
                        r"honour top_k \(it supports top_p\); set top_k to 0 or choose a backend"):  # fmt: skip
-        make_module(rollout_backend=PATH, top_k=5)
+        make_module(backend=BackendConfig(rollout_backend=PATH), sampling=SamplingConfig(top_k=5))
 
 
 def test_a_quantized_policy_needs_a_backend_that_says_it_samples_one():
@@ -236,9 +236,9 @@ def test_a_correction_needs_a_backend_that_records_the_sampler_logprobs(make_mod
     with pytest.raises(ValueError, match=rf"^GRPOConfig\.{setting}={value!r} compares the trainer's log-probs with the "
                        r"sampler's \(Rollout\.logprobs\), but the rollout backend '.*RecordingBackend' does not record "
                        r"them .*choose a rollout_backend that does \('hf' or 'vllm'\)"):  # fmt: skip
-        make_module(rollout_backend=PATH, **{setting: value})
-    declared = make_module(rollout_backend=f"{__name__}.LogprobRecordingBackend", **{setting: value})
+        make_module(backend=BackendConfig(rollout_backend=PATH), **{setting: value})
+    declared = make_module(backend=BackendConfig(rollout_backend=f"{__name__}.LogprobRecordingBackend"), **{setting: value})
     assert getattr(declared.config, setting) == value
     assert make_module(**{setting: value}).rollout_backend.records_logprobs  # the built-in hf backend records them
     opsm = {"off_policy_mask": "opsm", "off_policy_mask_args": {"threshold": 0.5}}
-    assert make_module(rollout_backend=PATH, **opsm)  # OPSM falls back to the old log-probs
+    assert make_module(backend=BackendConfig(rollout_backend=PATH), **opsm)  # OPSM falls back to the old log-probs

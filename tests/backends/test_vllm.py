@@ -35,11 +35,13 @@ pytestmark = [needs_vllm, pytest.mark.slow, pytest.mark.timeout(300)]
 
 def test_behaviour_logprobs_agree_with_the_training_pass_to_1e_4():
     """What the engine recorded for each sampled token is what training computes for it (temperature 0.7 too)."""
-    outputs = fit(vllm_module(temperature=0.7), steps=3)
+    outputs = fit(vllm_module(sampling={"temperature": 0.7}), steps=3)
     for out in outputs:
         assert float(out["metrics"]["rollout_logprob_diff_max"]) < 1e-4
         assert out["timings"]["sync"] > 0  # the sync is its own phase of the step
-    module = vllm_module(temperature=0.7)  # and directly, over every completion token, for a fresh rollout
+    module = vllm_module(
+        sampling={"temperature": 0.7}
+    )  # and directly, over every completion token, for a fresh rollout
     probe = Probe(lambda m: logprob_diff_to_training(m, temperature=0.7))
     fit(module, steps=1, callbacks=[probe])
     assert probe.results[0] < 1e-4
@@ -121,7 +123,7 @@ def _sample_copies(module: GRPOModule, sent: list) -> None:
 
 
 def test_groups_keep_their_layout_and_eos_ends_a_completion():
-    check_group_layout(vllm_module(num_generations=3, max_new_tokens=12))
+    check_group_layout(vllm_module(sampling={"num_generations": 3, "max_new_tokens": 12}))
 
 
 def _messages(prompt: str) -> list[dict[str, str]]:
@@ -136,7 +138,12 @@ def test_multi_turn_environment_masks_are_exact_through_the_engine():
     """
     model = tiny_policy()
     _make_eos_likely(model, build_tiny_tokenizer().eos_token_id)
-    module = vllm_module(model, max_new_tokens=60, max_prompt_length=32, max_turns=3, environment_factory=CountdownEnv)
+    module = vllm_module(
+        model,
+        sampling={"max_new_tokens": 60, "max_prompt_length": 32},
+        agents={"max_turns": 3},
+        environment_factory=CountdownEnv,
+    )
     data = [{"prompt": _messages(p), "turns": 3} for p in ("go", "play")] * 4
     loader_ = torch.utils.data.DataLoader(
         data, batch_size=2, collate_fn=lambda b: {"prompt": [r["prompt"] for r in b], "turns": [3] * len(b)}
@@ -182,7 +189,10 @@ def test_the_engine_is_shut_down_at_the_end_of_fit_and_on_an_exception():
 
 
 def test_truncated_importance_sampling_weights_are_one_when_sampler_and_trainer_agree():
-    outputs = fit(vllm_module(rollout_correction="token_truncate", rollout_correction_args={"max": 2.0}), steps=2)
+    outputs = fit(
+        vllm_module(corrections={"rollout_correction": "token_truncate", "rollout_correction_args": {"max": 2.0}}),
+        steps=2,
+    )
     for out in outputs:
         for name in ("rollout_is_weight_mean", "rollout_is_weight_min", "rollout_is_weight_max"):
             assert abs(float(out["metrics"][name]) - 1.0) < 1e-3, name

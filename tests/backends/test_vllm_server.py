@@ -55,20 +55,21 @@ def server(tmp_path_factory):
     backend.close()
 
 
-def server_module(server, **settings) -> GRPOModule:
+def server_module(server, **groups) -> GRPOModule:
     """A GRPOModule whose rollouts the session's server samples (the tiny policy object, the server's base)."""
-    args = {"url": server.url, **settings.pop("rollout_backend_args", {})}
-    return vllm_module(rollout_backend="vllm_server", rollout_backend_args=args, **settings)
+    backend = groups.pop("backend", {})
+    args = {"url": server.url, **backend.get("rollout_backend_args", {})}
+    return vllm_module(backend={**backend, "rollout_backend": "vllm_server", "rollout_backend_args": args}, **groups)
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_behaviour_logprobs_agree_with_the_training_pass_to_1e_4(server, temperature):
-    outputs = fit(server_module(server, temperature=temperature), steps=3)
+    outputs = fit(server_module(server, sampling={"temperature": temperature}), steps=3)
     for out in outputs:
         assert float(out["metrics"]["rollout_logprob_diff_max"]) < 1e-4
         assert out["timings"]["sync"] > 0
     probe = Probe(lambda m: logprob_diff_to_training(m, temperature))
-    fit(server_module(server, temperature=temperature), steps=1, callbacks=[probe])
+    fit(server_module(server, sampling={"temperature": temperature}), steps=1, callbacks=[probe])
     assert probe.results[0] < 1e-4
     steps = [float(out["metrics"]["rollout_logprob_diff_max"]) for out in outputs]
     print(
@@ -107,7 +108,7 @@ def test_greedy_samples_equal_hf_generate_with_the_current_adapter_at_steps_0_1_
 
 
 def test_groups_keep_their_layout_and_eos_ends_a_completion(server):
-    check_group_layout(server_module(server, num_generations=3, max_new_tokens=12))
+    check_group_layout(server_module(server, sampling={"num_generations": 3, "max_new_tokens": 12}))
 
 
 def test_each_request_has_its_own_seed_and_the_same_seed_samples_the_same_completions(server):
@@ -242,7 +243,9 @@ class _Proxy:
 
 def test_a_server_dying_mid_run_stops_it_with_the_error_and_the_checkpoint_loads(server, tmp_path):
     proxy = _Proxy(int(server.url.rsplit(":", 1)[1]))
-    module = server_module(server, rollout_backend_args={"url": proxy.url})  # the run sees the server there
+    module = server_module(
+        server, backend={"rollout_backend_args": {"url": proxy.url}}
+    )  # the run sees the server there
     checkpoints = L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=1, save_top_k=-1)
     die = L.pytorch.callbacks.LambdaCallback(on_train_batch_end=lambda t, m, *_: t.global_step == 1 and proxy.die())
     with pytest.raises(ServerError, match=f"the vLLM server at {proxy.url} is unreachable"):

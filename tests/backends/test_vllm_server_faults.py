@@ -42,7 +42,7 @@ def test_the_backend_is_named_and_its_settings_are_checked():
     assert VLLMServerConfig(url="http://h:8000/v1/").url == "http://h:8000"
     with pytest.raises(SettingError, match=r"rollout_backend_args\.colour"):
         build_backend(_spec(rollout_backend="vllm_server", rollout_backend_args={"url": "http://h:1", "colour": 1}))
-    with pytest.raises(SettingError, match=r"GRPOConfig\.static_cache=True: the rollout backend 'vllm_server'"):
+    with pytest.raises(SettingError, match=r"GRPOConfig\.sampling\.static_cache=True: the rollout backend 'vllm_server'"):
         build_backend(_spec(rollout_backend="vllm_server", rollout_backend_args={"url": "http://h:1"},
                             static_cache=True))  # fmt: skip
 

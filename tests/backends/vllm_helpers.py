@@ -35,11 +35,13 @@ def vllm_module(
     seed: int = 0,
     lr: float = 1e-2,
     environment_factory: Any = None,
-    **settings: Any,
+    **groups: dict[str, Any],
 ) -> GRPOModule:
-    """A GRPOModule sampling with the colocated vLLM engine (``settings`` override :class:`GRPOConfig` fields)."""
-    grpo = {"num_generations": 4, "max_new_tokens": 8, "max_prompt_length": 16, "kl_coef": 0.0,
-            "rollout_backend": "vllm", **settings}  # fmt: skip
+    """A GRPOModule sampling with the colocated vLLM engine; ``groups`` override :class:`GRPOConfig` settings group
+    by group (``sampling={"temperature": 0.7}`` keeps the other sampling defaults here)."""
+    defaults = {"sampling": {"num_generations": 4, "max_new_tokens": 8, "max_prompt_length": 16},
+                "objective": {"kl_coef": 0.0}, "backend": {"rollout_backend": "vllm"}}  # fmt: skip
+    grpo = {name: {**defaults.get(name, {}), **groups.get(name, {})} for name in {**defaults, **groups}}
     return GRPOModule(
         model if model is not None else tiny_policy(), [count_a], tokenizer=build_tiny_tokenizer(), seed=seed,
         policy=PolicyConfig(lora_r=4, lora_alpha=8), grpo=GRPOConfig(**grpo), vllm=vllm,

@@ -29,7 +29,11 @@ def main(url: str, workdir: Path) -> None:
         return post(address, body, *args, **kwargs)
 
     vllm_server.post_json = recording
-    module, seen, adapters = vllm_module(rollout_backend="vllm_server", rollout_backend_args={"url": url}), [], []
+    module, seen, adapters = (
+        vllm_module(backend={"rollout_backend": "vllm_server", "rollout_backend_args": {"url": url}}),
+        [],
+        [],
+    )
     record = L.pytorch.callbacks.LambdaCallback(
         on_train_batch_end=lambda t, m, out, *_: (seen.append(out), adapters.append(m.rollout_backend.adapter))
     )

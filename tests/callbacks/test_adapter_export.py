@@ -11,6 +11,7 @@ import torch
 from peft import PeftModel
 
 from lightning_grpo.callbacks import AdapterExport
+from lightning_grpo.config import UpdateConfig
 from lightning_grpo.testing import build_tiny_model
 from tests.callbacks.helpers import first_char_code, fit
 from tests.conftest import make_trainer, prompt_loader
@@ -35,7 +36,7 @@ def test_exports_every_n_iterations_and_at_the_end_and_they_load(make_module, to
 
 def test_directories_are_named_by_global_step_and_default_to_the_root_dir(make_module, tmp_path):
     # Two mini-batches per iteration: two optimizer steps, so iterations 1 and 2 end at global steps 2 and 4.
-    module = make_module(mini_batch_size=4)
+    module = make_module(update=UpdateConfig(mini_batch_size=4))
     fit(module, [AdapterExport(every_n_iterations=1)], iterations=2, default_root_dir=tmp_path)
     assert sorted(path.name for path in (tmp_path / "adapter").iterdir()) == ["final", "step-2", "step-4"]
 

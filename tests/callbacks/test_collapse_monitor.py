@@ -8,6 +8,7 @@ import pytest
 
 from lightning_grpo.callbacks import CollapseMonitor
 from tests.callbacks.helpers import Recorder, first_char_code, fit
+from tests.conftest import tiny_sampling
 
 
 def _collapsing_after(step: int, floor: float):
@@ -26,7 +27,7 @@ def _collapse_warnings(caught) -> list[str]:
 
 
 def _fit_with(make_module, reward, iterations: int, monitor: CollapseMonitor) -> Recorder:
-    module = make_module(reward_funcs=[reward], num_generations=4, max_new_tokens=4)
+    module = make_module(reward_funcs=[reward], sampling=tiny_sampling(num_generations=4, max_new_tokens=4))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         _, recorder = fit(module, [monitor], iterations=iterations)

@@ -7,11 +7,12 @@ import torch
 
 from lightning_grpo.callbacks import CompletionStats
 from tests.callbacks.helpers import fit
+from tests.conftest import tiny_sampling
 
 
 def test_lengths_and_truncation_match_the_sampled_tokens(make_module, tokenizer):
     # With max_new_tokens=3 the untrained model rarely emits EOS: most completions are truncated.
-    module = make_module(max_new_tokens=3, num_generations=8)
+    module = make_module(sampling=tiny_sampling(max_new_tokens=3, num_generations=8))
     _, recorder = fit(module, [CompletionStats()], iterations=2)
     for out, logged in zip(recorder.outputs, recorder.metrics, strict=True):
         ids = out["rollout"].completion_ids.tolist()

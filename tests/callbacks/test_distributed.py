@@ -12,7 +12,7 @@ from lightning.pytorch import Callback
 
 from lightning_grpo.callbacks import AdapterExport, CompletionStats, GroupRewardStats, SampleLogger, ThroughputMonitor
 from tests.callbacks.helpers import first_char_code
-from tests.conftest import make_trainer, prompt_loader
+from tests.conftest import make_trainer, prompt_loader, tiny_sampling
 
 pytestmark = pytest.mark.distributed
 
@@ -54,7 +54,7 @@ def _group_summary(ranks: list[dict]) -> dict[str, float]:
 
 
 def test_logged_values_are_global_and_equal_on_every_rank(make_module, tmp_path):
-    module = make_module((first_char_code, rank_zero_only), num_generations=4)
+    module = make_module((first_char_code, rank_zero_only), sampling=tiny_sampling(num_generations=4))
     callbacks = [GroupRewardStats(), CompletionStats(), ThroughputMonitor(), SampleLogger(every_n_iterations=1)]
     callbacks += [AdapterExport(dirpath=tmp_path / "out", every_n_iterations=1), Dump(tmp_path)]
     trainer = make_trainer(devices=2, strategy="ddp_fork", max_epochs=1, log_every_n_steps=1, callbacks=callbacks)

@@ -9,8 +9,10 @@ import torch
 
 from lightning_grpo.callbacks import GroupRewardStats
 from lightning_grpo.callbacks.group_rewards import group_reward_stats
+from lightning_grpo.config import AdvantageConfig
 from lightning_grpo.rewards import RewardScores
 from tests.callbacks.helpers import fit
+from tests.conftest import tiny_sampling
 
 NAN = math.nan
 
@@ -114,7 +116,9 @@ def _by_hand(out: dict) -> dict[str, float]:
 
 
 def test_logged_values_match_a_hand_computation_in_a_fit(make_module):
-    module = make_module(reward_funcs=(_constant_first_group, _digit_only_on_second_prompt), num_generations=4)
+    module = make_module(
+        reward_funcs=(_constant_first_group, _digit_only_on_second_prompt), sampling=tiny_sampling(num_generations=4)
+    )
     _, recorder = fit(module, [GroupRewardStats()], iterations=2)
     for out, logged in zip(recorder.outputs, recorder.metrics, strict=True):
         expected = _by_hand(out)
@@ -125,7 +129,7 @@ def test_logged_values_match_a_hand_computation_in_a_fit(make_module):
 
 
 def test_prefix_and_token_level_advantages_in_a_fit(make_module):
-    module = make_module(advantage_estimator="reinforce_pp_baseline")
+    module = make_module(advantages=AdvantageConfig(advantage_estimator="reinforce_pp_baseline"))
     _, recorder = fit(module, [GroupRewardStats(prefix="rl/")], iterations=1)
     out, logged = recorder.outputs[0], recorder.metrics[0]
     assert out["advantages"].dim() == 2

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from lightning_grpo.callbacks import AdapterExport, SaveOnInterrupt
+from lightning_grpo.config import UpdateConfig
 from tests.conftest import make_trainer, prompt_loader
 
 PROMPTS = ["1+1=", "2+2="]
@@ -47,7 +48,7 @@ def test_ctrl_c_saves_the_last_completed_iteration_and_the_adapter(make_module, 
 
 
 def test_no_checkpoint_from_a_half_updated_iteration(make_module, tmp_path):
-    module = make_module(mini_batch_size=4)  # two optimizer steps per iteration
+    module = make_module(update=UpdateConfig(mini_batch_size=4))  # two optimizer steps per iteration
 
     class StopBetweenSteps(torch.optim.AdamW):
         def zero_grad(self, set_to_none=True):

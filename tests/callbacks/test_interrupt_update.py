@@ -14,6 +14,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_grpo.callbacks import SaveOnInterrupt
+from lightning_grpo.config import UpdateConfig
 from tests.conftest import make_trainer, prompt_loader
 
 PROMPTS = ["1+1=", "2+2="]
@@ -55,7 +56,7 @@ def test_ctrl_c_during_an_update_saves_the_iteration_once_it_ends(
 ):
     # one optimizer step per iteration (Ctrl-C after iteration 2's update, before its end), or two (after the first
     # of iteration 2's two steps): either way iteration 2 completes and is saved, nothing more is lost
-    module = make_module(**({"mini_batch_size": mini_batch_size} if mini_batch_size else {}))
+    module = make_module(update=UpdateConfig(mini_batch_size=mini_batch_size))
     optimizer = _ctrl_c_after_optimizer_step(ctrl_c_at)
     module.optimizer_factory = lambda params: optimizer(params, lr=1e-2)
     trainer = make_trainer(max_steps=20, default_root_dir=tmp_path, callbacks=[SaveOnInterrupt()])
@@ -68,7 +69,7 @@ def test_ctrl_c_during_an_update_saves_the_iteration_once_it_ends(
 
 
 def test_a_stop_inside_an_update_names_the_last_checkpoint_and_the_command(make_module, tmp_path):
-    module = make_module(mini_batch_size=4)  # two optimizer steps per iteration
+    module = make_module(update=UpdateConfig(mini_batch_size=4))  # two optimizer steps per iteration
 
     class StopBetweenSteps(torch.optim.AdamW):
         calls = 0

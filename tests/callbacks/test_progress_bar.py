@@ -9,6 +9,7 @@ import torch
 
 from lightning_grpo.callbacks import GroupRewardStats, GRPOProgressBar
 from lightning_grpo.callbacks.progress_bar import SHORT_NAMES
+from lightning_grpo.config import ObjectiveConfig
 from tests.callbacks.helpers import ListLogger, first_char_code, fit
 
 
@@ -29,7 +30,9 @@ class RecordingBar(GRPOProgressBar):
 def test_bar_shows_short_names_and_loggers_get_full_names(make_module):
     bar, logger = RecordingBar(), ListLogger()
     fit(
-        make_module(reward_funcs=(first_char_code,), kl_coef=0.05),  # groups with signal: no zero_std item
+        make_module(
+            reward_funcs=(first_char_code,), objective=ObjectiveConfig(kl_coef=0.05)
+        ),  # groups with signal: no zero_std item
         [GroupRewardStats(), bar],  # the bar last, as Lightning places its own
         iterations=2,
         logger=logger,

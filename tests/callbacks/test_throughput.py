@@ -9,11 +9,14 @@ import torch
 
 from lightning_grpo.callbacks import ThroughputMonitor
 from lightning_grpo.callbacks.throughput import peak_memory_mib
+from lightning_grpo.config import ObjectiveConfig, UpdateConfig
 from tests.callbacks.helpers import fit
 
 
 def test_rates_and_times_match_the_step_outputs(make_module):
-    module = make_module(ppo_epochs=2, mini_batch_size=4, kl_coef=0.01)  # phases: generate, score, old_logprobs, ...
+    module = make_module(
+        update=UpdateConfig(ppo_epochs=2, mini_batch_size=4), objective=ObjectiveConfig(kl_coef=0.01)
+    )  # phases: generate, score, old_logprobs, ...
     _, recorder = fit(module, [ThroughputMonitor()], iterations=2)
     for out, logged in zip(recorder.outputs, recorder.metrics, strict=True):
         seconds = out["timings"]
@@ -33,7 +36,9 @@ def test_rates_and_times_match_the_step_outputs(make_module):
 
 
 def test_running_totals_say_they_are_totals(make_module):
-    _, recorder = fit(make_module(kl_coef=0.0), [ThroughputMonitor(log_memory=False)], iterations=2)
+    _, recorder = fit(
+        make_module(objective=ObjectiveConfig(kl_coef=0.0)), [ThroughputMonitor(log_memory=False)], iterations=2
+    )
     completions = tokens = 0
     for iteration, (out, logged) in enumerate(zip(recorder.outputs, recorder.metrics, strict=True), start=1):
         completions += len(out["rollout"])
@@ -44,7 +49,11 @@ def test_running_totals_say_they_are_totals(make_module):
 
 
 def test_memory_can_be_left_out(make_module):
-    _, recorder = fit(make_module(kl_coef=0.0), [ThroughputMonitor(log_memory=False, prefix="")], iterations=1)
+    _, recorder = fit(
+        make_module(objective=ObjectiveConfig(kl_coef=0.0)),
+        [ThroughputMonitor(log_memory=False, prefix="")],
+        iterations=1,
+    )
     logged = recorder.metrics[0]
     assert "memory/peak_mib" not in logged and "train/memory/peak_mib" not in logged
     assert {"time/generate", "time/score", "time/update", "time/iteration"} <= set(logged)

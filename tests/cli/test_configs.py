@@ -110,7 +110,7 @@ def test_print_config_output_parses_back_to_the_same_config(tmp_path):
     printed = tmp_path / "printed.yaml"
     printed.write_text(out.getvalue())
     full = yaml.safe_load(out.getvalue())
-    assert full["model"]["init_args"]["grpo"]["val_success_threshold"] == 1.0  # defaults are written out too
+    assert full["model"]["init_args"]["grpo"]["validation"]["success_threshold"] == 1.0  # defaults written out too
     assert full["model"]["init_args"]["reward_funcs"] == ["lightning_grpo.rewards.math_answer"]
     original = parse_config(["fit", "--config", str(TINY)])
     again = parse_config(["fit", "--config", str(printed)])
@@ -120,8 +120,9 @@ def test_print_config_output_parses_back_to_the_same_config(tmp_path):
 
 def test_help_shows_the_docstrings_of_grpo_and_policy_fields(capsys):
     shown = (
-        ("grpo", "Completions sampled per prompt (G)"),  # the attribute docstrings under the fields
+        ("grpo", "Completions sampled per prompt (G,"),  # the attribute docstrings under the fields
         ("grpo", "The policy loss's own settings"),
+        ("grpo", "How a training rollout is sampled: group size"),  # a group's title: the docstring under it
         ("policy", "LoRA scaling numerator"),
         ("vllm", "Share of the GPU's memory vLLM may take"),
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from operator import attrgetter
 
 import pytest
 import torch
@@ -13,9 +14,9 @@ from tests.cli import helpers
 from tests.cli.conftest import TINY, quiet_run_args
 
 CUSTOM = {
-    "loss_kind": "tests.cli.helpers.reinforce_loss",
-    "kl_estimator": "tests.cli.helpers.squared_kl",
-    "advantage_estimator": "tests.cli.helpers.centred_advantages",
+    "objective.loss_kind": "tests.cli.helpers.reinforce_loss",
+    "objective.kl_estimator": "tests.cli.helpers.squared_kl",
+    "advantages.advantage_estimator": "tests.cli.helpers.centred_advantages",
 }
 
 
@@ -24,8 +25,8 @@ def test_user_functions_train_through_the_cli(tmp_path, warm_tiny_cache, monkeyp
     overrides = [f"--model.init_args.grpo.{setting}={path}" for setting, path in CUSTOM.items()]
     cli = GRPOCLI(args=["fit", "--config", str(TINY), *overrides, *quiet_run_args(tmp_path, max_steps=2)])
     assert cli.trainer.global_step == 2
-    assert {setting: getattr(cli.model.config, setting) for setting in CUSTOM} == CUSTOM
-    assert all(type(getattr(cli.model.config, setting)) is str for setting in CUSTOM)  # plain data in checkpoints
+    assert {setting: attrgetter(setting)(cli.model.config) for setting in CUSTOM} == CUSTOM
+    assert all(type(attrgetter(setting)(cli.model.config)) is str for setting in CUSTOM)  # plain data in checkpoints
     assert helpers.CALLS == {"loss": 2, "kl": 2, "advantages": 2}  # one micro-batch per step
     assert "train/clip_frac" in cli.trainer.callback_metrics  # the diagnostics still come from the loss's terms
 
@@ -45,15 +46,15 @@ def test_a_function_that_cannot_be_imported_fails_when_the_config_is_built():
 def test_a_user_loss_with_a_setting_of_its_own_trains_from_a_yaml_config(tmp_path, warm_tiny_cache, monkeypatch):
     monkeypatch.setattr(helpers, "SEEN_MAX_RATIO", [])
     config = yaml.safe_load(TINY.read_text())
-    grpo = config["model"]["init_args"].setdefault("grpo", {})
-    grpo.update(loss_kind="tests.cli.helpers.capped_reinforce_loss", loss_kind_args={"max_ratio": 1.5})
+    objective = config["model"]["init_args"].setdefault("grpo", {}).setdefault("objective", {})
+    objective.update(loss_kind="tests.cli.helpers.capped_reinforce_loss", loss_kind_args={"max_ratio": 1.5})
     path = tmp_path / "capped.yaml"
     path.write_text(yaml.safe_dump(config))
     cli = GRPOCLI(args=["fit", "--config", str(path), *quiet_run_args(tmp_path, max_steps=2)])
     assert cli.trainer.global_step == 2
     assert helpers.SEEN_MAX_RATIO == [1.5, 1.5]  # the setting reached the loss, one micro-batch per step
     saved = torch.load(next(tmp_path.rglob("*.ckpt")), weights_only=True)["hyper_parameters"]["grpo"]
-    assert saved["loss_kind_args"] == {"max_ratio": 1.5}  # plain data in the checkpoint's hyper-parameters
+    assert saved["objective"]["loss_kind_args"] == {"max_ratio": 1.5}  # plain data in the checkpoint's hyper-parameters
 
 
 def test_a_component_setting_it_does_not_take_fails_when_the_config_is_built():

@@ -46,7 +46,7 @@ def test_a_user_subclass_of_the_module_and_its_own_data_module_from_yaml(tmp_pat
                 "tokenizer": {"class_path": "lightning_grpo.testing.TinyTokenizer"},
                 "reward_funcs": ["lightning_grpo.rewards.math_answer"],
                 "length_penalty": 0.05,
-                "grpo": {"num_generations": 4, "max_new_tokens": 3, "max_prompt_length": 8},
+                "grpo": {"sampling": {"num_generations": 4, "max_new_tokens": 3, "max_prompt_length": 8}},
                 "optimizer": {"class_path": "torch.optim.SGD", "init_args": {"lr": 0.01}},
             },
         },

@@ -17,7 +17,8 @@ def _first_lines(result, n=5):
 @pytest.mark.parametrize(
     ("args", "fix"),
     [
-        (["--model.init_args.grpo.num_generation", "8"], "did you mean 'num_generations'?"),
+        (["--model.init_args.grpo.sampling.num_generatoins", "8"], "did you mean 'sampling.num_generations'?"),
+        (["--model.init_args.grpo.sampling.kl_coef", "0.1"], "did you mean 'objective.kl_coef'?"),  # another group
         (["--trainer.max_step", "3"], "did you mean 'trainer.max_steps'?"),
     ],
 )
@@ -36,10 +37,10 @@ def test_debug_adds_the_parsers_full_message(tmp_path):
 
 def test_a_typo_in_yaml_gets_the_closest_name(tmp_path):
     typo = tmp_path / "typo.yaml"
-    typo.write_text("model:\n  init_args:\n    grpo:\n      num_generation: 4\n")
+    typo.write_text("model:\n  init_args:\n    grpo:\n      sampling:\n        num_generation: 4\n")
     result = run_cli("fit", "--config", TINY, "--config", str(typo), cwd=tmp_path)
     assert result.returncode == 2
-    assert "did you mean 'num_generations'?" in _first_lines(result)[0]
+    assert "did you mean 'sampling.num_generations'?" in _first_lines(result)[0]
 
 
 def test_an_unknown_name_far_from_any_lists_the_valid_ones():

@@ -34,7 +34,7 @@ def test_resume_from_a_checkpoint_file_with_a_changed_kl_coef(tmp_path, warm_tin
     run_dir = tmp_path / "second" / "tiny" / "version_0"
     assert _steps(run_dir) == {"2", "3"}  # continued from step 2, not restarted
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())
-    assert saved["model"]["init_args"]["grpo"]["kl_coef"] == 0.5  # the changed setting took effect
+    assert saved["model"]["init_args"]["grpo"]["objective"]["kl_coef"] == 0.5  # the changed setting took effect
 
 
 def test_resume_with_another_lora_rank_is_refused_naming_the_setting(tmp_path, warm_tiny_cache):

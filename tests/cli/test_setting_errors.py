@@ -53,29 +53,29 @@ def first_line(lines: list[str]) -> str:
     return next(line for line in lines if not line.startswith(LIGHTNING_INFO))
 
 
-def grpo(setting: str) -> str:
-    return f"model:\n  init_args:\n    grpo:\n      {setting}\n"
+def grpo(group: str, setting: str) -> str:
+    return f"model:\n  init_args:\n    grpo:\n      {group}:\n        {setting}\n"
 
 
 @pytest.mark.parametrize(
     ("yaml", "expected"),
     [
         (  # our own check, in GRPOConfig
-            grpo("num_generations: 1"),
-            "python -m lightning_grpo fit: error: model.init_args.grpo.sampling.num_generations=1: the group estimator 'grpo' "
-            "needs num_generations >= 2 (a group of one has no baseline); set num_generations to 2 or more (8 is "
-            "usual)",
+            grpo("sampling", "num_generations: 1"),
+            "python -m lightning_grpo fit: error: model.init_args.grpo.sampling.num_generations=1: the group "
+            "estimator 'grpo' needs num_generations >= 2 (a group of one has no baseline); set num_generations to 2 "
+            "or more (8 is usual)",
         ),
         (  # jsonargparse's choice error
-            grpo("loss_agg_mode: token_mean"),
-            "python -m lightning_grpo fit: error: model.init_args.grpo.objective.loss_agg_mode='token_mean': not one of "
-            "'token-mean', 'token-sum', 'seq-mean-token-mean', 'seq-mean-token-sum', 'seq-mean-token-sum-norm'; "
+            grpo("objective", "loss_agg_mode: token_mean"),
+            "python -m lightning_grpo fit: error: model.init_args.grpo.objective.loss_agg_mode='token_mean': not one "
+            "of 'token-mean', 'token-sum', 'seq-mean-token-mean', 'seq-mean-token-sum', 'seq-mean-token-sum-norm'; "
             "did you mean 'token-mean'?",
         ),
         (  # jsonargparse's type error
-            grpo("max_new_tokens: three"),
-            "python -m lightning_grpo fit: error: model.init_args.grpo.sampling.max_new_tokens='three': expected int; give a "
-            "value of that type.",
+            grpo("sampling", "max_new_tokens: three"),
+            "python -m lightning_grpo fit: error: model.init_args.grpo.sampling.max_new_tokens='three': expected int; "
+            "give a value of that type.",
         ),
         (  # an import path that does not resolve
             "model:\n  init_args:\n    reward_funcs: [lightning_grpo.rewards.math_answer, my_rewards.rewrd]\n",
@@ -109,7 +109,7 @@ def test_a_reward_returning_strings_names_the_row_first(tmp_path):
 
 
 def test_debug_keeps_the_full_message_and_traceback(tmp_path):
-    status, lines = run(tmp_path, grpo("num_generations: 1"), debug=True)
+    status, lines = run(tmp_path, grpo("sampling", "num_generations: 1"), debug=True)
     assert status == 1 and "Traceback (most recent call last):" in lines
     assert "GRPOConfig.sampling.num_generations=1: the group estimator 'grpo' needs num_generations >= 2" in "\n".join(
         lines
@@ -120,8 +120,8 @@ def test_from_python_the_first_line_names_the_field_the_value_the_cause_and_the_
     with pytest.raises(ValueError) as error:
         GRPOConfig(sampling=SamplingConfig(num_generations=1))
     assert str(error.value).splitlines()[0] == (
-        "GRPOConfig.sampling.num_generations=1: the group estimator 'grpo' needs num_generations >= 2 (a group of one has no "
-        "baseline); set num_generations to 2 or more (8 is usual)"
+        "GRPOConfig.sampling.num_generations=1: the group estimator 'grpo' needs num_generations >= 2 (a group of one "
+        "has no baseline); set num_generations to 2 or more (8 is usual)"
     )
     with pytest.raises(
         ValueError, match=r"^GRPOConfig.objective.loss_agg_mode='token_mean' is not valid; choose one of"

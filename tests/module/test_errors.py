@@ -8,35 +8,50 @@ import pytest
 import torch
 
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig
+from lightning_grpo.config import GROUPS, UpdateConfig
 from lightning_grpo.rewards import RewardError
 from lightning_grpo.testing import build_tiny_model, build_tiny_tokenizer
-from tests.conftest import make_trainer, prompt_loader
+from tests.conftest import make_trainer, prompt_loader, tiny_sampling
 
 
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
-        ({"num_generations": 1}, r"num_generations=1: the group estimator 'grpo' needs num_generations >= 2"),
-        ({"num_generations": 1, "advantage_estimator": "rloo"}, r"group estimator 'rloo'"),
-        ({"mini_batch_size": 6, "micro_batch_size": 4}, r"mini_batch_size=6 must be a multiple of micro_batch_size=4"),
-        ({"loss_kind": "ppo"}, r"loss_kind='ppo' is not valid; choose one of 'clip', 'gspo', 'cispo'"),
-        ({"kl_estimator": "k4"}, r"kl_estimator='k4' is not valid; choose one of .*'low_var_kl'"),
-        ({"loss_agg_mode": "mean"}, r"loss_agg_mode='mean' is not valid; choose one of 'token-mean'"),
-        ({"advantage_estimator": "gae"}, r"advantage_estimator='gae' is not valid; choose one of 'grpo', 'rloo'"),
-        ({"advantage_scale": "global"}, r"advantage_scale='global' is not valid; choose one of 'group', 'batch'"),
-        ({"ppo_epochs": 0}, r"ppo_epochs must be an integer >= 1, got 0"),
-        ({"max_new_tokens": 0}, r"max_new_tokens must be an integer >= 1, got 0"),
-        ({"temperature": 0.0}, r"temperature must be a finite number > 0.0, got 0.0"),
-        ({"top_p": 1.5}, r"top_p must be a finite number in \(0.0, 1.0\], got 1.5"),
-        ({"clip_low": 1.0}, r"clip_low must be a finite number in \[0.0, 1.0\), got 1.0"),
-        ({"dual_clip": 0.5}, r"dual_clip must be a finite number > 1.0 or None, got 0.5"),
-        ({"delta": 1.1}, r"delta must be a finite number > 1.2 or None, got 1.1"),
-        ({"kl_coef": -1.0}, r"kl_coef must be a finite number >= 0.0, got -1.0"),
-        ({"max_grad_norm": 0.0}, r"max_grad_norm must be a finite number > 0.0 or None, got 0.0"),
-        ({"micro_batch_size": 0}, r"micro_batch_size must be an integer >= 1 or None, got 0"),
+        ({"sampling": {"num_generations": 1}},
+         r"GRPOConfig.sampling.num_generations=1: the group estimator advantages.advantage_estimator='grpo' needs "
+         r"num_generations >= 2"),
+        ({"sampling": {"num_generations": 1}, "advantages": {"advantage_estimator": "rloo"}},
+         r"group estimator advantages.advantage_estimator='rloo'"),
+        ({"update": {"mini_batch_size": 6, "micro_batch_size": 4}},
+         r"GRPOConfig.update.mini_batch_size=6 must be a multiple of micro_batch_size=4"),
+        ({"objective": {"loss_kind": "ppo"}},
+         r"GRPOConfig.objective.loss_kind='ppo' is not valid; choose one of 'clip', 'gspo', 'cispo'"),
+        ({"objective": {"kl_estimator": "k4"}},
+         r"GRPOConfig.objective.kl_estimator='k4' is not valid; choose one of .*'low_var_kl'"),
+        ({"objective": {"loss_agg_mode": "mean"}},
+         r"GRPOConfig.objective.loss_agg_mode='mean' is not valid; choose one of 'token-mean'"),
+        ({"advantages": {"advantage_estimator": "gae"}},
+         r"GRPOConfig.advantages.advantage_estimator='gae' is not valid; choose one of 'grpo', 'rloo'"),
+        ({"advantages": {"advantage_scale": "global"}},
+         r"GRPOConfig.advantages.advantage_scale='global' is not valid; choose one of 'group', 'batch'"),
+        ({"update": {"ppo_epochs": 0}}, r"GRPOConfig.update.ppo_epochs must be an integer >= 1, got 0"),
+        ({"sampling": {"max_new_tokens": 0}}, r"GRPOConfig.sampling.max_new_tokens must be an integer >= 1, got 0"),
+        ({"sampling": {"temperature": 0.0}}, r"GRPOConfig.sampling.temperature must be a finite number > 0.0, got 0.0"),
+        ({"sampling": {"top_p": 1.5}}, r"GRPOConfig.sampling.top_p must be a finite number in \(0.0, 1.0\], got 1.5"),
+        ({"objective": {"clip_low": 1.0}},
+         r"GRPOConfig.objective.clip_low must be a finite number in \[0.0, 1.0\), got 1.0"),
+        ({"objective": {"dual_clip": 0.5}},
+         r"GRPOConfig.objective.dual_clip must be a finite number > 1.0 or None, got 0.5"),
+        ({"objective": {"delta": 1.1}}, r"GRPOConfig.objective.delta must be a finite number > 1.2 or None, got 1.1"),
+        ({"objective": {"kl_coef": -1.0}}, r"GRPOConfig.objective.kl_coef must be a finite number >= 0.0, got -1.0"),
+        ({"update": {"max_grad_norm": 0.0}},
+         r"GRPOConfig.update.max_grad_norm must be a finite number > 0.0 or None, got 0.0"),
+        ({"update": {"micro_batch_size": 0}},
+         r"GRPOConfig.update.micro_batch_size must be an integer >= 1 or None, got 0"),
     ],
-)
+)  # fmt: skip
 def test_invalid_settings_fail_at_construction(settings, message):
+    """Each group given as a mapping (``GRPOConfig`` builds it), so that the error is raised inside the test."""
     with pytest.raises(ValueError, match=message):
         GRPOConfig(**settings)
 
@@ -78,7 +93,9 @@ def test_only_adapter_parameters_are_trainable(make_module):
 
 
 def test_rollout_that_mini_batches_do_not_divide_fails_at_the_first_step(make_module):
-    module = make_module(num_generations=3, mini_batch_size=4)  # 2 prompts x 3 = 6 completions
+    module = make_module(
+        sampling=tiny_sampling(num_generations=3), update=UpdateConfig(mini_batch_size=4)
+    )  # 2 prompts x 3 = 6 completions
     with pytest.raises(ValueError, match=r"rollout has 6 completions .* multiple of mini_batch_size=4"):
         make_trainer(max_steps=1).fit(module, train_dataloaders=prompt_loader(["1+1=", "2+2="]))
 
@@ -90,7 +107,9 @@ def test_a_batch_size_mismatch_fails_at_fit_start_before_any_rollout(make_module
         scored.append(len(completions))
         return [0.0] * len(completions)
 
-    module = make_module((record,), num_generations=3, mini_batch_size=4)  # batch of 2 prompts x 3 = 6
+    module = make_module(
+        (record,), sampling=tiny_sampling(num_generations=3), update=UpdateConfig(mini_batch_size=4)
+    )  # batch of 2 prompts x 3 = 6
     with pytest.raises(ValueError, match=r"6 completions .* multiple of mini_batch_size=4"):
         make_trainer(max_steps=1).fit(module, train_dataloaders=prompt_loader(["1+1=", "2+2="]))
     assert scored == []  # found from the data's batch size, before sampling and scoring
@@ -133,11 +152,14 @@ def _float_settings(config_class) -> list[str]:
     return [f.name for f in dataclasses.fields(config_class) if type(f.default) is float]
 
 
-@pytest.mark.parametrize("name", _float_settings(GRPOConfig))
+@pytest.mark.parametrize(
+    "place", [f"{group}.{name}" for group, kind in GROUPS.items() for name in _float_settings(kind)]
+)
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
-def test_every_float_setting_refuses_nan_and_infinity_naming_it(name, bad):
-    with pytest.raises(ValueError, match=rf"{name}\b.*must be .*got {bad}"):
-        GRPOConfig(**{name: bad})
+def test_every_float_setting_refuses_nan_and_infinity_naming_it(place, bad):
+    group, name = place.split(".")
+    with pytest.raises(ValueError, match=rf"GRPOConfig\.{group}\.{name}\b.*must be .*got {bad}"):
+        GRPOConfig(**{group: {name: bad}})
 
 
 @pytest.mark.parametrize("name", _float_settings(PolicyConfig))
@@ -146,7 +168,11 @@ def test_every_float_policy_setting_refuses_nan(name):
         PolicyConfig(**{name: float("nan")})
 
 
-@pytest.mark.parametrize(("name", "value"), [("num_generations", "8"), ("kl_coef", "0.1"), ("max_new_tokens", 2.5)])
-def test_a_setting_of_the_wrong_type_is_named(name, value):
-    with pytest.raises((TypeError, ValueError), match=rf"{name}\b.*must be"):
-        GRPOConfig(**{name: value})
+@pytest.mark.parametrize(
+    ("place", "value"),
+    [("sampling.num_generations", "8"), ("objective.kl_coef", "0.1"), ("sampling.max_new_tokens", 2.5)],
+)
+def test_a_setting_of_the_wrong_type_is_named(place, value):
+    group, name = place.split(".")
+    with pytest.raises((TypeError, ValueError), match=rf"GRPOConfig\.{group}\.{name}\b.*must be"):
+        GRPOConfig(**{group: {name: value}})

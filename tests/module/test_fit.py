@@ -9,28 +9,34 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from lightning_grpo import PolicyConfig, PromptDataModule
+from lightning_grpo.config import AdvantageConfig, ObjectiveConfig, UpdateConfig, ValidationConfig
 from lightning_grpo.rewards import math_answer
-from tests.conftest import make_trainer, prompt_records
+from tests.conftest import make_trainer, prompt_records, tiny_sampling
 
 SETTINGS = {
     "clip-defaults": {},
     "gspo-rloo": {
-        "loss_kind": "gspo", "clip_low": 3e-4, "clip_high": 4e-4, "advantage_estimator": "rloo",
-        "loss_agg_mode": "seq-mean-token-mean", "kl_estimator": "k1+", "kl_coef": 0.05, "top_k": 5,
+        "objective": ObjectiveConfig(loss_kind="gspo", clip_low=3e-4, clip_high=4e-4, kl_estimator="k1+", kl_coef=0.05,
+                                     loss_agg_mode="seq-mean-token-mean"),
+        "advantages": AdvantageConfig(advantage_estimator="rloo"), "sampling": tiny_sampling(top_k=5),
     },
     "cispo-reinforce": {
-        "loss_kind": "cispo", "advantage_estimator": "reinforce_pp_baseline", "loss_agg_mode": "token-sum",
-        "entropy_coef": 0.01, "mask_truncated_completions": True, "top_p": 0.9, "temperature": 0.7, "kl_coef": 0.0,
-        "sampler": "inverse_cdf", "drop_finished": True,
+        "objective": ObjectiveConfig(loss_kind="cispo", loss_agg_mode="token-sum", entropy_coef=0.01,
+                                     mask_truncated_completions=True, kl_coef=0.0),
+        "advantages": AdvantageConfig(advantage_estimator="reinforce_pp_baseline"),
+        "sampling": tiny_sampling(top_p=0.9, temperature=0.7, sampler="inverse_cdf", drop_finished=True),
     },
     "clip-higher-several-updates": {
-        "clip_high": 0.28, "dual_clip": None, "delta": 4.0, "advantage_scale": "batch", "kl_estimator": "abs",
-        "loss_agg_mode": "seq-mean-token-sum-norm", "ppo_epochs": 2, "mini_batch_size": 6, "micro_batch_size": 2,
-        "max_grad_norm": None, "num_generations": 4, "max_new_tokens": 4,
+        "objective": ObjectiveConfig(clip_high=0.28, dual_clip=None, delta=4.0, kl_estimator="abs",
+                                     loss_agg_mode="seq-mean-token-sum-norm"),
+        "advantages": AdvantageConfig(advantage_scale="batch"),
+        "update": UpdateConfig(ppo_epochs=2, mini_batch_size=6, micro_batch_size=2, max_grad_norm=None),
+        "sampling": tiny_sampling(num_generations=4, max_new_tokens=4),
     },
     "dr-grpo": {
-        "advantage_scale": "none", "loss_agg_mode": "seq-mean-token-sum", "kl_estimator": "mse+", "micro_batch_size": 3,
-        "share_prompt": False, "fused_head": False,
+        "advantages": AdvantageConfig(advantage_scale="none"),
+        "objective": ObjectiveConfig(loss_agg_mode="seq-mean-token-sum", kl_estimator="mse+"),
+        "update": UpdateConfig(micro_batch_size=3, fused_head=False), "sampling": tiny_sampling(share_prompt=False),
     },
 }  # fmt: skip
 
@@ -81,7 +87,11 @@ def test_gradient_checkpointing_gives_the_same_update(make_module):
 
 
 def test_validation_logs_reward_accuracy_and_pass_at_k(make_module):
-    module = make_module(reward_funcs=[math_answer], val_num_generations=3, max_new_tokens=3)
+    module = make_module(
+        reward_funcs=[math_answer],
+        validation=ValidationConfig(num_generations=3),
+        sampling=tiny_sampling(max_new_tokens=3),
+    )
     data = PromptDataModule(prompt_records(8), val_data=prompt_records(4), batch_size=2, val_batch_size=2)
     trainer = make_trainer(max_steps=1, limit_val_batches=2, val_check_interval=1)
     trainer.fit(module, data)

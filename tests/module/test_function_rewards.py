@@ -15,7 +15,7 @@ from lightning_grpo.config import AdvantageConfig, SamplingConfig
 from lightning_grpo.iteration.function_rewards import function_reward_inputs
 from lightning_grpo.testing import build_tiny_model
 from lightning_grpo.testing.agents import short_turn_model
-from tests.conftest import count_a, make_trainer, prompt_loader
+from tests.conftest import count_a, make_trainer, prompt_loader, tiny_sampling
 from tests.module.helpers import FixedRolloutModule, fixed_rollout
 from tests.module.test_agent import BATCH, _module, branching_agent
 
@@ -43,7 +43,7 @@ def test_gdpo_step_gets_each_functions_rewards_and_logs_their_shares(tokenizer):
     module = FixedRolloutModule(
         build_tiny_model(tokenizer), [count_a, short, skip_second_prompt], reward_weights=weights, tokenizer=tokenizer,
         policy=PolicyConfig(lora_r=4, lora_alpha=8),
-        grpo=GRPOConfig(sampling=SamplingConfig(num_generations=4, max_new_tokens=6, max_prompt_length=16), advantages=AdvantageConfig(advantage_estimator="gdpo")),
+        grpo=GRPOConfig(sampling=tiny_sampling(), advantages=AdvantageConfig(advantage_estimator="gdpo")),
     )  # fmt: skip
     module.fixed = fixed_rollout(tokenizer, PROMPTS, COMPLETIONS, group_size=4)
     record = Record()
@@ -68,7 +68,7 @@ def test_gdpo_step_gets_each_functions_rewards_and_logs_their_shares(tokenizer):
 
 def test_gdpo_with_one_reward_function_is_refused_at_construction(make_module):
     with pytest.raises(ValueError, match=r"advantage_estimator='gdpo'.*two reward functions or more.*'count_a'"):
-        make_module([count_a], advantage_estimator="gdpo")
+        make_module([count_a], advantages=AdvantageConfig(advantage_estimator="gdpo"))
 
 
 def test_gdpo_with_an_agents_own_reward_is_refused_at_construction(tokenizer):
@@ -101,10 +101,10 @@ def test_gdpo_on_agent_trajectories_scored_by_two_functions(tokenizer):
     def vowels(completions, **_):
         return [float(sum(ch in "aeiou" for ch in str(c)) % 3) for c in completions]
 
-    options = {"num_generations": 2, "max_new_tokens": 40, "max_prompt_length": 64, "advantage_estimator": "gdpo"}
+    grpo = GRPOConfig(sampling=SamplingConfig(num_generations=2, max_new_tokens=40, max_prompt_length=64),
+                      advantages=AdvantageConfig(advantage_estimator="gdpo"))  # fmt: skip
     module = GRPOModule(short_turn_model(tokenizer), [length, vowels], tokenizer=tokenizer,
-                        policy=PolicyConfig(lora_r=4, lora_alpha=8), grpo=GRPOConfig(**options),
-                        agent=branching_agent)  # fmt: skip
+                        policy=PolicyConfig(lora_r=4, lora_alpha=8), grpo=grpo, agent=branching_agent)  # fmt: skip
     torch.manual_seed(0)
     rollout = module.generate(BATCH)
     scores = module.score(rollout)

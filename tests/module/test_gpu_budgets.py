@@ -19,7 +19,7 @@ from lightning_grpo.rollout.generation import tokenize_prompts
 from lightning_grpo.rollout.sampling_settings import SamplingSettings, eos_token_ids
 from lightning_grpo.testing import build_tiny_model
 from lightning_grpo.testing.dispatch import DispatchCounter
-from tests.conftest import count_a
+from tests.conftest import count_a, tiny_sampling
 from tests.module.helpers import fixed_rollout
 
 # The budgets (docs/benchmarks.md, "GPU readiness"): before this work the head's forward was 2,720 tiles and 76,533
@@ -73,7 +73,7 @@ def rollout_of(tokenizer):
 
 
 def test_score_syncs_do_not_grow_with_the_rows(make_module, rollout_of):
-    module = make_module([count_a], num_generations=2)
+    module = make_module([count_a], sampling=tiny_sampling(num_generations=2))
     counts = []
     for copies in (1, 8):
         with DispatchCounter() as counter:
@@ -83,7 +83,7 @@ def test_score_syncs_do_not_grow_with_the_rows(make_module, rollout_of):
 
 
 def test_one_micro_batch_update(make_module, rollout_of):
-    module = make_module([count_a], num_generations=2)
+    module = make_module([count_a], sampling=tiny_sampling(num_generations=2))
     rollout = rollout_of(2)
     batch = module.prepare_update(rollout, torch.linspace(-1, 1, len(rollout)))
     counts = LossCounts.of(batch.loss_mask, 6.0, lambda value: value)

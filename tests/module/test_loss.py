@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from lightning_grpo.algorithms import aggregate_loss, compute_advantages, kl_penalty, policy_loss
-from tests.conftest import make_trainer, prompt_loader
+from lightning_grpo.config import ObjectiveConfig, UpdateConfig
+from tests.conftest import make_trainer, prompt_loader, tiny_sampling
 from tests.module.helpers import FixedRolloutModule, fixed_rollout
 
 PROMPTS = ["1+1="] * 4 + ["2+5="] * 4
@@ -29,9 +30,13 @@ def _naive_logprobs(model, rollout, temperature: float) -> torch.Tensor:
 @pytest.mark.parametrize(("agg", "kl_kind"), [("token-mean", "k3"), ("seq-mean-token-mean", "k1+")])
 def test_first_step_loss_and_update_match_hand_computation(make_module, tokenizer, agg, kl_kind):
     module = make_module(
-        module_cls=FixedRolloutModule, num_generations=4, loss_agg_mode=agg, kl_coef=0.1, kl_estimator=kl_kind,
-        temperature=0.8, max_grad_norm=None, mask_truncated_completions=True,
-    )  # fmt: skip
+        module_cls=FixedRolloutModule,
+        sampling=tiny_sampling(num_generations=4, temperature=0.8),
+        objective=ObjectiveConfig(
+            loss_agg_mode=agg, kl_coef=0.1, kl_estimator=kl_kind, mask_truncated_completions=True
+        ),
+        update=UpdateConfig(max_grad_norm=None),
+    )
     module.fixed = fixed_rollout(tokenizer, PROMPTS, COMPLETIONS, group_size=4)
     module.optimizer_factory = lambda params: torch.optim.SGD(params, lr=0.5)
     policy_before = copy.deepcopy(module.policy)
@@ -62,7 +67,11 @@ def test_first_step_loss_and_update_match_hand_computation(make_module, tokenize
 
 
 def test_only_adapter_weights_change_and_reference_is_the_base_model(make_module, tokenizer):
-    module = make_module(module_cls=FixedRolloutModule, kl_coef=0.05, ppo_epochs=2, mini_batch_size=4)
+    module = make_module(
+        module_cls=FixedRolloutModule,
+        objective=ObjectiveConfig(kl_coef=0.05),
+        update=UpdateConfig(ppo_epochs=2, mini_batch_size=4),
+    )
     module.fixed = fixed_rollout(tokenizer, PROMPTS, COMPLETIONS, group_size=4)
     before = {n: p.detach().clone() for n, p in module.policy.named_parameters()}
     make_trainer(max_steps=4).fit(module, train_dataloaders=prompt_loader(PROMPTS[:2], repeat=2))
@@ -87,7 +96,11 @@ def test_only_adapter_weights_change_and_reference_is_the_base_model(make_module
 def test_logged_metrics_do_not_depend_on_micro_batch_size(make_module, tokenizer):
     logged = []
     for micro in (None, 2, 4):  # completions differ in length: micro-batches hold uneven token counts
-        module = make_module(module_cls=FixedRolloutModule, micro_batch_size=micro, mini_batch_size=None, kl_coef=0.1)
+        module = make_module(
+            module_cls=FixedRolloutModule,
+            update=UpdateConfig(micro_batch_size=micro, mini_batch_size=None),
+            objective=ObjectiveConfig(kl_coef=0.1),
+        )
         module.fixed = fixed_rollout(tokenizer, PROMPTS, COMPLETIONS, group_size=4)
         trainer = make_trainer(max_steps=1)
         trainer.fit(module, train_dataloaders=prompt_loader(PROMPTS[:2]))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from lightning_grpo.config import ObjectiveConfig, UpdateConfig
 from tests.conftest import make_trainer, prompt_loader
 from tests.module.helpers import FixedRolloutModule, fixed_rollout
 
@@ -26,8 +27,12 @@ KINDS = {
 
 def _step(make_module, tokenizer, kind: str, micro: int | None) -> tuple[dict, dict]:
     args, _ = KINDS[kind]
-    module = make_module(module_cls=FixedRolloutModule, loss_kind=kind, loss_kind_args=args or None, lr=0.05,
-                         micro_batch_size=micro, mini_batch_size=None, ppo_epochs=2, kl_coef=0.0)  # fmt: skip
+    module = make_module(
+        module_cls=FixedRolloutModule,
+        lr=0.05,
+        objective=ObjectiveConfig(loss_kind=kind, loss_kind_args=args or None, kl_coef=0.0),
+        update=UpdateConfig(micro_batch_size=micro, mini_batch_size=None, ppo_epochs=2),
+    )
     module.fixed = fixed_rollout(tokenizer, PROMPTS, COMPLETIONS, group_size=4)
     trainer = make_trainer(max_steps=1)
     trainer.fit(module, train_dataloaders=prompt_loader(PROMPTS[:2]))

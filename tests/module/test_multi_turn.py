@@ -3,11 +3,14 @@ reward functions see conversations, and bad settings are refused at construction
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from lightning.pytorch import Callback
 
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig
+from lightning_grpo.config import AgentConfig, ObjectiveConfig, SamplingConfig, UpdateConfig
 from lightning_grpo.demo import summarize
 from lightning_grpo.iteration import LossCounts
 from lightning_grpo.testing.agents import (
@@ -27,11 +30,14 @@ def env_score(prompts, completions, env_reward, **_):
     return [float(r) for r in env_reward]
 
 
-def _module(tokenizer, reward_funcs=(env_score,), **settings):
-    options = {"num_generations": 2, "max_new_tokens": 60, "max_prompt_length": 32, "max_turns": 3, **settings}
+SAMPLING = SamplingConfig(num_generations=2, max_new_tokens=60, max_prompt_length=32)
+
+
+def _module(tokenizer, reward_funcs=(env_score,), **groups):
+    groups = {"sampling": SAMPLING, "agents": AgentConfig(max_turns=3), **groups}
     return GRPOModule(
         short_turn_model(tokenizer), list(reward_funcs), tokenizer=tokenizer,
-        policy=PolicyConfig(lora_r=4, lora_alpha=8), grpo=GRPOConfig(**options), environment_factory=CountdownEnv,
+        policy=PolicyConfig(lora_r=4, lora_alpha=8), grpo=GRPOConfig(**groups), environment_factory=CountdownEnv,
     )  # fmt: skip
 
 
@@ -61,8 +67,9 @@ def _perturbed_loss(module, batch, positions):
 @pytest.mark.parametrize("loss_agg_mode", ["token-mean", "seq-mean-token-mean"])
 def test_context_tokens_do_not_enter_loss_kl_entropy_or_gradient(tokenizer, loss_agg_mode):
     # padded rows (packing=False): the hook below perturbs the (N, T, V) logits of the padded layout
-    module = _module(tokenizer, kl_coef=0.5, entropy_coef=0.01, fused_head=False, share_prompt=False,
-                     loss_agg_mode=loss_agg_mode, packing=False)  # fmt: skip
+    module = _module(tokenizer, objective=ObjectiveConfig(kl_coef=0.5, entropy_coef=0.01, loss_agg_mode=loss_agg_mode),
+                     update=UpdateConfig(fused_head=False, packing=False),
+                     sampling=replace(SAMPLING, share_prompt=False))  # fmt: skip
     torch.manual_seed(0)
     rollout = module.generate(BATCH)
     context = rollout.completion_mask.bool() & ~rollout.sampled_mask.bool()
@@ -149,7 +156,7 @@ def test_tools_need_a_template_that_renders_them(tokenizer):
 )
 def test_agent_settings_are_checked(settings, match):
     with pytest.raises(ValueError, match=match):
-        GRPOConfig(**settings)
+        AgentConfig(**settings)
 
 
 def test_string_prompts_with_tools_are_refused_with_the_fix(tokenizer):

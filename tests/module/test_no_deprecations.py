@@ -8,7 +8,8 @@ import warnings
 
 import pytest
 
-from tests.conftest import count_a, make_trainer, prompt_loader
+from lightning_grpo.config import UpdateConfig
+from tests.conftest import count_a, make_trainer, prompt_loader, tiny_sampling
 
 
 class _Records(logging.Handler):
@@ -29,7 +30,10 @@ def _ours_or_transformers(warning: warnings.WarningMessage) -> bool:
     return deprecation and any(part in where for part in ("lightning_grpo/", "transformers/", "torch/nn/modules/"))
 
 
-@pytest.mark.parametrize("settings", [{}, {"sampler": "inverse_cdf", "drop_finished": True, "ppo_epochs": 2}])
+@pytest.mark.parametrize(
+    "settings",
+    [{}, {"sampling": tiny_sampling(sampler="inverse_cdf", drop_finished=True), "update": UpdateConfig(ppo_epochs=2)}],
+)
 def test_a_short_fit_calls_no_deprecated_api(make_module, settings):
     records = _Records()
     logging.getLogger("transformers").addHandler(records)

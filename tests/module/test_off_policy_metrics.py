@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from lightning_grpo.config import CorrectionConfig, UpdateConfig
 from tests.conftest import make_trainer, prompt_loader
 
 PROMPTS = ["1+1=", "2+3="]
@@ -13,10 +14,16 @@ def test_sequence_fractions_and_the_minimum_weight_are_logged(make_module):
     """A band that excludes 1 masks every token (the sampler's and the trainer's log-probs agree to ~1e-6 here), a
     wide rejection band and OPSM threshold drop nothing; sequences are counted over both micro-batches."""
     module = make_module(
-        micro_batch_size=2, rollout_correction="token_mask", rollout_correction_args={"min": 2.0, "max": 3.0},
-        rollout_rejection="geometric", rollout_rejection_args={"min": 0.5, "max": 2.0}, off_policy_mask="opsm",
-        off_policy_mask_args={"threshold": 10.0},
-    )  # fmt: skip
+        update=UpdateConfig(micro_batch_size=2),
+        corrections=CorrectionConfig(
+            rollout_correction="token_mask",
+            rollout_correction_args={"min": 2.0, "max": 3.0},
+            rollout_rejection="geometric",
+            rollout_rejection_args={"min": 0.5, "max": 2.0},
+            off_policy_mask="opsm",
+            off_policy_mask_args={"threshold": 10.0},
+        ),
+    )
     trainer = make_trainer(max_steps=1)
     trainer.fit(module, prompt_loader(PROMPTS))
     logged = {name: float(value) for name, value in trainer.callback_metrics.items()}
@@ -26,7 +33,10 @@ def test_sequence_fractions_and_the_minimum_weight_are_logged(make_module):
 
 
 def test_the_minimum_weight_is_the_smallest_over_the_step(make_module):
-    module = make_module(micro_batch_size=2, rollout_correction="token_truncate", rollout_correction_args={"max": 3.0})
+    module = make_module(
+        update=UpdateConfig(micro_batch_size=2),
+        corrections=CorrectionConfig(rollout_correction="token_truncate", rollout_correction_args={"max": 3.0}),
+    )
     trainer = make_trainer(max_steps=1)
     trainer.fit(module, prompt_loader(PROMPTS))
     low, high = (float(trainer.callback_metrics[f"train/rollout_is_weight_{end}"]) for end in ("min", "max"))

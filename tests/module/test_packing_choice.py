@@ -9,6 +9,7 @@ import pytest
 
 from lightning_grpo import GRPOModule
 from lightning_grpo import module as module_file
+from lightning_grpo.config import ObjectiveConfig, UpdateConfig
 from lightning_grpo.rollout import packing
 from tests.conftest import make_trainer, prompt_loader
 
@@ -29,7 +30,9 @@ def _packings_of_one_step(make_module, monkeypatch, **settings) -> list:
         return real(model, rollout, **kwargs)
 
     monkeypatch.setattr(module_file, "completion_logprobs", recording)
-    module = make_module(kl_coef=0.1, ppo_epochs=2, **settings)  # old, reference and current log-probs
+    module = make_module(
+        **settings, objective=ObjectiveConfig(kl_coef=0.1), update=UpdateConfig(ppo_epochs=2)
+    )  # old, reference and current log-probs
     make_trainer(max_steps=2).fit(module, prompt_loader(["1+1=", "2+2="]))
     assert module._packing is None  # the decision does not outlive its step
     return seen

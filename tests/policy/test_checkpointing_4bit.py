@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from lightning_grpo import PolicyConfig, PromptDataModule
+from lightning_grpo.config import ObjectiveConfig, UpdateConfig
 from lightning_grpo.policy import load_policy
 from lightning_grpo.rollout import completion_logprobs
 from lightning_grpo.testing import build_tiny_model
@@ -115,7 +116,9 @@ def test_a_checkpointed_nf4_fit_warns_nothing_about_reentrance_or_grads(make_mod
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         policy = PolicyConfig(lora_r=4, lora_alpha=8, quantization="nf4", dtype="float32", gradient_checkpointing=True)
-        module = make_module(policy=policy, mini_batch_size=4, kl_coef=0.01)
+        module = make_module(
+            policy=policy, update=UpdateConfig(mini_batch_size=4), objective=ObjectiveConfig(kl_coef=0.01)
+        )
         layers = module.policy.base_model.model.model.layers
         assert layers[0].gradient_checkpointing, "checkpointing must be on for the fit to test it"
         before = {n: p.detach().clone() for n, p in module.policy.named_parameters() if p.requires_grad}

@@ -17,13 +17,14 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from peft import PeftModel
 
 from lightning_grpo import PolicyConfig, PromptDataModule, distributed
+from lightning_grpo.config import ObjectiveConfig, UpdateConfig
 from lightning_grpo.policy import load_policy
 from lightning_grpo.policy import quantization as quantization_module
 from lightning_grpo.policy.quantization import bnb_config, check_shardable, load_quantized, same_kernels_in_both_modes
 from lightning_grpo.rollout import completion_logprobs
 from lightning_grpo.rollout import logprobs as logprobs_module
 from lightning_grpo.testing import build_tiny_model
-from tests.conftest import make_trainer, prompt_records
+from tests.conftest import make_trainer, prompt_records, tiny_sampling
 from tests.module.helpers import fixed_rollout
 
 bnb = pytest.importorskip("bitsandbytes")  # the dev extra installs it; CI always runs these tests
@@ -58,7 +59,9 @@ def _quantized_base(tokenizer, quantization: str = "nf4"):
 
 @pytest.mark.parametrize("quantization", ["nf4", "int8"])
 def test_fit_steps_change_only_adapter_weights_of_a_quantized_base(make_module, quantization):
-    module = make_module(policy=_policy(quantization), mini_batch_size=4, kl_coef=0.01)  # 2 optimizer steps
+    module = make_module(
+        policy=_policy(quantization), update=UpdateConfig(mini_batch_size=4), objective=ObjectiveConfig(kl_coef=0.01)
+    )  # 2 optimizer steps
     layers = module.policy.base_model.model.model.layers[0]
     assert type(layers.self_attn.q_proj.base_layer) is LAYERS[quantization]
     assert type(layers.mlp.down_proj.base_layer) is LAYERS[quantization]
@@ -104,7 +107,9 @@ def test_training_logprobs_equal_the_sampling_distribution_on_a_quantized_base(
         return chosen
 
     monkeypatch.setattr(decode_module, "_draw", recording_draw)
-    module = make_module(policy=_policy(quantization), temperature=0.8, sampler=sampler, drop_finished=True)
+    module = make_module(
+        policy=_policy(quantization), sampling=tiny_sampling(temperature=0.8, sampler=sampler, drop_finished=True)
+    )
     _perturb(module.policy)
     torch.manual_seed(0)
     rollout = module.generate({"prompt": ["1+2=", "33+4="]})
@@ -162,7 +167,11 @@ def test_exported_adapter_reloads_onto_the_quantized_and_the_unquantized_base(ma
 
 
 def test_checkpoint_resume_on_a_quantized_base_matches_an_uninterrupted_run(make_module, tmp_path):
-    settings = {"policy": _policy("nf4"), "kl_coef": 0.01, "mini_batch_size": 4}
+    settings = {
+        "policy": _policy("nf4"),
+        "objective": ObjectiveConfig(kl_coef=0.01),
+        "update": UpdateConfig(mini_batch_size=4),
+    }
     data = lambda: PromptDataModule(prompt_records(4), batch_size=2, seed=1)  # noqa: E731
     straight = make_module(**settings)
     make_trainer(max_steps=4).fit(straight, data())  # 2 iterations x 2 optimizer steps

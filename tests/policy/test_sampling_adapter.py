@@ -1,5 +1,5 @@
-"""``GRPOConfig.sampling.sampling_adapter``: sampling with the adapter cast to the base dtype or merged into the base weights
-costs fewer ATen calls per token, and leaves the trained adapter and the base weights exactly as they were."""
+"""``GRPOConfig.sampling.sampling_adapter``: sampling with the adapter cast to the base dtype or merged into the base
+weights costs fewer ATen calls per token, and leaves the trained adapter and the base weights exactly as they were."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from benchmarks.gpu_readiness import decode_step_calls
 from lightning_grpo import GRPOConfig
 from lightning_grpo.config import SamplingConfig
 from lightning_grpo.policy.sampling_adapter import sampling_adapter
-from tests.conftest import count_a, make_trainer, prompt_loader
+from tests.conftest import count_a, make_trainer, prompt_loader, tiny_sampling
 
 
 def _model(dtype: torch.dtype) -> torch.nn.Module:
@@ -59,7 +59,7 @@ def test_fewer_aten_calls_per_decode_step():
 
 @pytest.mark.parametrize("mode", ["base_dtype", "merged"])
 def test_a_fit_samples_through_it_and_keeps_a_float32_adapter(make_module, mode):
-    module = make_module([count_a], sampling_adapter=mode)
+    module = make_module([count_a], sampling=tiny_sampling(sampling_adapter=mode))
     make_trainer(max_steps=2).fit(module, prompt_loader(["1+1=", "2+3="], repeat=2))
     assert all(p.dtype == torch.float32 for p in module.policy.parameters() if p.requires_grad)
 

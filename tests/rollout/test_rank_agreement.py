@@ -67,8 +67,8 @@ def test_agents_without_a_chat_call_fail_on_one_process_and_give_an_empty_rollou
 def test_collective_timeout_refuses_values_outside_its_range(value):
     with pytest.raises((SettingError, TypeError), match=r"collective_timeout_s must be a finite number in \[1.0, "):
         GRPOConfig(faults=FaultConfig(collective_timeout_s=value))
-    assert GRPOConfig(faults=FaultConfig(collective_timeout_s=None)).collective_timeout_s is None
-    assert GRPOConfig().collective_timeout_s == 900.0
+    assert GRPOConfig(faults=FaultConfig(collective_timeout_s=None)).faults.collective_timeout_s is None
+    assert GRPOConfig().faults.collective_timeout_s == 900.0
 
 
 def test_collective_timeout_conflicts_are_refused_naming_both_values(monkeypatch):

@@ -1,5 +1,5 @@
-"""The turn cache (``GRPOConfig.agents.turn_cache``): each trajectory keeps its KV cache across agent turns, and a later turn
-prefills only the inserted tokens; the tokens sampled are those of a full re-prefill (docs/agents.md, cost)."""
+"""The turn cache (``GRPOConfig.agents.turn_cache``): each trajectory keeps its KV cache across agent turns, and a later
+turn prefills only the inserted tokens; the tokens sampled are those of a full re-prefill (docs/agents.md, cost)."""
 
 from __future__ import annotations
 
@@ -123,8 +123,8 @@ def test_a_context_that_changed_under_the_cache_is_prefilled_from_where_it_diffe
     assert cache.reused >= 2
 
 
-def _backend(multi_turn: bool | None = None, **grpo: Any) -> HFBackend:
-    return HFBackend(None, BackendSpec(GRPOConfig(**grpo), PolicyConfig(), multi_turn=multi_turn))
+def _backend(multi_turn: bool | None = None, **agents: Any) -> HFBackend:
+    return HFBackend(None, BackendSpec(GRPOConfig(agents=AgentConfig(**agents)), PolicyConfig(), multi_turn=multi_turn))
 
 
 def test_the_default_keeps_the_cache_for_every_multi_turn_run_whatever_the_sampler(model):
@@ -153,12 +153,12 @@ def test_the_module_tells_the_backend_whether_its_rollouts_take_turns():
 
     assert not module().rollout_backend.multi_turn  # max_turns is 4 by default, but nothing takes a turn
     assert module(environment_factory=CountdownEnv).rollout_backend.multi_turn
-    assert not module(environment_factory=CountdownEnv, grpo={"max_turns": 1}).rollout_backend.multi_turn
+    assert not module(environment_factory=CountdownEnv, grpo={"agents": {"max_turns": 1}}).rollout_backend.multi_turn
 
     async def agent(client, row):  # agent code may call as often as it likes: max_turns does not bound it
         return 1.0
 
-    assert module(agent=agent, grpo={"max_turns": 1}).rollout_backend.multi_turn
+    assert module(agent=agent, grpo={"agents": {"max_turns": 1}}).rollout_backend.multi_turn
 
 
 def test_a_turn_cache_that_cannot_be_kept_is_a_clear_error(model):

@@ -7,6 +7,7 @@ import argparse
 import pytest
 import torch
 
+from lightning_grpo.config import ObjectiveConfig, SamplingConfig
 from lightning_grpo.testing import calculator
 from tests.examples.test_examples import load_example
 
@@ -47,4 +48,7 @@ def test_a_call_fraction_outside_0_1_is_refused_before_the_warm_up(fraction):
 
 def test_the_grpo_settings_follow_the_flags():
     settings = calculator.grpo_settings(_options("--num-generations", "4"))
-    assert settings == {"num_generations": 4, "max_new_tokens": 128, "max_prompt_length": 64, "kl_coef": 0.0}
+    assert settings == {
+        "sampling": SamplingConfig(num_generations=4, max_new_tokens=128, max_prompt_length=64),
+        "objective": ObjectiveConfig(kl_coef=0.0),
+    }

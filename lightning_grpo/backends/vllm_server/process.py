@@ -69,7 +69,8 @@ def _call(url: str, body: dict[str, Any] | None, timeout: float, *, what: str, h
             if _is_timeout(error):
                 raise ServerError(
                     f"{what} to the vLLM server ({url}) timed out twice after {timeout:g} s "
-                    "(GRPOConfig.backend.rollout_backend_args.request_timeout_s): raise request_timeout_s, or check that the "
+                    "(GRPOConfig.backend.rollout_backend_args.request_timeout_s): raise request_timeout_s, or check "
+                    "that the "
                     "server is not overloaded"
                 ) from error
             base = "{0.scheme}://{0.netloc}".format(urllib.parse.urlsplit(url))

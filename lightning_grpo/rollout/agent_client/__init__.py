@@ -1,9 +1,9 @@
 """Train the agent code users already have: an in-process ``openai.AsyncOpenAI`` on the policy, token-exact.
 
 ``GRPOModule(..., agent=my_agent)`` runs ``async def my_agent(client, row) -> float | None`` G times per row; see
-``docs/agents.md``, "Your own agent code". ``GRPOConfig.agents.agent_transport="http"`` serves the same calls on a loopback
-HTTP server instead (:mod:`~lightning_grpo.rollout.agent_client.server`, the ``http`` extra), for agents in other
-processes. The ``openai`` package (the ``openai`` extra) is imported only by
+``docs/agents.md``, "Your own agent code". ``GRPOConfig.agents.agent_transport="http"`` serves the same calls on a
+loopback HTTP server instead (:mod:`~lightning_grpo.rollout.agent_client.server`, the ``http`` extra), for agents in
+other processes. The ``openai`` package (the ``openai`` extra) is imported only by
 :mod:`~lightning_grpo.rollout.agent_client.client`, when agents run.
 """
 

@@ -53,8 +53,8 @@ AGENT_COLUMNS = ("agent_reward", "agent_trajectory", "agent_last", "agent_error"
 class AgentLimits:
     """Time limits and batching of agent executions (``GRPOConfig.agents.agent_call_timeout``, ``agent_timeout``,
     ``agent_batch_window``), the model name served, and the route: ``transport`` ``"in_process"`` (a
-    ``PolicyClient``) or ``"http"`` (a loopback server on ``port``, 0 for a free one; ``GRPOConfig.agents.agent_transport``,
-    ``agent_http_port``)."""
+    ``PolicyClient``) or ``"http"`` (a loopback server on ``port``, 0 for a free one;
+    ``GRPOConfig.agents.agent_transport``, ``agent_http_port``)."""
 
     call_timeout: float = 60.0
     timeout: float = 600.0
