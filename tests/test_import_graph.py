@@ -102,7 +102,6 @@ LAYERS = (
     ("lightning_grpo.rollout", "lightning_grpo.policy"),
     (
         "lightning_grpo.data",
-        "lightning_grpo.config_checks",
         "lightning_grpo.config",
         "lightning_grpo.checkpoint",
         "lightning_grpo.backends",

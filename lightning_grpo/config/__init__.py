@@ -8,10 +8,10 @@ interact (docs/configuration.md shows one full YAML with every group).
   ``faults`` (:class:`FaultConfig`).
 """
 
-from lightning_grpo.config.execution import AgentConfig, BackendConfig, FaultConfig, UpdateConfig
+from lightning_grpo.config.execution_group import AgentConfig, BackendConfig, FaultConfig, UpdateConfig
 from lightning_grpo.config.grpo import GROUPS, MOVED_SETTINGS, GRPOConfig, moved_setting_message
-from lightning_grpo.config.objective import AdvantageConfig, CorrectionConfig, ImportPath, ObjectiveConfig
-from lightning_grpo.config.sampling import SamplingConfig, ValidationConfig
+from lightning_grpo.config.objective_group import AdvantageConfig, CorrectionConfig, ImportPath, ObjectiveConfig
+from lightning_grpo.config.sampling_group import SamplingConfig, ValidationConfig
 
 __all__ = [
     "GROUPS",

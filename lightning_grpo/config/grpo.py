@@ -11,9 +11,9 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from lightning_grpo.config import checks
-from lightning_grpo.config.execution import AgentConfig, BackendConfig, FaultConfig, UpdateConfig
-from lightning_grpo.config.objective import AdvantageConfig, CorrectionConfig, ObjectiveConfig
-from lightning_grpo.config.sampling import SamplingConfig, ValidationConfig
+from lightning_grpo.config.execution_group import AgentConfig, BackendConfig, FaultConfig, UpdateConfig
+from lightning_grpo.config.objective_group import AdvantageConfig, CorrectionConfig, ObjectiveConfig
+from lightning_grpo.config.sampling_group import SamplingConfig, ValidationConfig
 
 __all__ = ["GROUPS", "MOVED_SETTINGS", "GRPOConfig", "moved_setting_message"]
 

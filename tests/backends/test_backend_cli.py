@@ -76,7 +76,7 @@ def _fit(tmp_path: Path, scale: int, *args: str) -> subprocess.CompletedProcess:
     """``python -m lightning_grpo fit`` of the tiny config with ``my_backend.MyBackend`` (``scale``) in ``tmp_path``."""
     (tmp_path / "my_backend.py").write_text(MY_BACKEND)
     config = yaml.safe_load(TINY.read_text())
-    config["model"]["init_args"]["grpo"] |= {
+    config["model"]["init_args"]["grpo"]["backend"] = {
         "rollout_backend": "my_backend.MyBackend", "rollout_backend_args": {"log": "events.jsonl", "scale": scale},
     }  # fmt: skip
     config["trainer"]["callbacks"] = []
@@ -104,8 +104,8 @@ def test_a_backend_chosen_in_yaml_by_import_path_runs_saves_its_settings_and_res
                                  ["sync", 1], *step, ["close"]]  # fmt: skip
     run_dir = tmp_path / "tiny" / "version_0"
     saved = yaml.safe_load((run_dir / "hparams.yaml").read_text())
-    assert saved["grpo"]["rollout_backend"] == "my_backend.MyBackend"
-    assert saved["grpo"]["rollout_backend_args"] == {"log": "events.jsonl", "scale": 1}
+    assert saved["grpo"]["backend"]["rollout_backend"] == "my_backend.MyBackend"
+    assert saved["grpo"]["backend"]["rollout_backend_args"] == {"log": "events.jsonl", "scale": 1}
     (checkpoint,) = (run_dir / "checkpoints").glob("*.ckpt")
 
     resumed = _fit(tmp_path, 2, "--trainer.max_steps=3", f"--ckpt_path={checkpoint}")

@@ -1,4 +1,5 @@
-"""``GRPOConfig.sampling.decode`` through the Hugging Face backend: the compiled path kept for the run, its fallbacks, a fit."""
+"""``GRPOConfig.sampling.decode`` through the Hugging Face backend: the compiled path kept for the run, its fallbacks,
+a fit."""
 
 from __future__ import annotations
 
@@ -14,14 +15,14 @@ from torch.utils.data import DataLoader
 from lightning_grpo import GRPOConfig, PolicyConfig
 from lightning_grpo.backends import HFBackend
 from lightning_grpo.backends.protocol import BackendSpec
-from lightning_grpo.config import SamplingConfig
+from lightning_grpo.config import AgentConfig, ObjectiveConfig, SamplingConfig
 from lightning_grpo.policy import load_policy
 from lightning_grpo.rollout import SampleRequest, SamplingSettings, buckets, compiled_decode
 from lightning_grpo.rollout import decode as decode_module
 from lightning_grpo.rollout import generation as generation_module
 from lightning_grpo.rollout.sampling_settings import eos_token_ids
 from lightning_grpo.testing import build_tiny_model
-from tests.conftest import make_trainer
+from tests.conftest import make_trainer, tiny_sampling
 
 PROMPTS = ["1+2=", "33+4=", "x", "hello world"]
 
@@ -36,10 +37,12 @@ def eager_compile(monkeypatch):
     torch._dynamo.reset()
 
 
-def _backend(multi_turn: bool = False, **grpo: Any) -> HFBackend:
-    """A backend for a single-turn run (``multi_turn=True``: a run with tools or an environment)."""
-    settings = {"max_prompt_length": 16, "max_new_tokens": 8, "num_generations": 2, **grpo}
-    return HFBackend(None, BackendSpec(GRPOConfig(**settings), PolicyConfig(), multi_turn=multi_turn))
+def _backend(multi_turn: bool = False, agents: AgentConfig | None = None, **sampling: Any) -> HFBackend:
+    """A backend for a single-turn run (``multi_turn=True``: a run with tools or an environment); ``sampling``: settings
+    of ``GRPOConfig.sampling``."""
+    sampling = {"max_prompt_length": 16, "max_new_tokens": 8, "num_generations": 2, **sampling}
+    grpo = GRPOConfig(sampling=SamplingConfig(**sampling), agents=agents or AgentConfig())
+    return HFBackend(None, BackendSpec(grpo, PolicyConfig(), multi_turn=multi_turn))
 
 
 def _policy(tokenizer, dtype=torch.float64):
@@ -109,7 +112,7 @@ def test_the_turn_cache_wins_over_the_compiled_path_for_agent_turns(tokenizer, c
     run samples compiled whatever ``turn_cache`` is left to."""
     policy = _policy(tokenizer)
     settings = SamplingSettings(2, 8)
-    backend = _backend(True, decode="compiled", turn_cache=turn_cache, max_turns=3)
+    backend = _backend(True, AgentConfig(turn_cache=turn_cache, max_turns=3), decode="compiled")
     with caplog.at_level(logging.WARNING):
         session = backend.session(policy, settings)
         backend.session(policy, settings).close()
@@ -117,7 +120,10 @@ def test_the_turn_cache_wins_over_the_compiled_path_for_agent_turns(tokenizer, c
     _call(session, policy, tokenizer, settings)
     assert session.turn_cache.prefilled > 0 and not backend.decoder._buckets  # the turn cache sampled it
     session.close()
-    for off in (_backend(True, decode="compiled", turn_cache=False, max_turns=3), _backend(decode="compiled")):
+    for off in (
+        _backend(True, AgentConfig(turn_cache=False, max_turns=3), decode="compiled"),
+        _backend(decode="compiled"),
+    ):
         compiled = off.session(policy, settings)
         assert compiled.turn_cache is None
         _call(compiled, policy, tokenizer, settings)
@@ -135,7 +141,7 @@ def test_the_turn_cache_wins_over_the_compiled_path_for_agent_turns(tokenizer, c
 )
 def test_bad_decode_settings_are_refused(settings, match):
     with pytest.raises(ValueError, match=match):
-        GRPOConfig(sampling=SamplingConfig(max_prompt_length=16, max_new_tokens=8), **settings)
+        GRPOConfig(sampling=SamplingConfig(max_prompt_length=16, max_new_tokens=8, **settings))
 
 
 def test_a_20_step_fit_compiles_once_per_bucket(make_module):
@@ -147,7 +153,10 @@ def test_a_20_step_fit_compiles_once_per_bucket(make_module):
     starts = [sum(sizes[:i]) for i in range(20)]
     batches = [list(range(start, start + size)) for start, size in zip(starts, sizes, strict=True)]
     loader = DataLoader(rows, batch_sampler=batches, collate_fn=lambda b: {"prompt": [r["prompt"] for r in b]})
-    module = make_module(num_generations=2, decode="compiled", sampler="inverse_cdf", kl_coef=0.0)
+    module = make_module(
+        sampling=tiny_sampling(num_generations=2, decode="compiled", sampler="inverse_cdf"),
+        objective=ObjectiveConfig(kl_coef=0.0),
+    )
     lora = [p for name, p in module.policy.named_parameters() if "lora_B" in name]
     before = [p.detach().clone() for p in lora]
     make_trainer(max_steps=20).fit(module, loader)
@@ -163,5 +172,7 @@ def test_a_backend_without_decode_refuses_anything_but_auto():
 
     check_supported(VLLMBackend, BackendSpec(GRPOConfig(), PolicyConfig()), "vllm")  # auto: nothing asked of it
     spec = BackendSpec(GRPOConfig(sampling=SamplingConfig(decode="compiled")), PolicyConfig())
-    with pytest.raises(ValueError, match=r"GRPOConfig\.sampling\.decode='compiled'.*'vllm' does not honour decode.*'auto'"):
+    with pytest.raises(
+        ValueError, match=r"GRPOConfig\.sampling\.decode='compiled'.*'vllm' does not honour decode.*'auto'"
+    ):
         check_supported(VLLMBackend, spec, "vllm")

@@ -12,12 +12,12 @@ import torch
 
 from lightning_grpo import GRPOConfig, GRPOModule, RolloutBackend
 from lightning_grpo.backends import HFBackend, RolloutSession
-from lightning_grpo.config import BackendConfig
+from lightning_grpo.config import BackendConfig, CorrectionConfig
 from lightning_grpo.rollout import AgentSettings, SamplingSettings, sample_rollout
 from lightning_grpo.rollout.generation import sample_tokens
 from lightning_grpo.rollout.sampling_settings import Sampled, SampleRequest
 from lightning_grpo.testing.agents import CountdownEnv, short_turn_model
-from tests.conftest import count_a, make_trainer, prompt_loader
+from tests.conftest import count_a, make_trainer, prompt_loader, tiny_sampling
 
 PATH = "tests.backends.test_user_backend.RecordingBackend"
 PROMPTS = ["1+1=", "2+3="]
@@ -95,7 +95,7 @@ def test_a_backend_named_by_import_path_runs_the_whole_fit(make_module):
     backend = module.rollout_backend
     assert isinstance(backend, RecordingBackend) and isinstance(backend, RolloutBackend)
     assert backend.settings == RecordingSettings(tag="mine") and backend.spec.grpo is module.config
-    assert module.hparams["grpo"]["rollout_backend_args"] == {"tag": "mine"}  # saved with the checkpoint
+    assert module.hparams["grpo"]["backend"]["rollout_backend_args"] == {"tag": "mine"}  # saved with the checkpoint
     make_trainer(max_steps=2).fit(module, prompt_loader(PROMPTS, repeat=2))
     rows = list(range(len(PROMPTS) * module.config.sampling.num_generations))
     step = [("session",), ("sample", rows), ("close session",), ("release",)]
@@ -159,45 +159,62 @@ def test_a_plain_sample_function_still_samples(tokenizer):
 @pytest.mark.parametrize(
     ("backend", "message"),
     [
-        ("tests.backends.test_user_backend.Missing", r"^GRPOConfig\.backend\.rollout_backend='tests\.backends\..*Missing': "
-         r"cannot import it \(.*has no attribute 'Missing'\); choose 'hf', 'vllm', 'vllm_server' or the import path"),
+        (
+            "tests.backends.test_user_backend.Missing",
+            r"^GRPOConfig\.backend\.rollout_backend='tests\.backends\..*Missing': "
+            r"cannot import it \(.*has no attribute 'Missing'\); choose 'hf', 'vllm', 'vllm_server' or the import path",
+        ),
         ("no_such_package.Backend", r"cannot import it \(No module named 'no_such_package'\)"),
         ("tests.backends.test_user_backend.not_a_class", r"a backend is a class, got a function"),
-        ("tests.backends.test_user_backend.HalfBackend",
-         r"HalfBackend is not a RolloutBackend: it lacks session, release \(docs/backends\.md"),
+        (
+            "tests.backends.test_user_backend.HalfBackend",
+            r"HalfBackend is not a RolloutBackend: it lacks session, release \(docs/backends\.md",
+        ),
     ],
-)  # fmt: skip
+)
 def test_an_import_path_that_is_not_a_backend_is_refused_naming_why(make_module, backend, message):
     with pytest.raises(ValueError, match=message):
         make_module(backend=BackendConfig(rollout_backend=backend))
 
 
 def test_a_backend_name_that_is_no_import_path_is_refused_by_the_config():
-    with pytest.raises(ValueError, match=r"GRPOConfig\.backend\.rollout_backend='sglang' is not valid; choose one of 'hf', "):
+    with pytest.raises(
+        ValueError, match=r"GRPOConfig\.backend\.rollout_backend='sglang' is not valid; choose one of 'hf', "
+    ):
         GRPOConfig(backend=BackendConfig(rollout_backend="sglang"))
 
 
 @pytest.mark.parametrize(
     ("backend", "args", "message"),
     [
-        (PATH, {"colour": "red"}, r"^GRPOConfig\.backend\.rollout_backend_args\.colour='red': not a setting of the rollout "
-         r"backend '.*RecordingBackend' \(RecordingSettings\); allowed keys: tag, scale$"),
+        (
+            PATH,
+            {"colour": "red"},
+            r"^GRPOConfig\.backend\.rollout_backend_args\.colour='red': not a setting of the rollout "
+            r"backend '.*RecordingBackend' \(RecordingSettings\); allowed keys: tag, scale$",
+        ),
         ("vllm", {"gpu_memory": 0.5}, r"rollout_backend_args\.gpu_memory=0\.5: .*allowed keys: gpu_memory_utilization"),
-        ("hf", {"tag": "x"}, r"^GRPOConfig\.backend\.rollout_backend_args=\{'tag': 'x'\}: the rollout backend 'hf' takes no "),
+        (
+            "hf",
+            {"tag": "x"},
+            r"^GRPOConfig\.backend\.rollout_backend_args=\{'tag': 'x'\}: the rollout backend 'hf' takes no ",
+        ),
     ],
-)  # fmt: skip
+)
 def test_unknown_backend_settings_are_refused_naming_the_key_and_the_allowed_ones(make_module, backend, args, message):
     with pytest.raises(ValueError, match=message):
         make_module(backend=BackendConfig(rollout_backend=backend, rollout_backend_args=args))
 
 
 def test_a_setting_the_backend_does_not_honour_is_refused_at_set_up(make_module):
-    assert (
-        make_module(backend=BackendConfig(rollout_backend=PATH), sampling=SamplingConfig(top_p=0.9)).rollout_backend.spec.grpo.sampling.top_p == 0.9
-    )  # one it honours
-    with pytest.raises(ValueError, match=r"^GRPOConfig\.sampling\.top_k=5: the rollout backend '.*RecordingBackend' does not "
-                       r"honour top_k \(it supports top_p\); set top_k to 0 or choose a backend"):  # fmt: skip
-        make_module(backend=BackendConfig(rollout_backend=PATH), sampling=SamplingConfig(top_k=5))
+    honoured = make_module(backend=BackendConfig(rollout_backend=PATH), sampling=tiny_sampling(top_p=0.9))
+    assert honoured.rollout_backend.spec.grpo.sampling.top_p == 0.9  # one it honours
+    with pytest.raises(
+        ValueError,
+        match=r"^GRPOConfig\.sampling\.top_k=5: the rollout backend '.*RecordingBackend' does not "
+        r"honour top_k \(it supports top_p\); set top_k to 0 or choose a backend",
+    ):
+        make_module(backend=BackendConfig(rollout_backend=PATH), sampling=tiny_sampling(top_k=5))
 
 
 def test_a_quantized_policy_needs_a_backend_that_says_it_samples_one():
@@ -218,8 +235,13 @@ def test_vllm_settings_given_with_another_backend_are_refused(tokenizer):
     with pytest.raises(
         ValueError, match=r"vllm settings were given but grpo.backend.rollout_backend is '.*RecordingBackend'"
     ):
-        GRPOModule(build_tiny_model(tokenizer), [count_a], tokenizer=tokenizer, grpo=GRPOConfig(backend=BackendConfig(rollout_backend=PATH)),
-                   vllm=VLLMConfig())  # fmt: skip
+        GRPOModule(
+            build_tiny_model(tokenizer),
+            [count_a],
+            tokenizer=tokenizer,
+            grpo=GRPOConfig(backend=BackendConfig(rollout_backend=PATH)),
+            vllm=VLLMConfig(),
+        )
 
 
 class LogprobRecordingBackend(RecordingBackend):
@@ -233,12 +255,22 @@ class LogprobRecordingBackend(RecordingBackend):
 )
 def test_a_correction_needs_a_backend_that_records_the_sampler_logprobs(make_module, setting, value):
     """Refused when the module is built, naming the setting, the backend and what provides the log-probs."""
-    with pytest.raises(ValueError, match=rf"^GRPOConfig\.{setting}={value!r} compares the trainer's log-probs with the "
-                       r"sampler's \(Rollout\.logprobs\), but the rollout backend '.*RecordingBackend' does not record "
-                       r"them .*choose a rollout_backend that does \('hf' or 'vllm'\)"):  # fmt: skip
-        make_module(backend=BackendConfig(rollout_backend=PATH), **{setting: value})
-    declared = make_module(backend=BackendConfig(rollout_backend=f"{__name__}.LogprobRecordingBackend"), **{setting: value})
-    assert getattr(declared.config, setting) == value
-    assert make_module(**{setting: value}).rollout_backend.records_logprobs  # the built-in hf backend records them
+    with pytest.raises(
+        ValueError,
+        match=rf"^GRPOConfig\.corrections\.{setting}={value!r} compares the trainer's log-probs with the "
+        r"sampler's \(Rollout\.logprobs\), but the rollout backend '.*RecordingBackend' does not record "
+        r"them .*choose a rollout_backend that does \('hf' or 'vllm'\)",
+    ):
+        make_module(backend=BackendConfig(rollout_backend=PATH), corrections=CorrectionConfig(**{setting: value}))
+    declared = make_module(
+        backend=BackendConfig(rollout_backend=f"{__name__}.LogprobRecordingBackend"),
+        corrections=CorrectionConfig(**{setting: value}),
+    )
+    assert getattr(declared.config.corrections, setting) == value
+    assert make_module(
+        corrections=CorrectionConfig(**{setting: value})
+    ).rollout_backend.records_logprobs  # the built-in hf backend records them
     opsm = {"off_policy_mask": "opsm", "off_policy_mask_args": {"threshold": 0.5}}
-    assert make_module(backend=BackendConfig(rollout_backend=PATH), **opsm)  # OPSM falls back to the old log-probs
+    assert make_module(
+        backend=BackendConfig(rollout_backend=PATH), corrections=CorrectionConfig(**opsm)
+    )  # OPSM falls back to the old log-probs

@@ -17,16 +17,16 @@ from peft import LoraConfig, get_peft_model
 from lightning_grpo import GRPOConfig, PolicyConfig
 from lightning_grpo.backends import BACKENDS, BackendSpec, VLLMServerBackend, VLLMServerConfig, build_backend
 from lightning_grpo.backends.vllm_server.process import ServerError, ServerProcess, free_port
-from lightning_grpo.config import SamplingConfig
+from lightning_grpo.config import BackendConfig, SamplingConfig
 from lightning_grpo.rollout.sampling_settings import SampleRequest, SamplingSettings
 from lightning_grpo.settings_checks import SettingError
 from lightning_grpo.testing import build_tiny_tokenizer
 from tests.backends.vllm_helpers import tiny_policy
 
 
-def _spec(**grpo) -> BackendSpec:
+def _spec(**groups) -> BackendSpec:
     return BackendSpec(
-        GRPOConfig(sampling=SamplingConfig(max_prompt_length=16, max_new_tokens=8), **grpo),
+        GRPOConfig(**{"sampling": SamplingConfig(max_prompt_length=16, max_new_tokens=8), **groups}),
         PolicyConfig(lora_r=4),
         "my/model",
     )
@@ -41,10 +41,22 @@ def test_the_backend_is_named_and_its_settings_are_checked():
         VLLMServerConfig(url="h:8000")
     assert VLLMServerConfig(url="http://h:8000/v1/").url == "http://h:8000"
     with pytest.raises(SettingError, match=r"rollout_backend_args\.colour"):
-        build_backend(_spec(rollout_backend="vllm_server", rollout_backend_args={"url": "http://h:1", "colour": 1}))
-    with pytest.raises(SettingError, match=r"GRPOConfig\.sampling\.static_cache=True: the rollout backend 'vllm_server'"):
-        build_backend(_spec(rollout_backend="vllm_server", rollout_backend_args={"url": "http://h:1"},
-                            static_cache=True))  # fmt: skip
+        build_backend(
+            _spec(
+                backend=BackendConfig(
+                    rollout_backend="vllm_server", rollout_backend_args={"url": "http://h:1", "colour": 1}
+                )
+            )
+        )
+    with pytest.raises(
+        SettingError, match=r"GRPOConfig\.sampling\.static_cache=True: the rollout backend 'vllm_server'"
+    ):
+        build_backend(
+            _spec(
+                backend=BackendConfig(rollout_backend="vllm_server", rollout_backend_args={"url": "http://h:1"}),
+                sampling=SamplingConfig(max_prompt_length=16, max_new_tokens=8, static_cache=True),
+            )
+        )
 
 
 def _policy():

@@ -168,7 +168,7 @@ def test_backend_and_tis_settings_are_checked():
 def test_vllm_settings_may_be_given_as_rollout_backend_args_but_not_twice():
     module = vllm_module(backend={"rollout_backend_args": {"sync": "merged", "max_lora_rank": 8}})
     assert module.rollout_backend.config == VLLMConfig(sync="merged", max_lora_rank=8)
-    assert module.hparams["grpo"]["rollout_backend_args"] == {"sync": "merged", "max_lora_rank": 8}  # saved
+    assert module.hparams["grpo"]["backend"]["rollout_backend_args"] == {"sync": "merged", "max_lora_rank": 8}  # saved
     with pytest.raises(ValueError, match=r"vllm settings were given twice"):
         vllm_module(vllm=VLLMConfig(), backend={"rollout_backend_args": {"sync": "merged"}})
     with pytest.raises(ValueError, match=r"VLLMConfig\.cpu_kv_cache_gb=0\.5 is not valid"):

@@ -111,6 +111,6 @@ def test_trajectories_cut_before_their_environment_stepped_are_counted(tokenizer
         policy=PolicyConfig(lora_r=2, lora_alpha=4), environment_factory=CountdownEnv,
     )  # fmt: skip
     rollout = module.generate({"prompt": [[{"role": "user", "content": "go"}]], "turns": [2]})
-    reward, no_signal, truncated, cut_before_step = CollapseMonitor._step_stats(rollout, module.score(rollout))
+    reward, no_signal, truncated, cut_before_step = CollapseMonitor._iteration_stats(rollout, module.score(rollout))
     # EOS is all but impossible: each first turn runs into the 6-token budget, so no environment ever stepped
     assert (reward, no_signal, truncated, cut_before_step) == (0.0, True, 1.0, 1.0)

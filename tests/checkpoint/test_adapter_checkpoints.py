@@ -7,6 +7,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from peft import PeftModel
 
 from lightning_grpo import PromptDataModule
+from lightning_grpo.config import ObjectiveConfig, UpdateConfig
 from lightning_grpo.testing import build_tiny_model
 from tests.conftest import make_trainer, prompt_records
 
@@ -24,7 +25,11 @@ def _data():
 
 
 def test_checkpoint_holds_only_the_adapter_and_resume_matches_an_uninterrupted_run(make_module, tmp_path):
-    settings = {"lr_scheduler": _scheduler, "kl_coef": 0.01, "ppo_epochs": 2, "mini_batch_size": 4}
+    settings = {
+        "lr_scheduler": _scheduler,
+        "objective": ObjectiveConfig(kl_coef=0.01),
+        "update": UpdateConfig(ppo_epochs=2, mini_batch_size=4),
+    }
     straight = make_module(**settings)
     make_trainer(max_steps=24).fit(straight, _data())  # 6 iterations x 4 optimizer steps; crosses an epoch
 

@@ -15,7 +15,8 @@ import torch
 
 from lightning_grpo import GRPOConfig
 from lightning_grpo.checkpoint.old_settings import upgrade_grpo_settings
-from tests.checkpoint.fixtures.make_flat_settings_checkpoint import HERE, SETTINGS, build_module
+from lightning_grpo.config import GROUPS, MOVED_SETTINGS
+from tests.checkpoint.fixtures.make_flat_settings_checkpoint import HERE, build_module, fixture_config
 from tests.conftest import make_trainer, prompt_loader
 
 FIXTURE = HERE / "flat_settings.ckpt"
@@ -44,8 +45,12 @@ def test_the_fixture_is_small_and_of_the_old_format():
     assert FIXTURE.stat().st_size < 1_000_000
     saved = torch.load(FIXTURE, weights_only=True)["hyper_parameters"]["grpo"]
     assert "loss_kind_args" not in saved and saved["loss_kind"] == "clip" and saved["clip_high"] == 0.28
-    # the old flat keys build today's config as they are, the flat corrections (issue 53) in their component form
-    assert GRPOConfig(**upgrade_grpo_settings(saved)) == GRPOConfig(**SETTINGS)
+    # the old flat keys move into their groups (issue 63), the flat corrections (issue 53) in their component form
+    upgraded = upgrade_grpo_settings(saved)
+    assert set(upgraded) <= set(GROUPS) and not set(MOVED_SETTINGS) & set(upgraded)
+    assert upgraded["sampling"]["num_generations"] == 4 and upgraded["objective"]["clip_high"] == 0.28
+    assert upgraded["validation"] == {"num_generations": 1, "temperature": None, "success_threshold": 1.0}
+    assert GRPOConfig(**upgraded) == fixture_config()
 
 
 def test_an_old_checkpoint_resumes_without_edits_and_without_reported_changes(old_checkpoint, caplog):
@@ -56,7 +61,7 @@ def test_an_old_checkpoint_resumes_without_edits_and_without_reported_changes(ol
 
 
 def test_a_changed_component_setting_is_reported_and_takes_effect_on_resume(old_checkpoint, caplog):
-    module = build_module(loss_kind_args={"clip_high": 0.3})
+    module = build_module(objective={"loss_kind_args": {"clip_high": 0.3}})
     text = _resume(module, old_checkpoint, caplog)
     assert "grpo.objective.loss_kind_args None -> {'clip_high': 0.3}" in text
     assert module.config.component("loss_kind").keywords["clip_high"] == 0.3

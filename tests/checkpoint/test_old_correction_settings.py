@@ -16,17 +16,23 @@ import torch
 
 from lightning_grpo import GRPOConfig
 from lightning_grpo.checkpoint.old_settings import FLAT_CORRECTION_KEYS, upgrade_grpo_settings
+from lightning_grpo.config import GROUPS
 from tests.checkpoint.fixtures.make_flat_corrections_checkpoint import FLAT
-from tests.checkpoint.fixtures.make_flat_settings_checkpoint import HERE, SETTINGS, build_module
+from tests.checkpoint.fixtures.make_flat_settings_checkpoint import HERE, build_module, fixture_config
 from tests.conftest import make_trainer, prompt_loader
 
 FIXTURE = HERE / "flat_corrections.ckpt"
-#: ``FLAT`` in today's settings.
+#: ``FLAT`` in today's settings, by group.
 COMPONENTS = {
-    "rollout_correction": "token_mask", "rollout_correction_args": {"min": 0.5, "max": 2.0},
-    "rollout_rejection": "geometric", "rollout_rejection_args": {"min": 0.25, "max": 4.0},
-    "off_policy_mask": "opsm", "off_policy_mask_args": {"threshold": 0.5}, "kl_weighting": "importance",
-    "token_selection": "top_entropy", "token_selection_args": {"quantile": 0.5}, "kl_coef": 0.01,
+    "corrections": {
+        "rollout_correction": "token_mask", "rollout_correction_args": {"min": 0.5, "max": 2.0},
+        "rollout_rejection": "geometric", "rollout_rejection_args": {"min": 0.25, "max": 4.0},
+        "off_policy_mask": "opsm", "off_policy_mask_args": {"threshold": 0.5},
+    },
+    "objective": {
+        "kl_weighting": "importance", "token_selection": "top_entropy", "token_selection_args": {"quantile": 0.5},
+        "kl_coef": 0.01,
+    },
 }  # fmt: skip
 
 
@@ -53,20 +59,24 @@ def test_the_fixture_holds_the_flat_settings_and_they_map_to_the_components():
     saved = torch.load(FIXTURE, weights_only=True)["hyper_parameters"]["grpo"]
     assert {key: saved[key] for key in FLAT} == FLAT and set(FLAT_CORRECTION_KEYS) <= set(saved)
     upgraded = upgrade_grpo_settings(saved)
-    assert not set(FLAT_CORRECTION_KEYS) & set(upgraded)
-    assert GRPOConfig(**upgraded) == GRPOConfig(**SETTINGS, **COMPONENTS)
+    assert set(upgraded) <= set(GROUPS)  # every setting in its group
+    assert not set(FLAT_CORRECTION_KEYS) & {key for group in upgraded.values() for key in group}
+    assert GRPOConfig(**upgraded) == fixture_config(**COMPONENTS)
 
 
 def test_tis_cap_maps_to_token_truncate_and_defaults_map_to_nothing():
     assert upgrade_grpo_settings({"tis_cap": 1.5, "rollout_correction": None}) == {
-        "rollout_correction": "token_truncate", "rollout_correction_args": {"max": 1.5}
+        "corrections": {"rollout_correction": "token_truncate", "rollout_correction_args": {"max": 1.5}}
     }  # fmt: skip
     defaults = {"tis_cap": None, "rollout_correction": None, "rollout_correction_min": None,
                 "rollout_correction_max": 3.0, "rollout_rejection": None, "rollout_rejection_min": 0.5,
                 "rollout_rejection_max": 2.0, "off_policy_mask_threshold": None, "importance_weighted_kl": False,
                 "top_entropy_quantile": 1.0, "kl_coef": 0.1}  # fmt: skip
-    assert upgrade_grpo_settings(defaults) == {"rollout_correction": None, "rollout_rejection": None, "kl_coef": 0.1}
-    assert upgrade_grpo_settings({"kl_coef": 0.1}) == {"kl_coef": 0.1}  # today's form: unchanged
+    assert upgrade_grpo_settings(defaults) == {
+        "corrections": {"rollout_correction": None, "rollout_rejection": None}, "objective": {"kl_coef": 0.1}
+    }  # fmt: skip
+    assert upgrade_grpo_settings({"kl_coef": 0.1}) == {"objective": {"kl_coef": 0.1}}  # a flat setting: to its group
+    assert upgrade_grpo_settings({"objective": {"kl_coef": 0.1}}) == {"objective": {"kl_coef": 0.1}}  # today's form
 
 
 def test_the_old_checkpoint_resumes_under_the_components_without_reported_changes(old_checkpoint, caplog):
@@ -76,7 +86,9 @@ def test_the_old_checkpoint_resumes_under_the_components_without_reported_change
 
 
 def test_a_changed_correction_is_reported_in_todays_names(old_checkpoint, caplog):
-    module = build_module(**{**COMPONENTS, "off_policy_mask_args": {"threshold": 0.25}})
+    module = build_module(
+        **{**COMPONENTS, "corrections": {**COMPONENTS["corrections"], "off_policy_mask_args": {"threshold": 0.25}}}
+    )
     text = _resume(module, old_checkpoint, caplog)
     assert (
         "grpo.corrections.off_policy_mask_args.threshold 0.5 -> 0.25" in text

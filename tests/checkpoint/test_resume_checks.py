@@ -11,7 +11,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig
 from lightning_grpo.checkpoint import CheckpointMismatchError, UnreadableCheckpointError
-from lightning_grpo.config import SamplingConfig
+from lightning_grpo.config import ObjectiveConfig, SamplingConfig
 from lightning_grpo.testing import build_tiny_model
 from tests.conftest import count_a, make_trainer, prompt_loader
 
@@ -39,9 +39,12 @@ def _resume(module, path, max_steps=2):
 
 def test_resuming_on_other_base_weights_is_refused_naming_both(tokenizer, checkpoint):
     other = GRPOModule(  # same architecture as make_module's, other weights (seed 1)
-        build_tiny_model(tokenizer, seed=1), [count_a], tokenizer=tokenizer,
-        policy=PolicyConfig(lora_r=4, lora_alpha=8), grpo=GRPOConfig(sampling=SamplingConfig(num_generations=4, max_new_tokens=6)),
-    )  # fmt: skip
+        build_tiny_model(tokenizer, seed=1),
+        [count_a],
+        tokenizer=tokenizer,
+        policy=PolicyConfig(lora_r=4, lora_alpha=8),
+        grpo=GRPOConfig(sampling=SamplingConfig(num_generations=4, max_new_tokens=6)),
+    )
     with pytest.raises(CheckpointMismatchError, match=r"same shapes, different weight values") as error:
         _resume(other, checkpoint)
     assert str(checkpoint) in str(error.value) and "'Qwen2ForCausalLM'" in str(error.value)
@@ -59,7 +62,7 @@ def test_resuming_with_another_lora_shape_is_refused_naming_the_setting(make_mod
 
 
 def test_a_changed_learning_rate_and_kl_coef_take_effect_on_resume(make_module, checkpoint, caplog):
-    module = make_module(lr=4e-3, lr_scheduler=_halving, kl_coef=0.5)
+    module = make_module(lr=4e-3, lr_scheduler=_halving, objective=ObjectiveConfig(kl_coef=0.5))
     lightning_log = logging.getLogger("lightning.pytorch")  # Lightning's info lines do not propagate to the root
     lightning_log.addHandler(caplog.handler)
     try:
@@ -70,6 +73,32 @@ def test_a_changed_learning_rate_and_kl_coef_take_effect_on_resume(make_module, 
     assert trainer.global_step == 3
     assert module.optimizers().param_groups[0]["lr"] == pytest.approx(4e-3 * 0.5**3)  # the new lr, 3 halvings
     assert module.optimizers().optimizer.state  # the checkpoint's AdamW moments were restored, not reset
+
+
+def _resume_logged(module, path, caplog) -> str:
+    lightning_log = logging.getLogger("lightning.pytorch")  # Lightning's info lines do not propagate to the root
+    lightning_log.addHandler(caplog.handler)
+    try:
+        _resume(module, path)
+    finally:
+        lightning_log.removeHandler(caplog.handler)
+    return caplog.text
+
+
+def test_a_setting_a_group_of_the_checkpoint_lacks_resumes_as_its_default(make_module, checkpoint, tmp_path, caplog):
+    """A checkpoint written before a setting was added to a group (``sampling.top_k`` deleted from its nested
+    ``grpo`` settings) resumes without a reported change: the defaults fill in at every depth."""
+    data = torch.load(checkpoint, weights_only=True)
+    sampling = data["hyper_parameters"]["grpo"]["sampling"]
+    assert sampling["temperature"] == 1.0 and sampling["top_k"] == 0  # the settings are saved by group
+    del sampling["top_k"]
+    older = tmp_path / "older.ckpt"
+    torch.save(data, older)
+    assert "changed settings" not in _resume_logged(make_module(lr_scheduler=_halving), older, caplog)
+    caplog.clear()
+    sampling["top_k"] = 5  # the same checkpoint with another value: reported by its place
+    torch.save(data, older)
+    assert "grpo.sampling.top_k 5 -> 0" in _resume_logged(make_module(lr_scheduler=_halving), older, caplog)
 
 
 def test_resuming_unchanged_keeps_the_checkpoints_optimizer_state(make_module, checkpoint):
