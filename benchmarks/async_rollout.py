@@ -117,7 +117,14 @@ def run_mode(async_rollout: bool, model_dir: Path, args: argparse.Namespace) -> 
     if args.backend != "frozen" and args.server_cpus and backend_args.get("start"):
         backend_args.setdefault("cpu_threads", len(args.server_cpus))  # its OpenMP threads, bound below
     tokenizer = load_tokenizer(model_dir)
-    grpo = GRPOConfig(sampling=SamplingConfig(num_generations=args.generations, max_prompt_length=args.prompt_tokens + 8, max_new_tokens=args.new_tokens), backend=BackendConfig(rollout_backend=backend, rollout_backend_args=backend_args, async_rollout=async_rollout), corrections=CorrectionConfig(rollout_correction="token_truncate"), objective=ObjectiveConfig(kl_coef=0.0))  # fmt: skip
+    grpo = GRPOConfig(
+        sampling=SamplingConfig(
+            num_generations=args.generations, max_prompt_length=args.prompt_tokens + 8, max_new_tokens=args.new_tokens
+        ),
+        backend=BackendConfig(rollout_backend=backend, rollout_backend_args=backend_args, async_rollout=async_rollout),
+        corrections=CorrectionConfig(rollout_correction="token_truncate"),
+        objective=ObjectiveConfig(kl_coef=0.0),
+    )
     module = GRPOModule(str(model_dir), [_reward], tokenizer=tokenizer, grpo=grpo, seed=args.seed,
                         policy=PolicyConfig(lora_r=8, lora_alpha=16, dtype="float32"))  # fmt: skip
     clock = _Clock(args.server_cpus, args.trainer_cpus)

@@ -1,11 +1,11 @@
 """Dynamic sampling vs none on a task where most groups start all-wrong: success rate per generated token.
 
-The tiny model is warmed up on ``addition`` with mostly wrong labels (``label_accuracy``), so it knows the format but
-is right a few percent of the time: with ``G`` samples most groups are all wrong (zero variance, no signal). Both arms
+The tiny model is warmed up on ``addition`` with mostly wrong labels (``label_accuracy``), so it knows the format but is
+right a few percent of the time: with ``G`` samples most groups are all wrong (zero variance, no signal). Both arms
 train the same model, data order and settings with the same budget of generated tokens; the only difference is
-``GRPOConfig(dynamic_sampling=...)``. The success rate is measured on every completion sampled (kept or filtered), so
-it is the policy's accuracy at that point, and it is plotted against the tokens generated so far. See the
-"Dynamic sampling" section of docs/benchmarks.md::
+``GRPOConfig(advantages=AdvantageConfig(dynamic_sampling=...))``. The success rate is measured on every completion
+sampled (kept or filtered), so it is the policy's accuracy at that point, and it is plotted against the tokens generated
+so far. See the "Dynamic sampling" section of docs/benchmarks.md::
 
     OMP_NUM_THREADS=1 python -m benchmarks.dynamic_sampling --out runs/dynamic-sampling   # ~5 min on one CPU core
 """
@@ -68,12 +68,18 @@ def run_arm(dynamic: bool, seed: int, budget: int, lr: float = 3e-3) -> dict[str
     L.seed_everything(seed, verbose=False)
     tokenizer, counter = build_tiny_tokenizer(), TokenCounter()
     module = GRPOModule(
-        load_tiny_model("addition", settings=WARMUP), {"math_answer": math_answer, "tokens": counter},
-        tokenizer=tokenizer, reward_weights=[1.0, 0.0],
+        load_tiny_model("addition", settings=WARMUP),
+        {"math_answer": math_answer, "tokens": counter},
+        tokenizer=tokenizer,
+        reward_weights=[1.0, 0.0],
         policy=PolicyConfig(lora_r=8, lora_alpha=16, target_modules="all-linear", dtype="float32"),
-        grpo=GRPOConfig(sampling=SamplingConfig(num_generations=8, max_prompt_length=8, max_new_tokens=3), objective=ObjectiveConfig(kl_coef=0.001), advantages=AdvantageConfig(dynamic_sampling=dynamic, max_sampling_rounds=8)),
+        grpo=GRPOConfig(
+            sampling=SamplingConfig(num_generations=8, max_prompt_length=8, max_new_tokens=3),
+            objective=ObjectiveConfig(kl_coef=0.001),
+            advantages=AdvantageConfig(dynamic_sampling=dynamic, max_sampling_rounds=8),
+        ),
         optimizer=lambda params: torch.optim.AdamW(params, lr=lr, weight_decay=0.0),
-    )  # fmt: skip
+    )
     data = TinyTaskDataModule("addition", batch_size=8, seed=seed)
     trainer = L.Trainer(
         accelerator="cpu", max_steps=100_000, logger=False, enable_checkpointing=False, enable_progress_bar=False,

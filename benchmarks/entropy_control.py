@@ -40,9 +40,10 @@ def run_arm(seed: int, adaptive: bool, steps: int = STEPS, lr: float = LR, out: 
                                   "--no-progress-bar"])  # fmt: skip
     module, data, trainer = tool_calling.build(options)
     if adaptive:  # the example's config with the adaptive control: the module's controller rebuilt from it
-        cfg = module.config = dataclasses.replace(
-            module.config, entropy_control="adaptive", entropy_control_args=ADAPTIVE
+        objective = dataclasses.replace(
+            module.config.objective, entropy_control="adaptive", entropy_control_args=ADAPTIVE
         )
+        cfg = module.config = dataclasses.replace(module.config, objective=objective)
         module.entropy_control = entropy_controller(
             cfg.objective.entropy_control, cfg.objective.entropy_control_args, 0.0, shared=False
         )

@@ -157,11 +157,17 @@ def count_a_curve(seed: int, steps: int = 30, lr: float = 1e-2) -> list[float]:
 
     tokenizer, curve = build_tiny_tokenizer(), []
     module = GRPOModule(
-        build_tiny_model(tokenizer, seed=seed), [count_a], tokenizer=tokenizer, seed=seed,
+        build_tiny_model(tokenizer, seed=seed),
+        [count_a],
+        tokenizer=tokenizer,
+        seed=seed,
         policy=PolicyConfig(lora_r=4, lora_alpha=8),
-        grpo=GRPOConfig(sampling=SamplingConfig(num_generations=8, max_new_tokens=8, max_prompt_length=16), objective=ObjectiveConfig(kl_coef=0.0)),
+        grpo=GRPOConfig(
+            sampling=SamplingConfig(num_generations=8, max_new_tokens=8, max_prompt_length=16),
+            objective=ObjectiveConfig(kl_coef=0.0),
+        ),
         optimizer=lambda params: torch.optim.AdamW(params, lr=lr),
-    )  # fmt: skip
+    )
     record = L.pytorch.callbacks.LambdaCallback(
         on_train_batch_end=lambda trainer, module, out, *_: curve.append(float(out["rewards"].rewards.mean()))
     )

@@ -122,11 +122,20 @@ def run_arm(model: Any, tokenizer: Any, estimator: str, seed: int, steps: int, l
     EchoEnv.rng = random.Random(seed)
     curve = Curve()
     module = GRPOModule(
-        copy.deepcopy(model), [episode_reward], tokenizer=tokenizer, environment_factory=EchoEnv, seed=seed,
+        copy.deepcopy(model),
+        [episode_reward],
+        tokenizer=tokenizer,
+        environment_factory=EchoEnv,
+        seed=seed,
         policy=PolicyConfig(lora_r=8, lora_alpha=16, dtype="float32"),
-        grpo=GRPOConfig(sampling=SamplingConfig(num_generations=8, max_new_tokens=24, max_prompt_length=32, temperature=1.0), agents=AgentConfig(max_turns=2), objective=ObjectiveConfig(kl_coef=0.0), advantages=AdvantageConfig(advantage_estimator=estimator)),
+        grpo=GRPOConfig(
+            sampling=SamplingConfig(num_generations=8, max_new_tokens=24, max_prompt_length=32, temperature=1.0),
+            agents=AgentConfig(max_turns=2),
+            objective=ObjectiveConfig(kl_coef=0.0),
+            advantages=AdvantageConfig(advantage_estimator=estimator),
+        ),
         optimizer=lambda params: torch.optim.AdamW(params, lr=lr),
-    )  # fmt: skip
+    )
     rows = [{"prompt": PROMPT} for _ in range(64)]
     trainer = L.Trainer(
         accelerator="cpu", max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,

@@ -28,7 +28,6 @@ from transformers import TrainerCallback
 from benchmarks.models import load_tokenizer
 from benchmarks.uneven import ScriptedEOS
 from benchmarks.workload import Workload, fraction_of_sevens, make_prompts
-from lightning_grpo.config import ObjectiveConfig, SamplingConfig, UpdateConfig
 
 __all__ = ["run_trl"]
 
@@ -154,7 +153,20 @@ def _config(work: Workload, output_dir: str) -> Any:
     from trl import GRPOConfig
 
     device = work.resolved_device()
-    return GRPOConfig(output_dir=output_dir, report_to="none", save_strategy="no", logging_steps=1, disable_tqdm=True, use_cpu=device == "cpu", bf16=work.dtype == "bfloat16", fp16=work.dtype == "float16", model_init_kwargs=_model_init_kwargs(work), seed=work.seed, data_seed=work.seed, max_steps=(work.warmup_steps + work.steps) * work.ppo_epochs, per_device_train_batch_size=work.micro, gradient_accumulation_steps=work.rows // work.micro, sampling=SamplingConfig(num_generations=work.num_generations, temperature=work.temperature, top_p=1.0, top_k=0), num_iterations=work.ppo_epochs, shuffle_dataset=False, max_completion_length=work.max_new_tokens, generation_kwargs={"min_new_tokens": work.max_new_tokens} if work.fixed_length else None, beta=work.kl_coef, epsilon=0.2, loss_type="dapo", scale_rewards="group", use_bias_correction_kl=False, objective=ObjectiveConfig(mask_truncated_completions=False), gradient_checkpointing=work.gradient_checkpointing, learning_rate=work.lr, weight_decay=0.0, lr_scheduler_type="constant", update=UpdateConfig(max_grad_norm=1.0), optim="adamw_torch", dataloader_num_workers=0)  # fmt: skip
+    return GRPOConfig(
+        output_dir=output_dir, report_to="none", save_strategy="no", logging_steps=1, disable_tqdm=True,
+        use_cpu=device == "cpu", bf16=work.dtype == "bfloat16", fp16=work.dtype == "float16",
+        model_init_kwargs=_model_init_kwargs(work), seed=work.seed, data_seed=work.seed,
+        max_steps=(work.warmup_steps + work.steps) * work.ppo_epochs,
+        per_device_train_batch_size=work.micro, gradient_accumulation_steps=work.rows // work.micro,
+        num_generations=work.num_generations, num_iterations=work.ppo_epochs, shuffle_dataset=False,
+        max_completion_length=work.max_new_tokens,
+        generation_kwargs={"min_new_tokens": work.max_new_tokens} if work.fixed_length else None,
+        temperature=work.temperature, top_p=1.0, top_k=0, beta=work.kl_coef, epsilon=0.2, loss_type="dapo",
+        scale_rewards="group", use_bias_correction_kl=False, mask_truncated_completions=False,
+        gradient_checkpointing=work.gradient_checkpointing, learning_rate=work.lr, weight_decay=0.0,
+        lr_scheduler_type="constant", max_grad_norm=1.0, optim="adamw_torch", dataloader_num_workers=0,
+    )  # fmt: skip
 
 
 def run_trl(work: Workload, model_dir: Path) -> dict[str, Any]:

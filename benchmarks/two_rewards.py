@@ -45,11 +45,19 @@ def arm_curves(seed: int, estimator: str, steps: int = STEPS, lr: float = 1e-2) 
 
     tokenizer, curves = build_tiny_tokenizer(), {"a_count": [], "b_frac": []}
     module = GRPOModule(
-        build_tiny_model(tokenizer, seed=seed), [a_count, b_frac], tokenizer=tokenizer, seed=seed,
+        build_tiny_model(tokenizer, seed=seed),
+        [a_count, b_frac],
+        tokenizer=tokenizer,
+        seed=seed,
         policy=PolicyConfig(lora_r=4, lora_alpha=8),
-        grpo=GRPOConfig(sampling=SamplingConfig(num_generations=8, max_new_tokens=8, max_prompt_length=16), objective=ObjectiveConfig(kl_coef=0.0), advantages=AdvantageConfig(advantage_estimator=estimator)),
-        optimizer=lambda params: torch.optim.AdamW(params, lr=lr), default_callbacks=False,
-    )  # fmt: skip
+        grpo=GRPOConfig(
+            sampling=SamplingConfig(num_generations=8, max_new_tokens=8, max_prompt_length=16),
+            objective=ObjectiveConfig(kl_coef=0.0),
+            advantages=AdvantageConfig(advantage_estimator=estimator),
+        ),
+        optimizer=lambda params: torch.optim.AdamW(params, lr=lr),
+        default_callbacks=False,
+    )
 
     def record(trainer: Any, module: Any, out: Any, *_: Any) -> None:
         for name, values in out["rewards"].per_function.items():

@@ -60,10 +60,16 @@ def build(options: argparse.Namespace) -> tuple[GRPOModule, PromptDataModule, Tr
         tokenizer=tokenizer,
         reward_weights=[1.0, 0.1],
         policy=PolicyConfig(lora_r=8, lora_alpha=16, dtype=options.dtype),
-        grpo=GRPOConfig(sampling=SamplingConfig(num_generations=options.num_generations, max_new_tokens=options.max_new_tokens, max_prompt_length=options.max_prompt_length)),
+        grpo=GRPOConfig(
+            sampling=SamplingConfig(
+                num_generations=options.num_generations,
+                max_new_tokens=options.max_new_tokens,
+                max_prompt_length=options.max_prompt_length,
+            )
+        ),
         optimizer=lambda params: torch.optim.AdamW(params, lr=options.lr, weight_decay=0.0),
         seed=options.seed,
-    )  # fmt: skip
+    )
     data = PromptDataModule(
         options.train_data or make_task("addition"), batch_size=options.batch_size, seed=options.seed
     )

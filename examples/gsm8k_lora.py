@@ -51,13 +51,27 @@ def build_module(options: argparse.Namespace) -> GRPOModule:
         [math_answer, FormatReward()],  # math_answer reads the "answer" column (GSM8K's "... #### 72")
         reward_weights=[1.0, 0.2],
         policy=PolicyConfig(
-            lora_r=16, lora_alpha=32, target_modules="all-linear", dtype=options.dtype,
+            lora_r=16,
+            lora_alpha=32,
+            target_modules="all-linear",
+            dtype=options.dtype,
             gradient_checkpointing=options.gradient_checkpointing,
         ),
-        grpo=GRPOConfig(sampling=SamplingConfig(num_generations=options.num_generations, max_prompt_length=options.max_prompt_length, max_new_tokens=options.max_new_tokens), update=UpdateConfig(micro_batch_size=options.micro_batch_size), objective=ObjectiveConfig(kl_coef=0.001, kl_estimator="k3", clip_low=0.2, clip_high=0.2, loss_agg_mode="token-mean"), validation=ValidationConfig(temperature=0.6)),
+        grpo=GRPOConfig(
+            sampling=SamplingConfig(
+                num_generations=options.num_generations,
+                max_prompt_length=options.max_prompt_length,
+                max_new_tokens=options.max_new_tokens,
+            ),
+            update=UpdateConfig(micro_batch_size=options.micro_batch_size),
+            objective=ObjectiveConfig(
+                kl_coef=0.001, kl_estimator="k3", clip_low=0.2, clip_high=0.2, loss_agg_mode="token-mean"
+            ),
+            validation=ValidationConfig(temperature=0.6),
+        ),
         optimizer=lambda params: torch.optim.AdamW(params, lr=options.lr, weight_decay=0.0),
         lr_scheduler=lambda optimizer: torch.optim.lr_scheduler.LinearLR(optimizer, 0.1, total_iters=10),
-    )  # fmt: skip
+    )
 
 
 def build_data(options: argparse.Namespace) -> PromptDataModule:

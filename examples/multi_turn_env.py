@@ -131,12 +131,20 @@ def build(options: argparse.Namespace) -> tuple[GRPOModule, PromptDataModule, Tr
         build_tiny_model(tokenizer, seed=options.seed), tokenizer, game, steps=options.warmup_steps, seed=options.seed
     )
     module = GRPOModule(
-        model, [episode_reward], tokenizer=tokenizer, environment_factory=GuessEnv,
+        model,
+        [episode_reward],
+        tokenizer=tokenizer,
+        environment_factory=GuessEnv,
         policy=PolicyConfig(lora_r=8, lora_alpha=16, dtype="float32"),
-        grpo=GRPOConfig(sampling=SamplingConfig(num_generations=options.num_generations, max_new_tokens=96, max_prompt_length=32), agents=AgentConfig(max_turns=options.max_turns, env_reward="sum"), objective=ObjectiveConfig(kl_coef=0.0), advantages=AdvantageConfig(advantage_estimator=options.advantage_estimator)),
+        grpo=GRPOConfig(
+            sampling=SamplingConfig(num_generations=options.num_generations, max_new_tokens=96, max_prompt_length=32),
+            agents=AgentConfig(max_turns=options.max_turns, env_reward="sum"),
+            objective=ObjectiveConfig(kl_coef=0.0),
+            advantages=AdvantageConfig(advantage_estimator=options.advantage_estimator),
+        ),
         optimizer=lambda params: torch.optim.AdamW(params, lr=options.lr),
         seed=options.seed,
-    )  # fmt: skip
+    )
     rows = [{"prompt": PROMPT, "secret": random.Random(i).randint(LOW, HIGH)} for i in range(64)]
     data = PromptDataModule(rows, batch_size=options.batch_size, seed=options.seed)
     trainer = Trainer(

@@ -1,12 +1,12 @@
 """An agent written with the ``openai`` SDK, trained as it is: the calculator task of ``tool_calling.py`` over HTTP.
 
-The agent below is ordinary ``openai`` code: it sends the row's question with the ``add`` tool's schema, runs every
-tool call of ``message.tool_calls`` itself, sends the results back as ``tool`` messages and returns its reward (1.0
-when a tool result holds the row's sum). ``GRPOModule(agent=agent)`` runs it G times per row; with
-``GRPOConfig(agent_transport="http")`` (the default here) each run's client talks to a server on 127.0.0.1 with its
-trajectory's own key, exactly as an agent in another process would (``--transport in_process``: the same calls
-answered in process, the same trajectories). Every token the policy sampled is trained on; the tool results are
-context (docs/agents.md, "Your own agent code", "Agents over HTTP")::
+The agent below is ordinary ``openai`` code: it sends the row's question with the ``add`` tool's schema, runs every tool
+call of ``message.tool_calls`` itself, sends the results back as ``tool`` messages and returns its reward (1.0 when a
+tool result holds the row's sum). ``GRPOModule(agent=agent)`` runs it G times per row; with
+``GRPOConfig(agents=AgentConfig(agent_transport="http"))`` (the default here) each run's client talks to a server on
+127.0.0.1 with its trajectory's own key, exactly as an agent in another process would (``--transport in_process``: the
+same calls answered in process, the same trajectories). Every token the policy sampled is trained on; the tool results
+are context (docs/agents.md, "Your own agent code", "Agents over HTTP")::
 
     U: 3+4?
     A: <tool_call>{"name": "add", "arguments": {"a": 3, "b": 4}}</tool_call>

@@ -89,9 +89,13 @@ def main(argv: Sequence[str] | None = None) -> LengthPenaltyGRPO:
         tokenizer=tokenizer,
         length_penalty=options.length_penalty,
         policy=PolicyConfig(lora_r=8, lora_alpha=16),
-        grpo=GRPOConfig(sampling=SamplingConfig(num_generations=options.num_generations, max_new_tokens=options.max_new_tokens, max_prompt_length=16)),
+        grpo=GRPOConfig(
+            sampling=SamplingConfig(
+                num_generations=options.num_generations, max_new_tokens=options.max_new_tokens, max_prompt_length=16
+            )
+        ),
         optimizer=lambda params: torch.optim.AdamW(params, lr=options.lr, weight_decay=0.0),
-    )  # fmt: skip
+    )
     trainer = Trainer(
         accelerator=options.accelerator,
         devices=1,

@@ -42,8 +42,20 @@ def moved_setting_message(name: str, prefix: str = "grpo.") -> str:
     return f"{prefix}{name} moved to {prefix}{MOVED_SETTINGS[name]} (settings are grouped: docs/configuration.md)"
 
 
+class _RefusesMovedSettings(type):
+    """Refuse a flat setting's old name with the one line naming its group (``GRPOConfig(temperature=...)``). A
+    metaclass, not ``__new__``: jsonargparse reads a class's settings from its own ``__new__`` where it has one, and
+    the command line must see the dataclass's ``__init__`` (``--model.grpo.sampling.temperature``)."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        moved = [name for name in kwargs if name in MOVED_SETTINGS]
+        if moved:
+            raise TypeError(moved_setting_message(moved[0], prefix="GRPOConfig."))
+        return super().__call__(*args, **kwargs)
+
+
 @dataclass
-class GRPOConfig:
+class GRPOConfig(metaclass=_RefusesMovedSettings):
     """Settings of a GRPO run, grouped by concern; each group checks its own settings, this class the ones that span
     groups. A rollout holds ``prompts per iteration × sampling.num_generations`` rows.
 
@@ -72,13 +84,6 @@ class GRPOConfig:
     """What samples the rollouts, and whether one iteration ahead."""
     faults: FaultConfig = field(default_factory=FaultConfig)
     """Reward timeouts, non-finite values, collective timeouts."""
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> GRPOConfig:
-        """Refuse a flat setting's old name with the one line naming its group (``GRPOConfig(temperature=...)``)."""
-        moved = [name for name in kwargs if name in MOVED_SETTINGS]
-        if moved:
-            raise TypeError(moved_setting_message(moved[0], prefix="GRPOConfig."))
-        return super().__new__(cls)
 
     def __post_init__(self) -> None:
         for name, kind in GROUPS.items():  # a mapping (a checkpoint's, a user's dict) becomes its group

@@ -50,7 +50,12 @@ class RowRecorder(Callback):
 
 def module() -> GRPOModule:
     tokenizer = build_tiny_tokenizer()
-    grpo = GRPOConfig(sampling=SamplingConfig(num_generations=G, max_new_tokens=12, max_prompt_length=64), objective=ObjectiveConfig(kl_coef=0.0), update=UpdateConfig(mini_batch_size=4, micro_batch_size=2), agents=AgentConfig(agent_transport="http"))  # fmt: skip
+    grpo = GRPOConfig(
+        sampling=SamplingConfig(num_generations=G, max_new_tokens=12, max_prompt_length=64),
+        objective=ObjectiveConfig(kl_coef=0.0),
+        update=UpdateConfig(mini_batch_size=4, micro_batch_size=2),
+        agents=AgentConfig(agent_transport="http"),
+    )
     return GRPOModule(short_turn_model(tokenizer), tokenizer=tokenizer, policy=PolicyConfig(lora_r=4, lora_alpha=8),
                       grpo=grpo, agent=agent, optimizer=lambda params: torch.optim.AdamW(params, lr=1e-2))  # fmt: skip
 

@@ -85,7 +85,12 @@ class Recorder(Callback):
 
 def module(prompt_length: int = 64, **options: Any) -> GRPOModule:
     tokenizer = build_tiny_tokenizer()
-    grpo = GRPOConfig(sampling=SamplingConfig(num_generations=2, max_new_tokens=8, max_prompt_length=prompt_length), objective=ObjectiveConfig(kl_coef=0.0), agents=AgentConfig(max_turns=2, agent_timeout=30.0), faults=FaultConfig(collective_timeout_s=60.0))  # fmt: skip
+    grpo = GRPOConfig(
+        sampling=SamplingConfig(num_generations=2, max_new_tokens=8, max_prompt_length=prompt_length),
+        objective=ObjectiveConfig(kl_coef=0.0),
+        agents=AgentConfig(max_turns=2, agent_timeout=30.0),
+        faults=FaultConfig(collective_timeout_s=60.0),
+    )
     return GRPOModule(short_turn_model(tokenizer), options.pop("reward_funcs", None), tokenizer=tokenizer,
                       policy=PolicyConfig(lora_r=4, lora_alpha=8), grpo=grpo,
                       optimizer=lambda params: torch.optim.AdamW(params, lr=1e-2), **options)  # fmt: skip

@@ -72,11 +72,17 @@ def scenario_rewards(strategy: str, workdir: Path) -> None:
     tokenizer, signal, recorder = build_tiny_tokenizer(), SignalOnSome(), StepRecorder()
     reward_model = RewardModel(classifier(), tokenizer, name="tiny-rm", batch_size=3)
     module = GRPOModule(
-        build_tiny_model(tokenizer), {"signal": signal, "tiny-rm": reward_model}, tokenizer=tokenizer,
-        policy=PolicyConfig(lora_r=4, lora_alpha=8), reward_weights=[1.0, 0.0],
-        grpo=GRPOConfig(sampling=SamplingConfig(num_generations=G, max_new_tokens=6, max_prompt_length=16), advantages=AdvantageConfig(dynamic_sampling=True, max_sampling_rounds=8)),
+        build_tiny_model(tokenizer),
+        {"signal": signal, "tiny-rm": reward_model},
+        tokenizer=tokenizer,
+        policy=PolicyConfig(lora_r=4, lora_alpha=8),
+        reward_weights=[1.0, 0.0],
+        grpo=GRPOConfig(
+            sampling=SamplingConfig(num_generations=G, max_new_tokens=6, max_prompt_length=16),
+            advantages=AdvantageConfig(dynamic_sampling=True, max_sampling_rounds=8),
+        ),
         optimizer=lambda params: torch.optim.AdamW(params, lr=1e-2),
-    )  # fmt: skip
+    )
     records = [{"prompt": f"{i:02d}+1=", "signal": has_signal(i)} for i in range(NUM_PROMPTS)]
     data = PromptDataModule(records, batch_size=2, shuffle=False)
     trainer = make_trainer(devices=world_of(strategy), strategy=make_strategy(strategy), max_steps=2,

@@ -41,6 +41,6 @@ def test_every_new_message_is_in_troubleshooting():
     text = (DOCS / "troubleshooting.md").read_text()
     for start in ("Stopped by SIGTERM after step", "non-finite loss", "refusing to write a checkpoint",
                   "did not finish within its timeout", "could not write checkpoint", "did you mean",
-                  "prompt file 'x.jsonl' not found", "needs keyword(s)"):  # fmt: skip
+                  "prompt file 'x.jsonl' not found", "needs keyword(s)", "settings are grouped"):  # fmt: skip
         assert start in text, start
     assert Path(lightning_grpo.__file__).parent.joinpath("demo", "tiny.yaml").exists()
