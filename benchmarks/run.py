@@ -10,7 +10,9 @@ Example::
 
 ``--workload uneven`` sets the defaults of issue 55's workload (:data:`UNEVEN`: scripted long-tailed lengths, forced
 on both sides, checked after each side); ``--variant NAME:FIELD=VALUE,...`` adds our side again with those workload
-fields changed (e.g. ``padded:packing=false``), its ratios to our side printed below the table.
+fields changed, a ``GRPOConfig`` setting named by its group (e.g. ``padded:update.packing=false``,
+``tokens:update.micro_batch_tokens=1300,update.micro_batch_size=0``; other fields by their own name: ``threads=4``),
+its ratios to our side printed below the table.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["UNEVEN", "main", "parse_args", "parse_variant", "spawn_side"]
+__all__ = ["UNEVEN", "main", "parse_args", "parse_variant", "spawn_side", "variant_fields"]
 
 _ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,7 +52,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--json", type=Path, default=None, help="write the report here")
     parser.add_argument("--verbose", action="store_true", help="show the sides' own output")
     parser.add_argument("--workload", choices=["default", "uneven"], default="default", help="a preset of defaults")
-    parser.add_argument("--variant", action="append", default=[], help="NAME:FIELD=VALUE,... our side again")
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="NAME:FIELD=VALUE,... our side again (a setting by its group: update.packing=false)",
+    )
     parser.add_argument("--min-padding", type=float, default=0.5, help="refuse scripted lengths with less padding")
     known, _ = parser.parse_known_args(argv)
     if known.workload == "uneven":
@@ -58,26 +65,43 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def variant_fields(work: Any) -> dict[str, str]:
+    """Each name ``--variant`` takes -> its workload field: a ``GRPOConfig`` setting by its place in the config
+    (``update.packing``, ``sampling.sampler``), every other workload field by its own name (``threads``)."""
+    from dataclasses import fields
+
+    from lightning_grpo.config import MOVED_SETTINGS
+
+    return {MOVED_SETTINGS.get(f.name, f.name): f.name for f in fields(work)}
+
+
 def parse_variant(text: str, work: Any) -> tuple[str, Any]:
-    """``NAME:FIELD=VALUE,...`` as ``(NAME, work with those fields)``; values take the type of the field.
+    """``NAME:FIELD=VALUE,...`` as ``(NAME, work with those fields)``; values take the type of the field. A field
+    that is a ``GRPOConfig`` setting is named as in the config, by its group (``padded:update.packing=false``).
 
     Raises:
-        ValueError: Malformed text or an unknown field (the message lists the fields).
+        ValueError: Malformed text or an unknown field (the message lists the fields), or a setting's flat name (the
+            message names its group).
     """
-    from dataclasses import fields, replace
+    from dataclasses import replace
+
+    from lightning_grpo.config import MOVED_SETTINGS, moved_setting_message
 
     name, _, spec = text.partition(":")
     if name in ("ours", "trl"):
         raise ValueError(f"--variant {text!r}: name it anything but 'ours' or 'trl' (the sides' own names)")
-    types = {f.name: type(getattr(work, f.name)) for f in fields(work)}
+    names = variant_fields(work)
     changes: dict[str, Any] = {}
     for item in filter(None, spec.split(",")):
         key, sep, value = item.partition("=")
-        if not name or not sep or key not in types:
-            raise ValueError(f"--variant {text!r}: write NAME:FIELD=VALUE,... with FIELD one of {sorted(types)}")
-        if types[key] is bool and value.lower() not in ("true", "false"):
+        if name and sep and key not in names and MOVED_SETTINGS.get(key) in names:
+            raise ValueError(f"--variant {text!r}: {moved_setting_message(key, prefix='')}")
+        if not name or not sep or key not in names:
+            raise ValueError(f"--variant {text!r}: write NAME:FIELD=VALUE,... with FIELD one of {sorted(names)}")
+        kind = type(getattr(work, names[key]))
+        if kind is bool and value.lower() not in ("true", "false"):
             raise ValueError(f"--variant {text!r}: {key} takes true or false")
-        changes[key] = value.lower() == "true" if types[key] is bool else types[key](value)
+        changes[names[key]] = value.lower() == "true" if kind is bool else kind(value)
     variant = replace(work, **changes)
     variant.check()
     return name, variant

@@ -42,12 +42,15 @@ def test_the_uneven_preset_has_at_least_half_padding_and_refuses_fixed_lengths()
     assert Workload.from_args(parse_args(["--workload", "uneven", "--prompts", "2"])).prompts == 2  # flags win
     with pytest.raises(ValueError, match="no-fixed-length"):
         Workload(length_dist="lognormal").check()
-    name, padded = parse_variant("padded:packing=false,micro_batch_tokens=700", work)
+    name, padded = parse_variant("padded:update.packing=false,update.micro_batch_tokens=700,threads=4", work)
     assert (name, padded.packing, padded.micro_batch_tokens, padded.kl_coef) == ("padded", "false", 700, 0.04)
+    assert padded.threads == 4  # a workload field that is no setting: by its own name
     with pytest.raises(ValueError, match="FIELD one of"):
         parse_variant("x:nonsense=1", work)
+    with pytest.raises(ValueError, match=r"packing moved to update\.packing"):  # a setting by its group only
+        parse_variant("x:packing=false", work)
     with pytest.raises(ValueError, match="anything but"):
-        parse_variant("trl:packing=false", work)
+        parse_variant("trl:update.packing=false", work)
 
 
 def test_check_lengths_compares_every_rollout_as_a_multiset():

@@ -32,7 +32,10 @@ class _Record(Callback):
 def fit(workdir: Path, async_rollout: bool) -> None:
     """4 steps over 2 epochs (2 batches per rank and epoch), with async_rollout on or off."""
     name = "async" if async_rollout else "sync"
-    module = build_module(rollout_backend=PATH, async_rollout=async_rollout, rollout_correction="token_truncate")
+    module = build_module(
+        backend={"rollout_backend": PATH, "async_rollout": async_rollout},
+        corrections={"rollout_correction": "token_truncate"},
+    )
     record = _Record()
     trainer = make_trainer(devices=2, strategy=make_strategy("ddp"), max_steps=4, callbacks=[record])
     trainer.fit(module, fit_data())
@@ -62,7 +65,7 @@ class FailOnRankOne(FrozenCopyBackend):
 
 def fail(workdir: Path) -> None:
     """A fit whose rollout ahead fails on rank 1: what each rank raised, and whether it closed and joined."""
-    module = build_module(rollout_backend=f"{__name__}.FailOnRankOne", async_rollout=True)
+    module = build_module(backend={"rollout_backend": f"{__name__}.FailOnRankOne", "async_rollout": True})
     trainer = make_trainer(devices=2, strategy=make_strategy("ddp"), max_steps=4)
     try:
         trainer.fit(module, fit_data())

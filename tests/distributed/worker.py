@@ -20,7 +20,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig, PromptDataModule, Rollout
-from lightning_grpo.config import ObjectiveConfig, UpdateConfig
+from lightning_grpo.config import AgentConfig, ObjectiveConfig, SamplingConfig, UpdateConfig
 from lightning_grpo.distributed import full_adapter_state_dict
 from lightning_grpo.rewards import StepRewards, step_reward
 from lightning_grpo.testing import build_tiny_model, build_tiny_tokenizer
@@ -41,65 +41,87 @@ PROMPTS = [p for p in ("1+2=", "3+4=", "5+6=", "7+8=") for _ in range(G)]
 
 #: Settings of the equivalence cases: loss aggregation, micro-batch size, advantage scale, clipping.
 EQUIVALENCE_CASES: dict[str, dict[str, Any]] = {
-    "token-mean-micro2": {"loss_agg_mode": "token-mean", "micro_batch_size": 2},
-    "token-mean-micro4-batch-std": {"loss_agg_mode": "token-mean", "micro_batch_size": 4, "advantage_scale": "batch"},
-    "seq-mean-token-mean-micro2": {"loss_agg_mode": "seq-mean-token-mean", "micro_batch_size": 2},
-    "seq-mean-token-mean-whole": {"loss_agg_mode": "seq-mean-token-mean", "micro_batch_size": None},
+    "token-mean-micro2": {"objective": {"loss_agg_mode": "token-mean"}, "update": {"micro_batch_size": 2}},
+    "token-mean-micro4-batch-std": {
+        "objective": {"loss_agg_mode": "token-mean"},
+        "update": {"micro_batch_size": 4},
+        "advantages": {"advantage_scale": "batch"},
+    },
+    "seq-mean-token-mean-micro2": {
+        "objective": {"loss_agg_mode": "seq-mean-token-mean"},
+        "update": {"micro_batch_size": 2},
+    },
+    "seq-mean-token-mean-whole": {
+        "objective": {"loss_agg_mode": "seq-mean-token-mean"},
+        "update": {"micro_batch_size": None},
+    },
     # Clipping normalises away a scale error, but catches a gradient norm taken over one rank's shard only.
-    "token-mean-micro2-clipped": {"loss_agg_mode": "token-mean", "micro_batch_size": 2, "max_grad_norm": 0.1},
+    "token-mean-micro2-clipped": {
+        "objective": {"loss_agg_mode": "token-mean"},
+        "update": {"micro_batch_size": 2, "max_grad_norm": 0.1},
+    },
     # Packing (on by default where exact) and token budgets: the ranks' rows need 6 and 5 (17 tokens) or 4 and 3 (26
     # tokens) micro-batches, so the ranks must agree on the count; a padded twin of token-mean-micro2 to compare with.
-    "token-mean-micro2-padded": {"loss_agg_mode": "token-mean", "micro_batch_size": 2, "packing": False},
-    "token-mean-packed-tokens17": {"loss_agg_mode": "token-mean", "packing": True, "micro_batch_tokens": 17},
+    "token-mean-micro2-padded": {
+        "objective": {"loss_agg_mode": "token-mean"},
+        "update": {"micro_batch_size": 2, "packing": False},
+    },
+    "token-mean-packed-tokens17": {
+        "objective": {"loss_agg_mode": "token-mean"},
+        "update": {"packing": True, "micro_batch_tokens": 17},
+    },
     "seq-mean-token-mean-padded-tokens26": {
-        "loss_agg_mode": "seq-mean-token-mean",
-        "packing": False,
-        "micro_batch_tokens": 26,
-        "micro_batch_size": 3,
+        "objective": {"loss_agg_mode": "seq-mean-token-mean"},
+        "update": {"packing": False, "micro_batch_tokens": 26, "micro_batch_size": 3},
     },
     # Issue 37's policy losses, two passes (the second off-policy): per-token and per-sequence pieces hold over ranks.
-    "sapo-micro2-epochs2": {"loss_kind": "sapo", "micro_batch_size": 2, "ppo_epochs": 2},
+    "sapo-micro2-epochs2": {"objective": {"loss_kind": "sapo"}, "update": {"micro_batch_size": 2, "ppo_epochs": 2}},
     "gmpo-seq-mean-micro2-epochs2": {
-        "loss_kind": "gmpo",
-        "loss_agg_mode": "seq-mean-token-mean",
-        "micro_batch_size": 2,
-        "ppo_epochs": 2,
+        "objective": {"loss_kind": "gmpo", "loss_agg_mode": "seq-mean-token-mean"},
+        "update": {"micro_batch_size": 2, "ppo_epochs": 2},
     },
     "dppo_tv-micro2-epochs2": {
-        "loss_kind": "dppo_tv",
-        "loss_kind_args": {"threshold_low": 0.01, "threshold_high": 0.01},
-        "micro_batch_size": 2,
-        "ppo_epochs": 2,
+        "objective": {"loss_kind": "dppo_tv", "loss_kind_args": {"threshold_low": 0.01, "threshold_high": 0.01}},
+        "update": {"micro_batch_size": 2, "ppo_epochs": 2},
     },
     # Issue 38's per-token and per-row pieces (rollout weights, OPSM, importance-weighted KL) and the adaptive entropy
     # control, whose next coefficient comes from the step's global entropy: equal on both ranks and to one process.
     "off-policy-adaptive-micro2": {
-        "micro_batch_size": 2,
-        "rollout_correction": "token_truncate",
-        "rollout_correction_args": {"min": 0.5, "max": 2.0},
-        "off_policy_mask": "opsm",
-        "off_policy_mask_args": {"threshold": 2.5},
-        "kl_weighting": "importance",
-        "entropy_control": "adaptive",
-        "entropy_control_args": {"target": 50.0, "delta": 0.01},
+        "update": {"micro_batch_size": 2},
+        "corrections": {
+            "rollout_correction": "token_truncate",
+            "rollout_correction_args": {"min": 0.5, "max": 2.0},
+            "off_policy_mask": "opsm",
+            "off_policy_mask_args": {"threshold": 2.5},
+        },
+        "objective": {
+            "kl_weighting": "importance",
+            "entropy_control": "adaptive",
+            "entropy_control_args": {"target": 50.0, "delta": 0.01},
+        },
     },
     # Process supervision (grpo_process): the batch std of every step reward of the global batch, and an outcome step.
     "process-batch-std-micro2": {
-        "micro_batch_size": 2,
-        "advantage_estimator": "grpo_process",
-        "advantage_scale": "batch",
-        "process_outcome_weight": 0.5,
+        "update": {"micro_batch_size": 2},
+        "advantages": {
+            "advantage_estimator": "grpo_process",
+            "advantage_scale": "batch",
+            "process_outcome_weight": 0.5,
+        },
         "reward_funcs": "process",
     },
     # Issue 37's estimators with batch statistics summed over ranks: GDPO's whitening of the per-function sums,
     # REINFORCE++'s token whitening, GPG's alpha (valid rows over rows in groups with a spread).
-    "gdpo-micro2": {"micro_batch_size": 2, "advantage_estimator": "gdpo", "reward_funcs": "two"},
-    "reinforce-pp-micro2": {
-        "micro_batch_size": 2,
-        "advantage_estimator": "reinforce_plus_plus",
-        "advantage_estimator_args": {"gamma": 0.9},
+    "gdpo-micro2": {
+        "update": {"micro_batch_size": 2},
+        "advantages": {"advantage_estimator": "gdpo"},
+        "reward_funcs": "two",
     },
-    "gpg-micro2": {"micro_batch_size": 2, "advantage_estimator": "gpg"},
+    "reinforce-pp-micro2": {
+        "update": {"micro_batch_size": 2},
+        "advantages": {"advantage_estimator": "reinforce_plus_plus", "advantage_estimator_args": {"gamma": 0.9}},
+    },
+    "gpg-micro2": {"update": {"micro_batch_size": 2}, "advantages": {"advantage_estimator": "gpg"}},
 }
 
 
@@ -148,12 +170,23 @@ class RankSliceModule(FixedRolloutModule):
         return part.to(self.device)
 
 
+def merged(*layers: dict[str, Any]) -> dict[str, Any]:
+    """``layers`` merged, a later one winning, group by group: ``{"update": {...}, "objective": {...}, ...}``."""
+    out: dict[str, Any] = {}
+    for layer in layers:
+        for key, value in layer.items():
+            both = isinstance(value, dict) and isinstance(out.get(key), dict)
+            out[key] = {**out[key], **value} if both else value
+    return out
+
+
 def build_module(
     module_cls: type[GRPOModule] = GRPOModule, *, lr: float = 1e-2, sgd: bool = False, **settings: Any
 ) -> GRPOModule:
-    """A GRPOModule over the tiny model (seed 0), as every rank and the single-process reference build it."""
+    """A GRPOModule over the tiny model (seed 0), as every rank and the single-process reference build it;
+    ``settings``: groups of ``GRPOConfig`` as dicts (``update={"micro_batch_size": 2}``), over the tiny sampling."""
     tokenizer = build_tiny_tokenizer()
-    defaults = {"num_generations": G, "max_new_tokens": 6, "max_prompt_length": 16}
+    settings = merged({"sampling": {"num_generations": G, "max_new_tokens": 6, "max_prompt_length": 16}}, settings)
     policy = settings.pop("policy", PolicyConfig(lora_r=4, lora_alpha=8))
     scheduler = settings.pop("lr_scheduler", None)
     funcs = {"process": [count_a, a_per_chunk], "two": [count_a, count_b]}
@@ -164,7 +197,7 @@ def build_module(
         reward_funcs,
         tokenizer=tokenizer,
         policy=policy,
-        grpo=GRPOConfig(**{**defaults, **settings}),
+        grpo=GRPOConfig(**settings),
         optimizer=lambda params: optimizer(params, lr=lr),
         lr_scheduler=scheduler,
     )
@@ -181,10 +214,10 @@ def perturb_adapter(module: GRPOModule) -> None:
 
 def equivalence_case(strategy: str, case: str) -> tuple[GRPOModule, Any]:
     """One SGD step (no clipping) on the injected rollout; the adapter after it must not depend on world size."""
-    settings = {"kl_coef": 0.1, "max_grad_norm": None, **EQUIVALENCE_CASES[case]}
+    settings = merged({"objective": {"kl_coef": 0.1}, "update": {"max_grad_norm": None}}, EQUIVALENCE_CASES[case])
     module = build_module(RankSliceModule, lr=0.5, sgd=True, **settings)
     module.fixed = fixed_rollout(module.tokenizer, PROMPTS, COMPLETIONS, group_size=G)
-    if settings.get("rollout_correction"):  # behaviour log-probs of a sampler: fixed, uneven values
+    if settings.get("corrections", {}).get("rollout_correction"):  # behaviour log-probs of a sampler: uneven values
         ids = module.fixed.completion_ids
         module.fixed.logprobs = -1.0 - 0.25 * (ids % 7).float()
     perturb_adapter(module)
@@ -196,8 +229,14 @@ def equivalence_case(strategy: str, case: str) -> tuple[GRPOModule, Any]:
 def qlora_case(strategy: str) -> GRPOModule:
     """An NF4-quantized base (QLoRA): one SGD step on the injected rollout, as the equivalence cases take it."""
     policy = PolicyConfig(lora_r=4, lora_alpha=8, quantization="nf4", dtype="float32")
-    module = build_module(RankSliceModule, lr=0.5, sgd=True, kl_coef=0.1, max_grad_norm=None, micro_batch_size=2,
-                          policy=policy)  # fmt: skip
+    module = build_module(
+        RankSliceModule,
+        lr=0.5,
+        sgd=True,
+        objective={"kl_coef": 0.1},
+        update={"max_grad_norm": None, "micro_batch_size": 2},
+        policy=policy,
+    )
     module.fixed = fixed_rollout(module.tokenizer, PROMPTS, COMPLETIONS, group_size=G)
     perturb_adapter(module)
     trainer = make_trainer(devices=world_of(strategy), strategy=make_strategy(strategy), max_steps=1)
@@ -266,8 +305,10 @@ def fit_module() -> GRPOModule:
     """Sampling, KL, several optimizer steps per rollout, clipping, gradient checkpointing, a scheduler."""
     return build_module(
         policy=PolicyConfig(lora_r=4, lora_alpha=8, gradient_checkpointing=True),
-        kl_coef=0.01, ppo_epochs=2, mini_batch_size=4, micro_batch_size=2, lr_scheduler=_step_lr,
-    )  # fmt: skip
+        objective={"kl_coef": 0.01},
+        update={"ppo_epochs": 2, "mini_batch_size": 4, "micro_batch_size": 2},
+        lr_scheduler=_step_lr,
+    )
 
 
 def fit_data() -> PromptDataModule:
@@ -314,7 +355,9 @@ def scenario_uneven(strategy: str, workdir: Path) -> None:
     """Ranks sample different lengths (2 vs 12 new tokens) with and without gathered weights; nothing may hang."""
     results = {}
     for gather in (True, False):
-        module = build_module(max_new_tokens=2 if rank() == 0 else 12, fsdp_gather_for_generation=gather)
+        module = build_module(
+            sampling={"max_new_tokens": 2 if rank() == 0 else 12, "fsdp_gather_for_generation": gather}
+        )
         recorder = PromptRecorder()
         trainer = make_trainer(devices=2, strategy=make_strategy(strategy), max_steps=2, callbacks=[recorder])
         trainer.fit(module, fit_data())
@@ -325,7 +368,7 @@ def scenario_uneven(strategy: str, workdir: Path) -> None:
 def scenario_bf16(strategy: str, workdir: Path) -> None:
     """bfloat16 base weights with the float32 adapter in the same FSDP2 units, gradient checkpointing on."""
     policy = PolicyConfig(lora_r=4, lora_alpha=8, dtype="bfloat16", gradient_checkpointing=True)
-    module = build_module(policy=policy, micro_batch_size=4)
+    module = build_module(policy=policy, update={"micro_batch_size": 4})
     before = full_adapter_state_dict(module.policy)
     trainer = make_trainer(devices=2, strategy=make_strategy(strategy), max_steps=2)
     trainer.fit(module, fit_data())
@@ -359,10 +402,15 @@ def _env_score(prompts: list, completions: list, env_reward: list, **_: Any) -> 
 def agent_module() -> GRPOModule:
     """A multi-turn policy (conversational prompts, an environment) with KL and several optimizer steps per rollout."""
     tokenizer = build_tiny_tokenizer()
-    settings = {"num_generations": G, "max_new_tokens": 40, "max_prompt_length": 32, "max_turns": 3}
+    grpo = GRPOConfig(
+        sampling=SamplingConfig(num_generations=G, max_new_tokens=40, max_prompt_length=32),
+        agents=AgentConfig(max_turns=3),
+        objective=ObjectiveConfig(kl_coef=0.01),
+        update=UpdateConfig(mini_batch_size=4, micro_batch_size=2),
+    )
     return GRPOModule(
         short_turn_model(tokenizer), [_env_score], tokenizer=tokenizer, policy=PolicyConfig(lora_r=4, lora_alpha=8),
-        grpo=GRPOConfig(**settings, objective=ObjectiveConfig(kl_coef=0.01), update=UpdateConfig(mini_batch_size=4, micro_batch_size=2)),
+        grpo=grpo,
         optimizer=lambda params: torch.optim.AdamW(params, lr=1e-2), environment_factory=_rank_countdown,
     )  # fmt: skip
 

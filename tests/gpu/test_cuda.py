@@ -16,6 +16,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 
 from lightning_grpo import PolicyConfig
+from lightning_grpo.config import ObjectiveConfig
 from lightning_grpo.rollout import completion_logprobs
 from lightning_grpo.rollout.generation import generate_rollout
 from lightning_grpo.rollout.sampling_settings import SamplingSettings
@@ -64,13 +65,16 @@ def _fit_on_gpu(module, steps: int = 2, callbacks=(), **trainer_options):
 
 @pytest.mark.parametrize("settings", CASES.values(), ids=CASES.keys())
 def test_a_fit_on_cuda_trains_the_adapter(make_module, settings):
-    functions = [halves, noise] if settings.get("advantage_estimator") == "grpo_process" else [noise]
+    process = "advantages" in settings and settings["advantages"].advantage_estimator == "grpo_process"
+    functions = [halves, noise] if process else [noise]
     trainer = _fit_on_gpu(make_module(functions, **settings))
     assert {"train/reward_mean", "train/loss", "train/clip_frac"} <= set(trainer.callback_metrics)
 
 
 def test_a_bfloat16_base_trains_a_float32_adapter_on_cuda(make_module):
-    module = make_module([noise], policy=PolicyConfig(lora_r=4, lora_alpha=8, dtype="bfloat16"), kl_coef=0.01)
+    module = make_module(
+        [noise], policy=PolicyConfig(lora_r=4, lora_alpha=8, dtype="bfloat16"), objective=ObjectiveConfig(kl_coef=0.01)
+    )
     _fit_on_gpu(module)
     dtypes = {p.dtype for p in module.policy.parameters() if p.requires_grad}
     frozen = {p.dtype for p in module.policy.parameters() if not p.requires_grad}
@@ -132,5 +136,7 @@ STRATEGIES = {
 def test_world_size_one_fits_on_nccl(make_module, name):
     """Run each strategy in its own process (``-k ddp``, ``-k fsdp2``): a process group lives until the process ends."""
     backend = _Backend()
-    _fit_on_gpu(make_module([noise], kl_coef=0.01), strategy=STRATEGIES[name](), callbacks=[backend])
+    _fit_on_gpu(
+        make_module([noise], objective=ObjectiveConfig(kl_coef=0.01)), strategy=STRATEGIES[name](), callbacks=[backend]
+    )
     assert backend.seen == ("nccl", 1)

@@ -11,6 +11,7 @@ from lightning.pytorch import Callback
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_grpo import PromptDataModule
+from lightning_grpo.config import AdvantageConfig
 from lightning_grpo.iteration.dynamic_sampling import check_datamodule, informative_groups
 from tests.conftest import make_trainer, prompt_loader
 
@@ -49,7 +50,7 @@ def _fit(
     make_module, steps: int, max_rounds: int = 6, ckpt_path: Any = None, **trainer_kwargs: Any
 ) -> tuple[Seen, Steps, Any]:
     reward, recorder = Seen(), Steps()
-    module = make_module([reward], dynamic_sampling=True, max_sampling_rounds=max_rounds)
+    module = make_module([reward], advantages=AdvantageConfig(dynamic_sampling=True, max_sampling_rounds=max_rounds))
     callbacks = [recorder, *trainer_kwargs.pop("callbacks", [])]
     trainer = make_trainer(max_steps=steps, callbacks=callbacks, log_every_n_steps=1, **trainer_kwargs)
     trainer.fit(module, _data(), ckpt_path=ckpt_path)
@@ -98,7 +99,7 @@ def test_resumed_run_draws_exactly_the_prompts_of_an_uninterrupted_one(make_modu
 
 
 def test_a_plain_dataloader_is_refused_at_fit_start(make_module):
-    module = make_module(dynamic_sampling=True)
+    module = make_module(advantages=AdvantageConfig(dynamic_sampling=True))
     with pytest.raises(ValueError, match=r"dynamic_sampling needs PromptDataModule \(or a datamodule with "):
         make_trainer(max_steps=1).fit(module, train_dataloaders=prompt_loader(["1+1="]))
     with pytest.raises(ValueError, match="got list"):
@@ -108,7 +109,7 @@ def test_a_plain_dataloader_is_refused_at_fit_start(make_module):
 @pytest.mark.parametrize(("value", "error"), [(0, ValueError), (1.5, TypeError)])
 def test_max_sampling_rounds_below_one_is_refused(make_module, value, error):
     with pytest.raises(error, match="max_sampling_rounds must be an integer >= 1"):
-        make_module(max_sampling_rounds=value)
+        make_module(advantages=AdvantageConfig(max_sampling_rounds=value))
 
 
 @pytest.mark.slow

@@ -68,7 +68,9 @@ def test_rollout_size_rule_for_budgets():
         update=UpdateConfig(mini_batch_size=8, micro_batch_size=3, micro_batch_tokens=512),
     )
     config.check_rollout_size(16)  # micro_batch_size only caps the rows of a micro-batch: it need not divide
-    with pytest.raises(ValueError, match=r"12 completions.*multiple of mini_batch_size=8 .*micro_batch_tokens=512"):
+    with pytest.raises(
+        ValueError, match=r"12 completions.*multiple of update\.mini_batch_size=8 .*update\.micro_batch_tokens=512"
+    ):
         GRPOConfig(
             sampling=SamplingConfig(num_generations=4), update=UpdateConfig(mini_batch_size=8, micro_batch_tokens=512)
         ).check_rollout_size(12)

@@ -9,6 +9,7 @@ from lightning.pytorch import Callback
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_grpo import GRPOModule
+from lightning_grpo.config import FaultConfig
 from lightning_grpo.policy import NonFiniteError
 from tests.conftest import make_trainer, prompt_loader
 
@@ -72,7 +73,7 @@ def test_a_nan_loss_stops_the_run_naming_the_step_and_nothing_is_applied(make_mo
 
 
 def test_skip_mode_skips_the_step_with_a_warning_then_trains_on(make_module, tmp_path):
-    module = make_module(module_cls=NaNLossAt, on_nonfinite="skip", max_skipped_steps=2)
+    module = make_module(module_cls=NaNLossAt, faults=FaultConfig(on_nonfinite="skip", max_skipped_steps=2))
     with pytest.warns(UserWarning, match="step 1: non-finite loss.*skipped \\(1 of 2\\)"):
         trainer = _fit(module, tmp_path)
     assert module.skipped_steps == [1] and trainer.global_step == 3  # 4 iterations: the skipped one took no step
@@ -80,7 +81,7 @@ def test_skip_mode_skips_the_step_with_a_warning_then_trains_on(make_module, tmp
 
 
 def test_skips_are_limited(make_module, tmp_path):
-    module = make_module(module_cls=NaNLossAt, on_nonfinite="skip", max_skipped_steps=0)
+    module = make_module(module_cls=NaNLossAt, faults=FaultConfig(on_nonfinite="skip", max_skipped_steps=0))
     with pytest.raises(NonFiniteError, match="step 1"):
         _fit(module, tmp_path)
 

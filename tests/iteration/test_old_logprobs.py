@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from lightning_grpo import GRPOConfig, PromptDataModule
-from lightning_grpo.config import CorrectionConfig
-from tests.conftest import make_trainer, prompt_records
+from lightning_grpo.config import CorrectionConfig, ObjectiveConfig, UpdateConfig
+from tests.conftest import make_trainer, prompt_records, tiny_sampling
 from tests.module.helpers import FixedRolloutModule, fixed_rollout
 
-SEVERAL_UPDATES = {"ppo_epochs": 2, "mini_batch_size": 6, "kl_coef": 0.0}
+SEVERAL_UPDATES = {"update": UpdateConfig(ppo_epochs=2, mini_batch_size=6), "objective": ObjectiveConfig(kl_coef=0.0)}
 
 
 def length(completions, **kwargs):
@@ -29,7 +29,7 @@ def _fit(make_module, **settings):
 
 def test_rollout_logprobs_replace_the_recompute_and_train_the_same(make_module):
     recompute, logged = _fit(make_module, **SEVERAL_UPDATES)
-    rollout, logged_rollout = _fit(make_module, **SEVERAL_UPDATES, old_logprobs="rollout")
+    rollout, logged_rollout = _fit(make_module, **SEVERAL_UPDATES, corrections=CorrectionConfig(old_logprobs="rollout"))
     assert "old_logprobs" in recompute.timer.seconds and "old_logprobs" not in rollout.timer.seconds
     for metrics in (logged, logged_rollout):  # sampling and training kernels agree here (CPU, float32)
         assert 0 <= metrics["train/rollout_logprob_diff_mean"] <= metrics["train/rollout_logprob_diff_max"] < 1e-4
@@ -46,7 +46,12 @@ def test_agreement_is_logged_when_one_update_uses_the_rollout(make_module):
 
 
 def test_rollout_mode_needs_rollout_logprobs(make_module, tokenizer):
-    module = make_module(module_cls=FixedRolloutModule, **SEVERAL_UPDATES, old_logprobs="rollout", num_generations=6)
+    module = make_module(
+        module_cls=FixedRolloutModule,
+        **SEVERAL_UPDATES,
+        corrections=CorrectionConfig(old_logprobs="rollout"),
+        sampling=tiny_sampling(num_generations=6),
+    )
     module.fixed = fixed_rollout(tokenizer, ["1+1="] * 6, ["2", "3", "4", "5", "6", "7"], group_size=6)
     with pytest.raises(ValueError, match=r"Rollout\.logprobs"):
         make_trainer(max_steps=1).fit(module, PromptDataModule(prompt_records(6), batch_size=1))
@@ -68,8 +73,10 @@ def test_rollout_mode_with_one_update_takes_the_sampler_log_probs(make_module, t
 
     kl = {}
     for mode in ("rollout", "recompute"):
-        module = shifted(make_module(module_cls=FixedRolloutModule, reward_funcs=[length], old_logprobs=mode,
-                                     num_generations=6, kl_coef=0.0))  # fmt: skip
+        module = shifted(make_module(module_cls=FixedRolloutModule, reward_funcs=[length],
+                                     corrections=CorrectionConfig(old_logprobs=mode),
+                                     sampling=tiny_sampling(num_generations=6),
+                                     objective=ObjectiveConfig(kl_coef=0.0)))  # fmt: skip
         trainer = make_trainer(max_steps=1)
         trainer.fit(module, PromptDataModule(prompt_records(6), batch_size=1))
         kl[mode] = float(trainer.callback_metrics["train/approx_kl"])

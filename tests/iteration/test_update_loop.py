@@ -6,10 +6,9 @@ from __future__ import annotations
 import torch
 
 from lightning_grpo import GRPOModule, PromptDataModule, UpdateBatch
+from lightning_grpo.config import ObjectiveConfig, UpdateConfig
 from lightning_grpo.rollout import TokenLogProbs
 from tests.conftest import make_trainer, prompt_records
-
-SEVERAL_UPDATES = {"ppo_epochs": 2, "mini_batch_size": 6, "kl_coef": 0.01}
 
 
 def length(completions, **kwargs):
@@ -39,7 +38,12 @@ class Counting(GRPOModule):
 
 
 def test_the_loop_and_the_fixed_passes_use_the_overrides_and_one_context_per_iteration(make_module):
-    module = make_module(reward_funcs=[length], module_cls=Counting, micro_batch_size=3, **SEVERAL_UPDATES)
+    module = make_module(
+        reward_funcs=[length],
+        module_cls=Counting,
+        update=UpdateConfig(ppo_epochs=2, mini_batch_size=6, micro_batch_size=3),
+        objective=ObjectiveConfig(kl_coef=0.01),
+    )
     torch.manual_seed(0)
     make_trainer(max_steps=1).fit(module, PromptDataModule(prompt_records(6), batch_size=3))
     # 3 prompts x G=4 = 12 rows; 2 epochs x 2 mini-batches of 6, each 2 micro-batches of 3: 8 losses

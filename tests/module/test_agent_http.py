@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lightning_grpo import GRPOConfig
-from lightning_grpo.config import AgentConfig
+from lightning_grpo.config import AgentConfig, UpdateConfig
 from tests.conftest import make_trainer
 from tests.module.test_agent import BATCH, _module, branching_agent
 
@@ -29,7 +29,12 @@ def test_a_fit_over_http_trains_and_leaves_no_server_or_thread(tokenizer):
         assert _listening(urls[-1]) and client.api_key.startswith("sk-trajectory-")
         return await branching_agent(client, row)
 
-    module = _module(tokenizer, agent=agent, agent_transport="http", mini_batch_size=4, micro_batch_size=2)
+    module = _module(
+        tokenizer,
+        agent=agent,
+        agents=AgentConfig(agent_transport="http"),
+        update=UpdateConfig(mini_batch_size=4, micro_batch_size=2),
+    )
     before = {n: p.detach().clone() for n, p in module.policy.named_parameters() if p.requires_grad}
     make_trainer(max_steps=4).fit(module, torch.utils.data.DataLoader([BATCH, BATCH], batch_size=None))
     assert module.trainer.global_step == 4 and len(set(urls)) == 2  # 2 rollouts, each its own server
@@ -48,7 +53,7 @@ def test_an_exception_in_the_rollout_ends_the_server_and_every_agent(tokenizer):
             ended.append(row["target"])
         return 1.0
 
-    module = _module(tokenizer, agent=agent, agent_transport="http")
+    module = _module(tokenizer, agent=agent, agents=AgentConfig(agent_transport="http"))
 
     class Broken(RuntimeError):
         pass

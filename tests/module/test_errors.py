@@ -17,39 +17,63 @@ from tests.conftest import make_trainer, prompt_loader, tiny_sampling
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
-        ({"sampling": {"num_generations": 1}},
-         r"GRPOConfig.sampling.num_generations=1: the group estimator advantages.advantage_estimator='grpo' needs "
-         r"num_generations >= 2"),
-        ({"sampling": {"num_generations": 1}, "advantages": {"advantage_estimator": "rloo"}},
-         r"group estimator advantages.advantage_estimator='rloo'"),
-        ({"update": {"mini_batch_size": 6, "micro_batch_size": 4}},
-         r"GRPOConfig.update.mini_batch_size=6 must be a multiple of micro_batch_size=4"),
-        ({"objective": {"loss_kind": "ppo"}},
-         r"GRPOConfig.objective.loss_kind='ppo' is not valid; choose one of 'clip', 'gspo', 'cispo'"),
-        ({"objective": {"kl_estimator": "k4"}},
-         r"GRPOConfig.objective.kl_estimator='k4' is not valid; choose one of .*'low_var_kl'"),
-        ({"objective": {"loss_agg_mode": "mean"}},
-         r"GRPOConfig.objective.loss_agg_mode='mean' is not valid; choose one of 'token-mean'"),
-        ({"advantages": {"advantage_estimator": "gae"}},
-         r"GRPOConfig.advantages.advantage_estimator='gae' is not valid; choose one of 'grpo', 'rloo'"),
-        ({"advantages": {"advantage_scale": "global"}},
-         r"GRPOConfig.advantages.advantage_scale='global' is not valid; choose one of 'group', 'batch'"),
+        (
+            {"sampling": {"num_generations": 1}},
+            r"GRPOConfig.sampling.num_generations=1: the group estimator advantages.advantage_estimator='grpo' needs "
+            r"num_generations >= 2",
+        ),
+        (
+            {"sampling": {"num_generations": 1}, "advantages": {"advantage_estimator": "rloo"}},
+            r"group estimator advantages.advantage_estimator='rloo'",
+        ),
+        (
+            {"update": {"mini_batch_size": 6, "micro_batch_size": 4}},
+            r"GRPOConfig.update.mini_batch_size=6 must be a multiple of micro_batch_size=4",
+        ),
+        (
+            {"objective": {"loss_kind": "ppo"}},
+            r"GRPOConfig.objective.loss_kind='ppo' is not valid; choose one of 'clip', 'gspo', 'cispo'",
+        ),
+        (
+            {"objective": {"kl_estimator": "k4"}},
+            r"GRPOConfig.objective.kl_estimator='k4' is not valid; choose one of .*'low_var_kl'",
+        ),
+        (
+            {"objective": {"loss_agg_mode": "mean"}},
+            r"GRPOConfig.objective.loss_agg_mode='mean' is not valid; choose one of 'token-mean'",
+        ),
+        (
+            {"advantages": {"advantage_estimator": "gae"}},
+            r"GRPOConfig.advantages.advantage_estimator='gae' is not valid; choose one of 'grpo', 'rloo'",
+        ),
+        (
+            {"advantages": {"advantage_scale": "global"}},
+            r"GRPOConfig.advantages.advantage_scale='global' is not valid; choose one of 'group', 'batch'",
+        ),
         ({"update": {"ppo_epochs": 0}}, r"GRPOConfig.update.ppo_epochs must be an integer >= 1, got 0"),
         ({"sampling": {"max_new_tokens": 0}}, r"GRPOConfig.sampling.max_new_tokens must be an integer >= 1, got 0"),
         ({"sampling": {"temperature": 0.0}}, r"GRPOConfig.sampling.temperature must be a finite number > 0.0, got 0.0"),
         ({"sampling": {"top_p": 1.5}}, r"GRPOConfig.sampling.top_p must be a finite number in \(0.0, 1.0\], got 1.5"),
-        ({"objective": {"clip_low": 1.0}},
-         r"GRPOConfig.objective.clip_low must be a finite number in \[0.0, 1.0\), got 1.0"),
-        ({"objective": {"dual_clip": 0.5}},
-         r"GRPOConfig.objective.dual_clip must be a finite number > 1.0 or None, got 0.5"),
+        (
+            {"objective": {"clip_low": 1.0}},
+            r"GRPOConfig.objective.clip_low must be a finite number in \[0.0, 1.0\), got 1.0",
+        ),
+        (
+            {"objective": {"dual_clip": 0.5}},
+            r"GRPOConfig.objective.dual_clip must be a finite number > 1.0 or None, got 0.5",
+        ),
         ({"objective": {"delta": 1.1}}, r"GRPOConfig.objective.delta must be a finite number > 1.2 or None, got 1.1"),
         ({"objective": {"kl_coef": -1.0}}, r"GRPOConfig.objective.kl_coef must be a finite number >= 0.0, got -1.0"),
-        ({"update": {"max_grad_norm": 0.0}},
-         r"GRPOConfig.update.max_grad_norm must be a finite number > 0.0 or None, got 0.0"),
-        ({"update": {"micro_batch_size": 0}},
-         r"GRPOConfig.update.micro_batch_size must be an integer >= 1 or None, got 0"),
+        (
+            {"update": {"max_grad_norm": 0.0}},
+            r"GRPOConfig.update.max_grad_norm must be a finite number > 0.0 or None, got 0.0",
+        ),
+        (
+            {"update": {"micro_batch_size": 0}},
+            r"GRPOConfig.update.micro_batch_size must be an integer >= 1 or None, got 0",
+        ),
     ],
-)  # fmt: skip
+)
 def test_invalid_settings_fail_at_construction(settings, message):
     """Each group given as a mapping (``GRPOConfig`` builds it), so that the error is raised inside the test."""
     with pytest.raises(ValueError, match=message):
@@ -96,7 +120,7 @@ def test_rollout_that_mini_batches_do_not_divide_fails_at_the_first_step(make_mo
     module = make_module(
         sampling=tiny_sampling(num_generations=3), update=UpdateConfig(mini_batch_size=4)
     )  # 2 prompts x 3 = 6 completions
-    with pytest.raises(ValueError, match=r"rollout has 6 completions .* multiple of mini_batch_size=4"):
+    with pytest.raises(ValueError, match=r"rollout has 6 completions .* multiple of update.mini_batch_size=4"):
         make_trainer(max_steps=1).fit(module, train_dataloaders=prompt_loader(["1+1=", "2+2="]))
 
 
@@ -110,7 +134,7 @@ def test_a_batch_size_mismatch_fails_at_fit_start_before_any_rollout(make_module
     module = make_module(
         (record,), sampling=tiny_sampling(num_generations=3), update=UpdateConfig(mini_batch_size=4)
     )  # batch of 2 prompts x 3 = 6
-    with pytest.raises(ValueError, match=r"6 completions .* multiple of mini_batch_size=4"):
+    with pytest.raises(ValueError, match=r"6 completions .* multiple of update.mini_batch_size=4"):
         make_trainer(max_steps=1).fit(module, train_dataloaders=prompt_loader(["1+1=", "2+2="]))
     assert scored == []  # found from the data's batch size, before sampling and scoring
 

@@ -56,7 +56,8 @@ CASES = {
     "defaults": {},
     "process": {"advantages": AdvantageConfig(advantage_estimator="grpo_process", process_outcome_weight=1.0)},
     "unfused, entropy bonus, no KL": {
-        "update": UpdateConfig(fused_head=False), "objective": ObjectiveConfig(entropy_coef=0.01, kl_coef=0.0),
+        "update": UpdateConfig(fused_head=False),
+        "objective": ObjectiveConfig(entropy_coef=0.01, kl_coef=0.0),
     },
     "rloo, two epochs of two mini-batches": {
         "advantages": AdvantageConfig(advantage_estimator="rloo"),
@@ -69,7 +70,7 @@ CASES = {
     "batch scale, reinforce++": {
         "advantages": AdvantageConfig(advantage_estimator="reinforce_pp_baseline", advantage_scale="batch"),
     },
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("settings", CASES.values(), ids=CASES.keys())

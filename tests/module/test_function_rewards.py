@@ -76,13 +76,15 @@ def test_gdpo_with_an_agents_own_reward_is_refused_at_construction(tokenizer):
         return 1.0
 
     with pytest.raises(ValueError, match=r"agent= run has one reward \(\['agent_reward'\]; without reward_funcs"):
-        _module(tokenizer, agent=agent, advantage_estimator="gdpo")
+        _module(tokenizer, agent=agent, advantages=AdvantageConfig(advantage_estimator="gdpo"))
 
 
 def test_agent_rollouts_keep_the_estimators_settings(tokenizer):
     # gpg's f_norm divides every advantage: f_norm=4 gives a quarter of f_norm=1 (the agent branch once dropped
     # advantage_estimator_args)
-    module = _module(tokenizer, advantage_estimator="gpg", advantage_estimator_args={"f_norm": 4.0})
+    module = _module(
+        tokenizer, advantages=AdvantageConfig(advantage_estimator="gpg", advantage_estimator_args={"f_norm": 4.0})
+    )
     torch.manual_seed(0)
     rollout = module.generate(BATCH)
     scores = module.score(rollout)
@@ -101,8 +103,10 @@ def test_gdpo_on_agent_trajectories_scored_by_two_functions(tokenizer):
     def vowels(completions, **_):
         return [float(sum(ch in "aeiou" for ch in str(c)) % 3) for c in completions]
 
-    grpo = GRPOConfig(sampling=SamplingConfig(num_generations=2, max_new_tokens=40, max_prompt_length=64),
-                      advantages=AdvantageConfig(advantage_estimator="gdpo"))  # fmt: skip
+    grpo = GRPOConfig(
+        sampling=SamplingConfig(num_generations=2, max_new_tokens=40, max_prompt_length=64),
+        advantages=AdvantageConfig(advantage_estimator="gdpo"),
+    )
     module = GRPOModule(short_turn_model(tokenizer), [length, vowels], tokenizer=tokenizer,
                         policy=PolicyConfig(lora_r=4, lora_alpha=8), grpo=grpo, agent=branching_agent)  # fmt: skip
     torch.manual_seed(0)

@@ -21,7 +21,7 @@ class FixedLength(GRPOModule):
         return replace(super().sampling_settings(**kwargs), min_new_tokens=self.config.sampling.max_new_tokens)
 
 
-def _packings_of_one_step(make_module, monkeypatch, **settings) -> list:
+def _packings_of_one_step(make_module, monkeypatch, packing="auto", **settings) -> list:
     seen = []
     real = module_file.completion_logprobs
 
@@ -31,7 +31,7 @@ def _packings_of_one_step(make_module, monkeypatch, **settings) -> list:
 
     monkeypatch.setattr(module_file, "completion_logprobs", recording)
     module = make_module(
-        **settings, objective=ObjectiveConfig(kl_coef=0.1), update=UpdateConfig(ppo_epochs=2)
+        **settings, objective=ObjectiveConfig(kl_coef=0.1), update=UpdateConfig(ppo_epochs=2, packing=packing)
     )  # old, reference and current log-probs
     make_trainer(max_steps=2).fit(module, prompt_loader(["1+1=", "2+2="]))
     assert module._packing is None  # the decision does not outlive its step

@@ -56,7 +56,7 @@ def test_the_built_in_estimators_declare_their_needs():
 
 def test_a_users_estimator_that_declares_step_rewards_receives_them(make_module):
     RECEIVED.clear()
-    module = make_module([first_character_step, count_a], advantage_estimator=PATH, max_new_tokens=6)
+    module = make_module([first_character_step, count_a], advantages=AdvantageConfig(advantage_estimator=PATH))
     keep = Keep()
     make_trainer(max_steps=1, callbacks=[keep]).fit(module, train_dataloaders=prompt_loader(["1+1=", "2+2="]))
     (steps,) = RECEIVED
@@ -69,7 +69,8 @@ def test_a_users_estimator_that_declares_step_rewards_receives_them(make_module)
 
 def test_an_undeclared_users_estimator_receives_no_step_rewards(make_module):
     RECEIVED.clear()
-    module = make_module([first_character_step, count_a], advantage_estimator=f"{__name__}.undeclared_estimator")
+    estimator = AdvantageConfig(advantage_estimator=f"{__name__}.undeclared_estimator")
+    module = make_module([first_character_step, count_a], advantages=estimator)
     make_trainer(max_steps=1).fit(module, train_dataloaders=prompt_loader(["1+1="]))
     assert RECEIVED == [None]
 
@@ -83,7 +84,7 @@ def test_a_declared_need_is_checked_like_a_built_in_ones(make_module):
         advantages=AdvantageConfig(advantage_estimator=f"{__name__}.undeclared_estimator"),
         sampling=SamplingConfig(num_generations=1),
     )  # no group needed
-    module = make_module([count_a], advantage_estimator=PATH)
+    module = make_module([count_a], advantages=AdvantageConfig(advantage_estimator=PATH))
     with pytest.raises(ValueError, match="needs step rewards"):
         make_trainer(max_steps=1).fit(module, train_dataloaders=prompt_loader(["1+1="]))
 

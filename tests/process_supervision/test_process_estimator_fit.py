@@ -16,7 +16,7 @@ from lightning_grpo.config import AdvantageConfig, AgentConfig, SamplingConfig
 from lightning_grpo.iteration.zero_signal import NO_STEP_MESSAGE
 from lightning_grpo.rewards import StepRewards, step_reward
 from lightning_grpo.testing.agents import CountdownEnv, short_turn_model
-from tests.conftest import count_a, make_trainer, prompt_loader
+from tests.conftest import count_a, make_trainer, prompt_loader, tiny_sampling
 
 # Worst of the 9 runs of the learning matrix (docs/benchmarks.md, "Process supervision"): 0.08 and 0.33.
 PROCESS_TURN2_RISE = 0.04
@@ -52,8 +52,8 @@ def _fit(module, prompts, **batch):
 
 
 def test_function_steps_become_token_advantages(make_module):
-    module = make_module([halves, count_a], advantage_estimator="grpo_process",
-                         process_outcome_weight=0.5, max_new_tokens=8)  # fmt: skip
+    advantages = AdvantageConfig(advantage_estimator="grpo_process", process_outcome_weight=0.5)
+    module = make_module([halves, count_a], sampling=tiny_sampling(max_new_tokens=8), advantages=advantages)
     out, trainer = _fit(module, ["1+1=", "2+2="])
     rollout, scores = out["rollout"], out["rewards"]
     steps = scores.step_rewards
@@ -85,10 +85,17 @@ def test_environment_turns_are_the_steps(tokenizer):
         return [float(r) for r in env_reward]
 
     module = GRPOModule(
-        short_turn_model(tokenizer), [env_score], tokenizer=tokenizer, environment_factory=CountdownEnv,
+        short_turn_model(tokenizer),
+        [env_score],
+        tokenizer=tokenizer,
+        environment_factory=CountdownEnv,
         policy=PolicyConfig(lora_r=4, lora_alpha=8),
-        grpo=GRPOConfig(sampling=SamplingConfig(num_generations=2, max_new_tokens=60, max_prompt_length=32), agents=AgentConfig(max_turns=3), advantages=AdvantageConfig(advantage_estimator="grpo_process")),
-    )  # fmt: skip
+        grpo=GRPOConfig(
+            sampling=SamplingConfig(num_generations=2, max_new_tokens=60, max_prompt_length=32),
+            agents=AgentConfig(max_turns=3),
+            advantages=AdvantageConfig(advantage_estimator="grpo_process"),
+        ),
+    )
     prompts = [[{"role": "user", "content": "go"}], [{"role": "user", "content": "play"}]]
     out, trainer = _fit(module, prompts, turns=[2, 3])
     rollout, steps = out["rollout"], out["rewards"].step_rewards
@@ -103,10 +110,13 @@ def test_environment_turns_are_the_steps(tokenizer):
 
 
 def test_outcome_weight_adds_the_outcome_as_a_last_step(make_module):
-    module = make_module([halves, count_a], advantage_estimator="grpo_process", process_outcome_weight=2.0)
+    module = make_module(
+        [halves, count_a], advantages=AdvantageConfig(advantage_estimator="grpo_process", process_outcome_weight=2.0)
+    )
     rollout = module.generate({"prompt": ["1+1=", "2+2="]})
     scores = module.score(rollout)
-    alone = make_module([halves, count_a], advantage_estimator="grpo_process").score(rollout).step_rewards
+    steps_alone = make_module([halves, count_a], advantages=AdvantageConfig(advantage_estimator="grpo_process"))
+    alone = steps_alone.score(rollout).step_rewards
     outcome = 2.0 * torch.tensor(count_a(None, rollout.completions))  # halves' totals are not outcome rewards
     torch.testing.assert_close(scores.step_rewards, with_outcome_step(alone, outcome, rollout.completion_mask, 1.0),
                                equal_nan=True)  # fmt: skip
@@ -117,7 +127,7 @@ def test_zero_signal_is_judged_on_step_rewards(make_module):
     def none(completions, **_):
         return [None] * len(completions)
 
-    module = make_module([count_a, none], advantage_estimator="grpo_process")
+    module = make_module([count_a, none], advantages=AdvantageConfig(advantage_estimator="grpo_process"))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         _, trainer = _fit(module, ["1+1=", "2+2="])
@@ -128,7 +138,7 @@ def test_zero_signal_is_judged_on_step_rewards(make_module):
 
 
 def test_grpo_process_without_step_rewards_is_refused_at_fit_start(make_module):
-    module = make_module([count_a], advantage_estimator="grpo_process")
+    module = make_module([count_a], advantages=AdvantageConfig(advantage_estimator="grpo_process"))
     with pytest.raises(ValueError, match=r"needs step rewards.*count_a.*@lightning_grpo.rewards.step_reward"):
         make_trainer(max_steps=1).fit(module, train_dataloaders=prompt_loader(["1+1="]))
 

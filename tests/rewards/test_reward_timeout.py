@@ -19,6 +19,7 @@ SCRIPT = """
 import time
 import torch
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig
+from lightning_grpo.config import FaultConfig, SamplingConfig
 from lightning_grpo.testing import build_tiny_model, build_tiny_tokenizer
 from tests.conftest import make_trainer, prompt_loader
 
@@ -29,7 +30,8 @@ def fine(completions, **_):
     return [0.0] * len(completions)
 
 tokenizer = build_tiny_tokenizer()
-grpo = GRPOConfig(num_generations=2, max_new_tokens=2, reward_timeout={"hangs": 0.5})
+grpo = GRPOConfig(sampling=SamplingConfig(num_generations=2, max_new_tokens=2),
+                  faults=FaultConfig(reward_timeout={"hangs": 0.5}))
 module = GRPOModule(build_tiny_model(tokenizer), [hangs, fine], tokenizer=tokenizer, grpo=grpo,
                     policy=PolicyConfig(lora_r=2, lora_alpha=4), default_callbacks=False)
 make_trainer(max_steps=1).fit(module, train_dataloaders=prompt_loader(["1+1="]))
@@ -52,7 +54,8 @@ def test_timeouts_are_checked_and_reach_the_reward_functions():
         GRPOConfig(faults=FaultConfig(reward_timeout=-1))
     with pytest.raises(ValueError, match=r"finite number > 0\.0"):
         GRPOConfig(faults=FaultConfig(reward_timeout={"judge": float("nan")}))
-    rewards = RewardFunctions.of([len], timeout=GRPOConfig(faults=FaultConfig(reward_timeout=2.5)).reward_timeout)
+    config = GRPOConfig(faults=FaultConfig(reward_timeout=2.5))
+    rewards = RewardFunctions.of([len], timeout=config.faults.reward_timeout)
     assert rewards.timeouts == (2.5,)
     with pytest.raises(ValueError, match="holds its weights and timeouts"):
         RewardFunctions.of(rewards, timeout=3)

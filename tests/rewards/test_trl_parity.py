@@ -8,11 +8,13 @@ step here and through ``GRPOTrainer._compute_loss`` there; each TRL ``loss_type`
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import pytest
 import torch
 
-from tests.conftest import make_trainer, prompt_loader
+from lightning_grpo.config import AdvantageConfig, ObjectiveConfig, UpdateConfig
+from tests.conftest import make_trainer, prompt_loader, tiny_sampling
 from tests.module.helpers import FixedRolloutModule, fixed_rollout
 
 trl = pytest.importorskip("trl")
@@ -85,13 +87,20 @@ def _theirs(policy, tokenizer, rollout, loss_type: str, beta: float, bias_kl: bo
     return float(loss), grads
 
 
+def _module(make_module, loss_type: str, **objective: Any) -> FixedRolloutModule:
+    """The module compared with TRL: its settings (``T`` tokens, no gradient clipping, no dual clip, eps 1e-4), the
+    aggregation of ``loss_type`` and ``objective`` (:class:`ObjectiveConfig` fields)."""
+    return make_module(
+        [frac_a], module_cls=FixedRolloutModule, sampling=tiny_sampling(max_new_tokens=T, temperature=1.0),
+        objective=ObjectiveConfig(loss_agg_mode=AGG[loss_type], dual_clip=None, **objective),
+        update=UpdateConfig(max_grad_norm=None), advantages=AdvantageConfig(advantage_eps=1e-4),
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize("loss_type", list(AGG))
 @pytest.mark.parametrize(("beta", "bias_kl", "estimator"), [(0.0, True, "k3"), (0.2, True, "k3+"), (0.2, False, "k3")])
 def test_loss_and_gradient_equal_trl(make_module, tokenizer, tmp_path, loss_type, beta, bias_kl, estimator):
-    module = make_module(
-        [frac_a], module_cls=FixedRolloutModule, loss_agg_mode=AGG[loss_type], kl_coef=beta, kl_estimator=estimator,
-        max_new_tokens=T, temperature=1.0, max_grad_norm=None, dual_clip=None, advantage_eps=1e-4,
-    )  # fmt: skip
+    module = _module(make_module, loss_type, kl_coef=beta, kl_estimator=estimator)
     _perturb(module.policy)
     rollout = fixed_rollout(tokenizer, PROMPTS, COMPLETIONS, group_size=4)
     policy = copy.deepcopy(module.policy)
@@ -107,11 +116,7 @@ def test_loss_and_gradient_equal_trl(make_module, tokenizer, tmp_path, loss_type
 @pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo"])
 def test_masked_truncated_rows_count_in_trls_row_count_but_not_ours(make_module, tokenizer, tmp_path, loss_type):
     """With ``mask_truncated_completions`` TRL's grpo/dr_grpo divide by all 8 rows, ours by the 7 with tokens."""
-    module = make_module(
-        [frac_a], module_cls=FixedRolloutModule, loss_agg_mode=AGG[loss_type], kl_coef=0.2, kl_estimator="k3+",
-        max_new_tokens=T, temperature=1.0, max_grad_norm=None, dual_clip=None, advantage_eps=1e-4,
-        mask_truncated_completions=True,
-    )  # fmt: skip
+    module = _module(make_module, loss_type, kl_coef=0.2, kl_estimator="k3+", mask_truncated_completions=True)
     _perturb(module.policy)
     rollout = fixed_rollout(tokenizer, PROMPTS, COMPLETIONS, group_size=4)
     assert rollout.truncated.tolist() == [False] * 7 + [True]
