@@ -259,26 +259,46 @@ def misspelt_setting(message: str, options: Sequence[str]) -> str | None:
         >>> misspelt_setting("unrecognized arguments: --trainer.max_step 3", ["--trainer.max_steps"])
         "unknown setting 'trainer.max_step': did you mean 'trainer.max_steps'? Fix the name and run again."
     """
-    found = re.search(_NOT_ACCEPTED, message)
-    if found:
-        cls, option, group, group_option, argument = found.groups()
-        name = option or (f"{group}.{group_option}" if group else argument.split("=")[0])
-        if name in MOVED_SETTINGS and _is_grpo_config(cls):  # an old flat name the command line did not see first
-            return moved_setting_message(name)
-        return _suggest(name, _parameters(cls), f" of {cls}")
-    found = re.search(r"unrecognized arguments: --(\S+)|does not accept option '([\w.]+)'", message)
-    if found:
-        name = found.group(1) or found.group(2)
-        return _suggest(name.split("=")[0], [o.lstrip("-") for o in options if o.startswith("--")], "")
-    return None
+    found = _UNKNOWN.search(message)
+    if not found:
+        return None
+    option, key, group, group_option, argument = found.groups()
+    name = option or key or (f"{group}.{group_option}" if group else argument.split("=")[0])
+    cls = _settings_class(message[: found.start()])
+    if cls is None:  # a key of the command line's own parser
+        return _suggest(name, [o.lstrip("-") for o in options if o.startswith("--")], "")
+    if name in MOVED_SETTINGS and _is_grpo_config(cls):  # an old flat name the command line did not see first
+        return moved_setting_message(name)
+    return _suggest(name, _parameters(cls), f" of {cls}")
 
 
-#: An unknown option of a class's settings: ``Option 'x' is not accepted``, ``Group 'g' does not accept option 'x'``
-#: (a YAML key in a group) or ``unrecognized arguments: --g.x=1`` (a flag).
-_NOT_ACCEPTED = re.compile(
-    r"class_path '([\w.]+)':\s+(?:Option '([\w.]+)' is not accepted|Group '([\w.]+)' does not accept option "
-    r"'([\w.]+)'|unrecognized arguments: --(\S+))"
+#: An unknown setting in a parser message (jsonargparse's wordings since 4.39): ``Option 'x' is not accepted``,
+#: ``Key 'x' is not expected``, ``Group 'g' does not accept option 'x'`` (or ``nested key``: a YAML key in a group of
+#: settings), ``unrecognized arguments: --g.x=1`` (a flag).
+_UNKNOWN = re.compile(
+    r"Option '([\w.]+)' is not accepted|Key '([\w.]+)' is not expected|Group '([\w.]+)' does not accept "
+    r"(?:option|nested key) '([\w.]+)'|unrecognized arguments: --(\S+)",
+    flags=re.IGNORECASE,
 )
+#: What a nested message is about: a class given by ``class_path``, or the types of a union (a dataclass's settings).
+_CONTEXT = re.compile(r"class_path '([\w.]+)':|Subtypes: \[(.*)\]")
+
+
+def _settings_class(before: str) -> str | None:
+    """The import path of the class whose settings the message ``before`` an unknown name is about, or ``None``."""
+    contexts = list(_CONTEXT.finditer(before))
+    if not contexts:
+        return None
+    path, union = contexts[-1].groups()
+    if path is None:
+        path = next((c for c in re.findall(r"<class '([\w.]+)'>", union) if c != "NoneType" and imported(c)), None)
+    return None if path is None else _public_path(path)
+
+
+def _public_path(path: str) -> str:
+    """``lightning_grpo.GRPOConfig`` for ``lightning_grpo.config.grpo.GRPOConfig``: the package's own name for it."""
+    package, name = path.partition(".")[0], path.rpartition(".")[2]
+    return f"{package}.{name}" if imported(f"{package}.{name}") is imported(path) is not None else path
 
 
 def _suggest(name: str, valid: Sequence[str], where: str) -> str:

@@ -1,5 +1,5 @@
-"""The update loop takes the module's steps as callables: overrides are used, the context is built once per step
-(docs/api/iteration.md)."""
+"""The update loop takes the module's overridable methods as callables: overrides are used, the context is built once
+per iteration (docs/api/iteration.md)."""
 
 from __future__ import annotations
 
