@@ -9,10 +9,10 @@ generate_conversations` (which also shares each prompt's prefill across its G sa
 ordinary, ...) after one untimed run of each, so that contention hits all paths alike; the table gives each path's
 median and range over ``--repeats`` runs, then the ratios of medians.
 
-``--http`` adds the same agents over the loopback HTTP server (``GRPOConfig.agents.agent_transport="http"``: the ``openai``
-SDK's real HTTP client, one key per trajectory) and the **HTTP floor**: the same agents answered by an echo sampler
-(``--tokens`` fixed tokens per call, no model run) over HTTP and in process; their difference is what HTTP adds to a
-rollout whatever the sampling, and the HTTP run is compared with the in-process run plus that floor.
+``--http`` adds the same agents over the loopback HTTP server (``GRPOConfig.agents.agent_transport="http"``: the
+``openai`` SDK's real HTTP client, one key per trajectory) and the **HTTP floor**: the same agents answered by an echo
+sampler (``--tokens`` fixed tokens per call, no model run) over HTTP and in process; their difference is what HTTP adds
+to a rollout whatever the sampling, and the HTTP run is compared with the in-process run plus that floor.
 ``--one-at-a-time`` adds a path whose calls are serialised (each sampled alone): what gathering saves (slow).
 
     python -m benchmarks.agent_client --repeats 5                 # CUDA if available, else CPU

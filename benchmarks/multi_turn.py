@@ -146,7 +146,8 @@ def scripts(tokenizer: PreTrainedTokenizerBase, turns: int = 3) -> tuple[list[li
 
 @dataclass(frozen=True)
 class _Kind:
-    """One rollout measured: its script, turns, ``GRPOConfig.agents.turn_cache`` value and its 1-turn baseline's index."""
+    """One rollout measured: its script, turns, ``GRPOConfig.agents.turn_cache`` value and its 1-turn baseline's
+    index."""
 
     name: str
     script: list[list[int]]
@@ -167,8 +168,8 @@ def measure(
     turn_cache: Sequence[bool | None] = (None,),
 ) -> list[Measurement]:
     """Median rollout time of each ``turns``-turn tool task and of its 1-turn baseline for each ``turn_cache`` value
-    (``GRPOConfig.agents.turn_cache``), after one warm-up rollout each; the rollouts of one repeat run back to back (so a
-    busy machine slows them alike). Per ``turns``: its multi-turn rollouts, then its 1-turn ones, in ``turn_cache``
+    (``GRPOConfig.agents.turn_cache``), after one warm-up rollout each; the rollouts of one repeat run back to back (so
+    a busy machine slows them alike). Per ``turns``: its multi-turn rollouts, then its 1-turn ones, in ``turn_cache``
     order."""
     head = ScriptedHead(model, [[tokenizer.eos_token_id]])
     messages = [

@@ -34,7 +34,8 @@ def main(workdir: Path) -> None:
     tokenizer = build_tiny_tokenizer()
     module = GRPOModule(
         build_tiny_model(tokenizer), [count_a], tokenizer=tokenizer, policy=PolicyConfig(lora_r=2, lora_alpha=4),
-        grpo=GRPOConfig(sampling=SamplingConfig(num_generations=2, max_new_tokens=4, max_prompt_length=8)), default_callbacks=False,
+        grpo=GRPOConfig(sampling=SamplingConfig(num_generations=2, max_new_tokens=4, max_prompt_length=8)),
+        default_callbacks=False,
     )  # fmt: skip
     callbacks = [Started(workdir), SaveOnInterrupt(dirpath=workdir / "ckpt")]
     strategy = DDPStrategy(process_group_backend="gloo")
