@@ -148,7 +148,7 @@ def set_collective_timeout(strategy: Strategy, seconds: float | None, *, agent_t
     Args:
         strategy: The trainer's strategy.
         seconds: ``GRPOConfig.faults.collective_timeout_s``; ``None`` keeps the strategy's own (``timeout=``, else 30
-        min).
+            min).
         agent_timeout: With agent code, ``GRPOConfig.agents.agent_timeout``: one rank may wait that long for another's
             rollout, so ``seconds`` must exceed it.
 

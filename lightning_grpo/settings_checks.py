@@ -42,8 +42,11 @@ class SettingError(ValueError):
         """The same error, its message starting with ``name`` (``GRPOConfig.objective.kl_coef``, a config key)
         instead."""
         message = str(self)
+        owned = re.match(r"[A-Z]\w*(?:\.\w+)+", message)  # the setting named with its owner: GRPOConfig.sampling.x
         if message.startswith(self.setting):
             message = name + message[len(self.setting) :]
+        elif owned and owned.group().endswith(f".{self.setting}"):
+            message = name + message[owned.end() :]
         else:
             message = f"{name}={self.value!r}: {message}"
         return type(self)(message, name, self.value)

@@ -43,8 +43,7 @@ class HFSession:
         turn_cache: Keep each trajectory's KV cache across agent turns (:class:`~lightning_grpo.rollout.turn_cache.
             TurnCache`; every turn is sampled by our own decoding loop); ``False``: each turn re-prefills its context.
         decoder: The compiled decode path (``GRPOConfig.sampling.decode``) that samples every call the turn cache does
-        not;
-            ``None``: :func:`~lightning_grpo.rollout.generation.sample_tokens`.
+            not; ``None``: :func:`~lightning_grpo.rollout.generation.sample_tokens`.
     """
 
     def __init__(

@@ -191,7 +191,15 @@ def _missing(parts: Sequence[str], index: int, parent: Any) -> str:
 def setting_key(config: Namespace, error: SettingError) -> str:
     """The key of the config (``model.init_args.grpo.sampling.num_generations``) that holds the setting ``error``
     refused."""
-    field = error.setting.rpartition(".")[2]
+    parts = error.setting.split(".")
+    tail = ".".join(parts[1:] if parts[0][:1].isupper() else parts)  # GRPOConfig.sampling.x: sampling.x
+    parent, _, field = tail.rpartition(".")
+    if parent:  # named with its group (sampling.num_generations, not validation's), or a key of a dict setting
+        for key, value in config.items():
+            if key == tail or key.endswith(f".{tail}"):
+                return key
+            if (key == parent or key.endswith(f".{parent}")) and isinstance(value, dict) and field in value:
+                return f"{key}.{field}"
     leaves = [(key, value) for key, value in config.items() if key.rpartition(".")[2] == field]
     keys = [key for key, _ in leaves]
     same = [key for key, value in leaves if value == error.value]

@@ -63,8 +63,8 @@ def grpo(group: str, setting: str) -> str:
         (  # our own check, in GRPOConfig
             grpo("sampling", "num_generations: 1"),
             "python -m lightning_grpo fit: error: model.init_args.grpo.sampling.num_generations=1: the group "
-            "estimator 'grpo' needs num_generations >= 2 (a group of one has no baseline); set num_generations to 2 "
-            "or more (8 is usual)",
+            "estimator advantages.advantage_estimator='grpo' needs num_generations >= 2 (a group of one has no "
+            "baseline); set sampling.num_generations to 2 or more (8 is usual)",
         ),
         (  # jsonargparse's choice error
             grpo("objective", "loss_agg_mode: token_mean"),
@@ -111,17 +111,16 @@ def test_a_reward_returning_strings_names_the_row_first(tmp_path):
 def test_debug_keeps_the_full_message_and_traceback(tmp_path):
     status, lines = run(tmp_path, grpo("sampling", "num_generations: 1"), debug=True)
     assert status == 1 and "Traceback (most recent call last):" in lines
-    assert "GRPOConfig.sampling.num_generations=1: the group estimator 'grpo' needs num_generations >= 2" in "\n".join(
-        lines
-    )
+    shown = "\n".join(lines)
+    assert "GRPOConfig.sampling.num_generations=1: the group estimator advantages.advantage_estimator='grpo'" in shown
 
 
 def test_from_python_the_first_line_names_the_field_the_value_the_cause_and_the_fix():
     with pytest.raises(ValueError) as error:
         GRPOConfig(sampling=SamplingConfig(num_generations=1))
     assert str(error.value).splitlines()[0] == (
-        "GRPOConfig.sampling.num_generations=1: the group estimator 'grpo' needs num_generations >= 2 (a group of one "
-        "has no baseline); set num_generations to 2 or more (8 is usual)"
+        "GRPOConfig.sampling.num_generations=1: the group estimator advantages.advantage_estimator='grpo' needs "
+        "num_generations >= 2 (a group of one has no baseline); set sampling.num_generations to 2 or more (8 is usual)"
     )
     with pytest.raises(
         ValueError, match=r"^GRPOConfig.objective.loss_agg_mode='token_mean' is not valid; choose one of"

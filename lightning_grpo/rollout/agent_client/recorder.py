@@ -84,7 +84,7 @@ class TrajectoryRecorder:
     Args:
         tokenizer: The policy's tokenizer (its chat template renders the messages).
         max_tokens: Longest branch after its prompt (``GRPOConfig.sampling.max_new_tokens``): sampled plus inserted
-        tokens.
+            tokens.
         max_prompt_tokens: Longest rendered prompt of a new branch (``GRPOConfig.sampling.max_prompt_length``).
         next_row: Gives each new branch its row number (shared by the rollout's recorders).
         prompts: Token ids of rendered prompts by their messages and tools, shared by the rollout's recorders (the G
