@@ -62,7 +62,8 @@ test: vllm-cpu verl lint docs
 # `make test-oldest OLDEST_TESTS=tests` runs every folder), learning and multi-process tests aside, and prints its time.
 LEG_TESTS ?= tests/rollout tests/backends tests/module tests/iteration tests/checkpoint tests/process_supervision \
 	tests/policy tests/rewards tests/agents
-OLDEST_TESTS ?= $(LEG_TESTS) tests/testing tests/algorithms tests/cli/test_early_input_errors.py
+OLDEST_TESTS ?= $(LEG_TESTS) tests/testing tests/algorithms tests/config tests/cli/test_early_input_errors.py \
+	tests/cli/test_moved_settings.py
 NEWEST_TESTS ?= $(LEG_TESTS)
 test-oldest test-newest: test-%:
 	@start=$$(date +%s); venv=$$($(PYTHON) .ci/leg.py $*) || exit 1; built=$$(date +%s); \

@@ -37,7 +37,7 @@ __all__ = [
 DEBUG_ENV = "LIGHTNING_GRPO_DEBUG"
 #: The line that follows a one-line error.
 DEBUG_HINT = "(add --debug or set LIGHTNING_GRPO_DEBUG=1 for the full message and traceback)"
-_KEY = re.compile(r'^(\s*)Parser key "([^"]+)":')
+_KEY = re.compile(r'^(\s*)(?:- )?Parser key "([^"]+)":')  # "- Parser key": a dataclass's key in a union (4.39)
 _CLASS = re.compile(r"^(\s*)- Problem with given class_path '([\w.]+)':")
 _GOT = re.compile(r"\.?\s*Got value: (.*)$")
 _STRUCTURE = (
