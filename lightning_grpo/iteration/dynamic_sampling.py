@@ -2,12 +2,12 @@
 
 Yu et al. 2025, "DAPO" §3.2 (https://arxiv.org/abs/2503.14476); verl's ``algorithm.filter_groups``. A group whose
 valid rewards are all equal (all right, all wrong, or all skipped) has advantage 0 everywhere. With
-``GRPOConfig(dynamic_sampling=True)`` such groups are set aside and more prompts are drawn from the data module's
-training order (:meth:`~lightning_grpo.data.PromptDataModule.extra_batches`) and sampled, round after round, until
-every rank holds ``batch_size`` informative groups or ``max_sampling_rounds`` rounds were made. Every rank makes the
-same number of rounds (the decision is all-reduced), so sharded generation never waits for a rank that stopped. When
-rounds run out, the iteration trains on its informative groups topped up with set-aside ones (advantage 0) so every rank
-keeps the configured batch shape. See ``docs/dynamic-sampling.md``.
+``GRPOConfig(advantages=AdvantageConfig(dynamic_sampling=True))`` such groups are set aside and more prompts are drawn
+from the data module's training order (:meth:`~lightning_grpo.data.PromptDataModule.extra_batches`) and sampled, round
+after round, until every rank holds ``batch_size`` informative groups or ``max_sampling_rounds`` rounds were made. Every
+rank makes the same number of rounds (the decision is all-reduced), so sharded generation never waits for a rank that
+stopped. When rounds run out, the iteration trains on its informative groups topped up with set-aside ones (advantage 0)
+so every rank keeps the configured batch shape. See ``docs/dynamic-sampling.md``.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def check_datamodule(datamodule: object) -> None:
         got = "train_dataloaders without a data module" if datamodule is None else type(datamodule).__name__
         raise ValueError(
             f"dynamic_sampling needs PromptDataModule (or a datamodule with `extra_batches`), got {got}; pass a "
-            "PromptDataModule to Trainer.fit(datamodule=...) or set GRPOConfig(dynamic_sampling=False)"
+            "PromptDataModule to Trainer.fit(datamodule=...) or set advantages.dynamic_sampling to false"
         )
 
 

@@ -2,9 +2,9 @@
 
 :func:`~lightning_grpo.iteration.update.run_updates` checks each mini-batch before its optimizer step. Every rank
 agrees (one small all-reduce), so under DDP and FSDP2 all ranks skip or stop together. With
-``GRPOConfig(on_nonfinite="stop")`` (the default) the run stops with :class:`~lightning_grpo.policy.NonFiniteError`
-naming the step and the quantity; with ``"skip"`` the rest of the GRPO iteration is skipped with a warning, at most
-``max_skipped_steps`` times in a run.
+``GRPOConfig(faults=FaultConfig(on_nonfinite="stop"))`` (the default) the run stops with
+:class:`~lightning_grpo.policy.NonFiniteError` naming the step and the quantity; with ``"skip"`` the rest of the GRPO
+iteration is skipped with a warning, at most ``max_skipped_steps`` times in a run.
 """
 
 from __future__ import annotations

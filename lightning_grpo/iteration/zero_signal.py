@@ -34,7 +34,7 @@ ZERO_STD_MESSAGE = (
     "All {groups} groups of the iteration at step {step} have equal rewards within each group (zero variance): every "
     "advantage is 0, so the policy loss is 0 and the policy does not learn. The task is too hard (or too easy) for "
     "the model, or the reward is constant. Fixes: more samples per prompt (num_generations) or a higher temperature, "
-    "easier prompts or a denser reward, or GRPOConfig(dynamic_sampling=True) to sample more prompts until groups "
+    "easier prompts or a denser reward, or advantages.dynamic_sampling=True to sample more prompts until groups "
     "differ. train/zero_std_frac tracks the fraction of such groups."
 )
 

@@ -13,7 +13,8 @@ __all__ = ["LIKELY_CAUSES", "NonFiniteError", "check_finite"]
 LIKELY_CAUSES = (
     "Likely causes: a learning rate too high for the adapter (lower optimizer.init_args.lr), half precision "
     "overflowing (try bf16 or float32), a reward of extreme magnitude, or a weight that was already NaN or infinite "
-    "(resume from an earlier checkpoint). GRPOConfig(on_nonfinite='skip') skips such steps instead, a few times."
+    "(resume from an earlier checkpoint). GRPOConfig(faults=FaultConfig(on_nonfinite='skip')) skips such steps "
+    "instead, a few times."
 )
 
 

@@ -156,7 +156,8 @@ class ProcessRewardModel:
 
         prm = ProcessRewardModel(AutoModelForTokenClassification.from_pretrained(path),
                                  AutoTokenizer.from_pretrained(path), separator="\\n", label=1)
-        module = GRPOModule(policy_id, [prm], grpo=GRPOConfig(advantage_estimator="grpo_process"))
+        advantages = AdvantageConfig(advantage_estimator="grpo_process")
+        module = GRPOModule(policy_id, [prm], grpo=GRPOConfig(advantages=advantages))
     """
 
     gives_step_rewards = True  # lightning_grpo.rewards.step_reward's mark

@@ -305,7 +305,8 @@ def _failure(failed: _CallFailed) -> RewardError:
     if error is None:
         return RewardError(
             f"reward function {name!r} did not finish within its timeout of {failed.call.timeout:g} s; raise "
-            f"GRPOConfig(reward_timeout={{{name!r}: ...}}) (YAML: model.init_args.grpo.faults.reward_timeout) or "
+            f"GRPOConfig(faults=FaultConfig(reward_timeout={{{name!r}: ...}})) (YAML: "
+            "model.init_args.grpo.faults.reward_timeout) or "
             "RewardFunctions(timeout=...), or make it faster (a sync function is abandoned in its daemon thread)"
         )
     return RewardError(f"reward function {name!r} raised {type(error).__name__}: {error}")
