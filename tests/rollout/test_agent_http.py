@@ -175,7 +175,7 @@ def test_agent_env_refuses_the_in_process_client(tokenizer):
         agent_env(client)
 
     with pytest.raises(
-        RuntimeError, match=r"cannot be reached from another process: set GRPOConfig\(agent_transport='http'\)"
+        RuntimeError, match=r"another process: set GRPOConfig\(agents=AgentConfig\(agent_transport='http'\)\)"
     ):
         _run(tokenizer, agent, AgentLimits(), rows=ROWS[:1], g=1)
 
