@@ -14,7 +14,8 @@ from tests.cli.run_process import run_cli
 
 def _cli(tmp_path, factory: str) -> GRPOCLI:
     config = tmp_path / "env.yaml"
-    config.write_text(f"model:\n  init_args:\n    environment_factory: {factory}\n    grpo:\n      max_turns: 2\n")
+    grpo = "    grpo:\n      agents:\n        max_turns: 2\n"
+    config.write_text(f"model:\n  init_args:\n    environment_factory: {factory}\n{grpo}")
     return GRPOCLI(
         args=["--config", str(TINY), "--config", str(config), f"--trainer.default_root_dir={tmp_path}",
               f"--trainer.logger.init_args.save_dir={tmp_path}"],

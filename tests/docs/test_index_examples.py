@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig
+from lightning_grpo.config import GROUPS
 from lightning_grpo.testing import build_tiny_model
 from tests.conftest import count_a, make_trainer, prompt_loader
 
@@ -43,11 +44,16 @@ def _fit_one_step(module: GRPOModule) -> dict:
     return trainer.callback_metrics
 
 
-def _module(cls: type[GRPOModule], tokenizer, **grpo) -> GRPOModule:
-    settings = {"num_generations": 4, "max_new_tokens": 6, "max_prompt_length": 16, "ppo_epochs": 2, **grpo}
+def _module(cls: type[GRPOModule], tokenizer, **groups: dict) -> GRPOModule:
+    """A tiny module of class ``cls``; ``groups`` of GRPO settings (``objective={...}``) add to the small defaults."""
+    sampling = {"num_generations": 4, "max_new_tokens": 6, "max_prompt_length": 16}
+    settings = {"sampling": sampling, "update": {"ppo_epochs": 2}}
+    for group, values in groups.items():
+        settings[group] = {**settings.get(group, {}), **values}
+    grpo = GRPOConfig(**{group: GROUPS[group](**values) for group, values in settings.items()})
     return cls(
         build_tiny_model(tokenizer), [count_a], tokenizer=tokenizer, policy=PolicyConfig(lora_r=4, lora_alpha=8),
-        grpo=GRPOConfig(**settings),
+        grpo=grpo,
     )  # fmt: skip
 
 
@@ -87,6 +93,7 @@ def test_the_user_loss_of_the_page_trains_from_its_import_path(tmp_path, monkeyp
     grpo = yaml.safe_load(yaml_block)["model"]["init_args"]["grpo"]
     module = _module(GRPOModule, tokenizer, **grpo)
     metrics = _fit_one_step(module)
-    assert grpo == {"loss_kind": "my_project.losses.capped_reinforce", "loss_kind_args": {"max_ratio": 2.0}}
+    objective = {"loss_kind": "my_project.losses.capped_reinforce", "loss_kind_args": {"max_ratio": 2.0}}
+    assert grpo == {"objective": objective}
     assert module.config.component("loss_kind").keywords == {"max_ratio": 2.0}  # the loss's own setting, bound
     assert math.isfinite(metrics["train/loss"].item()) and "train/clip_frac" in metrics
