@@ -81,9 +81,17 @@ def _paths(args: argparse.Namespace, model: Any, tokenizer: Any) -> dict[str, Ca
 
     def agents(agent: Any, transport: str = "in_process", sample: Any = None) -> Callable[[], Any]:
         def run() -> Any:
-            rollout, stats = run_agents(model, tokenizer, agent, rows, settings, HermesToolCallParser(),
-                                        max_prompt_length=64, limits=AgentLimits(transport=transport),
-                                        sample=sample)  # fmt: skip
+            rollout, stats = run_agents(
+                model,
+                tokenizer,
+                agent,
+                rows,
+                settings,
+                HermesToolCallParser(),
+                max_prompt_length=64,
+                limits=AgentLimits(transport=transport),
+                sample=sample,
+            )
             if stats.failures:
                 raise RuntimeError(f"{len(stats.failures)} agents failed ({transport}): {stats.failures[0]}")
             return rollout
@@ -100,8 +108,11 @@ def _paths(args: argparse.Namespace, model: Any, tokenizer: Any) -> dict[str, Ca
 
     paths = {AGENT: agents(one_call), ORDINARY: ordinary}
     if args.http:
-        paths |= {HTTP: agents(one_call, "http"), ECHO: agents(one_call, sample=echo),
-                  ECHO_HTTP: agents(one_call, "http", sample=echo)}  # fmt: skip
+        paths |= {
+            HTTP: agents(one_call, "http"),
+            ECHO: agents(one_call, sample=echo),
+            ECHO_HTTP: agents(one_call, "http", sample=echo),
+        }
     if args.one_at_a_time:
         paths[ALONE] = alone
     return paths
@@ -112,8 +123,10 @@ def _report(times: dict[str, list[float]], tokens: dict[str, int], calls: int) -
     lines = ["| path | median s | min–max s | calls/s | sampled tokens/s | tokens |", "|---|---|---|---|---|---|"]
     med = {name: statistics.median(seconds) for name, seconds in times.items()}
     for name, seconds in times.items():
-        lines.append(f"| {name} | {med[name]:.3f} | {min(seconds):.3f}–{max(seconds):.3f} | {calls / med[name]:.1f} "
-                     f"| {tokens[name] / med[name]:.0f} | {tokens[name]} |")  # fmt: skip
+        lines.append(
+            f"| {name} | {med[name]:.3f} | {min(seconds):.3f}–{max(seconds):.3f} | {calls / med[name]:.1f} "
+            f"| {tokens[name] / med[name]:.0f} | {tokens[name]} |"
+        )
     lines.append(f"agent client / ordinary rollout (medians): {med[AGENT] / med[ORDINARY]:.2f}")
     if HTTP in med:
         floor = med[ECHO_HTTP] - med[ECHO]

@@ -125,11 +125,25 @@ def run_mode(async_rollout: bool, model_dir: Path, args: argparse.Namespace) -> 
         corrections=CorrectionConfig(rollout_correction="token_truncate"),
         objective=ObjectiveConfig(kl_coef=0.0),
     )
-    module = GRPOModule(str(model_dir), [_reward], tokenizer=tokenizer, grpo=grpo, seed=args.seed,
-                        policy=PolicyConfig(lora_r=8, lora_alpha=16, dtype="float32"))  # fmt: skip
+    module = GRPOModule(
+        str(model_dir),
+        [_reward],
+        tokenizer=tokenizer,
+        grpo=grpo,
+        seed=args.seed,
+        policy=PolicyConfig(lora_r=8, lora_alpha=16, dtype="float32"),
+    )
     clock = _Clock(args.server_cpus, args.trainer_cpus)
-    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=args.steps, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, callbacks=[clock])  # fmt: skip
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=args.steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[clock],
+    )
     trainer.fit(module, _loader(tokenizer, args))
     kept = slice(args.warmup, None)
     phases = {name: statistics.median(p.get(name, 0.0) for p in clock.phases[kept]) for name in clock.phases[0]}
@@ -161,8 +175,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def _print(results: dict[str, Any], args: argparse.Namespace) -> None:
-    print(f"\n{args.backend}, {args.model}, {args.prompts} prompts x G={args.generations}, up to {args.new_tokens} "
-          f"new tokens, median of steps {args.warmup}..{args.steps - 1}:")  # fmt: skip
+    print(
+        f"\n{args.backend}, {args.model}, {args.prompts} prompts x G={args.generations}, up to {args.new_tokens} "
+        f"new tokens, median of steps {args.warmup}..{args.steps - 1}:"
+    )
     names = sorted({name for r in results.values() for name in r["phases"]})
     print("| mode | step s | " + " | ".join(names) + " | staleness |\n|---|---:|" + "---:|" * len(names) + "---|")
     for mode, r in results.items():

@@ -80,8 +80,15 @@ def _paths(sampler: str, decoder: CompiledDecoder) -> dict[str, Sample]:
     return paths
 
 
-def _time_pair(args: argparse.Namespace, policy: Any, tokenizer: Any, batch: tuple[torch.Tensor, torch.Tensor],
-               sampler: str, mode: str, floor: float) -> dict[str, Any]:  # fmt: skip
+def _time_pair(
+    args: argparse.Namespace,
+    policy: Any,
+    tokenizer: Any,
+    batch: tuple[torch.Tensor, torch.Tensor],
+    sampler: str,
+    mode: str,
+    floor: float,
+) -> dict[str, Any]:
     """Every path of one sampler and adapter mode: first call, warmed calls, tokens/s, floor fraction, amortised."""
     ids, mask = batch
     settings = SamplingSettings(args.G, args.max_new_tokens, min_new_tokens=args.max_new_tokens, sampler=sampler)
@@ -96,38 +103,51 @@ def _time_pair(args: argparse.Namespace, policy: Any, tokenizer: Any, batch: tup
         compile_s = max(first - warm, 0.0)
         amortised = warm + compile_s / args.run_steps
         results[name] = {
-            "first_seconds": first, "seconds": warm, "compile_seconds": compile_s, "amortised_seconds": amortised,
-            "tokens_per_s": tokens / warm, "amortised_tokens_per_s": tokens / amortised,
+            "first_seconds": first,
+            "seconds": warm,
+            "compile_seconds": compile_s,
+            "amortised_seconds": amortised,
+            "tokens_per_s": tokens / warm,
+            "amortised_tokens_per_s": tokens / amortised,
             "matmul_floor_fraction": floor / warm,
-        }  # fmt: skip
-        print(f"{sampler:11s} {mode:10s} {name:10s} {tokens / warm:10.0f} tok/s  warmed {warm:8.3f}s  "
-              f"compile {compile_s:7.2f}s  amortised/{args.run_steps} {tokens / amortised:10.0f} tok/s  "
-              f"matmul floor {floor / warm:6.1%}", flush=True)  # fmt: skip
+        }
+        print(
+            f"{sampler:11s} {mode:10s} {name:10s} {tokens / warm:10.0f} tok/s  warmed {warm:8.3f}s  "
+            f"compile {compile_s:7.2f}s  amortised/{args.run_steps} {tokens / amortised:10.0f} tok/s  "
+            f"matmul floor {floor / warm:6.1%}",
+            flush=True,
+        )
     eager = results["eager loop"]
     results["speedup_vs_eager"] = eager["seconds"] / results["compiled"]["seconds"]
     results["amortised_speedup_vs_eager"] = eager["seconds"] / results["compiled"]["amortised_seconds"]
-    print(f"{sampler:11s} {mode:10s} compiled / eager loop: {results['speedup_vs_eager']:.2f}x warmed, "
-          f"{results['amortised_speedup_vs_eager']:.2f}x amortised (target >= 1.3x)", flush=True)  # fmt: skip
+    print(
+        f"{sampler:11s} {mode:10s} compiled / eager loop: {results['speedup_vs_eager']:.2f}x warmed, "
+        f"{results['amortised_speedup_vs_eager']:.2f}x amortised (target >= 1.3x)",
+        flush=True,
+    )
     return results
 
 
-def _aten_events(sample: Sample, policy: Any, tokenizer: Any, batch: tuple[torch.Tensor, torch.Tensor],
-                 settings: SamplingSettings) -> int:  # fmt: skip
+def _aten_events(
+    sample: Sample, policy: Any, tokenizer: Any, batch: tuple[torch.Tensor, torch.Tensor], settings: SamplingSettings
+) -> int:
     """``aten::`` events ``torch.profiler`` records over one sampling call."""
     with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as prof:
         sample(policy, tokenizer, SampleRequest(*batch, settings))
     return sum(1 for event in prof.events() if event.name.startswith("aten::"))
 
 
-def step_events(sample: Sample, policy: Any, tokenizer: Any, batch: tuple[torch.Tensor, torch.Tensor], g: int,
-                steps: int) -> float:  # fmt: skip
+def step_events(
+    sample: Sample, policy: Any, tokenizer: Any, batch: tuple[torch.Tensor, torch.Tensor], g: int, steps: int
+) -> float:
     """``aten::`` events per warmed decode step: (events with ``steps + 1`` new tokens − with 1) / ``steps``."""
     long = SamplingSettings(g, steps + 1, min_new_tokens=steps + 1)
     short = replace(long, max_new_tokens=1, min_new_tokens=1)
     for settings in (long, short):  # warm up (compiles)
         sample(policy, tokenizer, SampleRequest(*batch, settings))
-    return (_aten_events(sample, policy, tokenizer, batch, long) - _aten_events(sample, policy, tokenizer, batch,
-                                                                               short)) / steps  # fmt: skip
+    return (
+        _aten_events(sample, policy, tokenizer, batch, long) - _aten_events(sample, policy, tokenizer, batch, short)
+    ) / steps
 
 
 def _profile(args: argparse.Namespace, dtype: torch.dtype) -> dict[str, float]:
@@ -177,13 +197,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     prompts = make_prompts(tokenizer, args.prompts, args.prompt_length, seed=0)
     batch = tokenize_prompts(tokenizer, prompts, args.prompt_length, torch.device(args.device))
     limits = device_limits(args.device, dtype)
-    flops = decode_flops(param_counts(preset.config()), preset.num_heads, args.prompts * args.G, args.prompt_length,
-                         args.max_new_tokens)  # fmt: skip
+    flops = decode_flops(
+        param_counts(preset.config()), preset.num_heads, args.prompts * args.G, args.prompt_length, args.max_new_tokens
+    )
     floor = flops / limits["matmul_flops_per_s"]
-    print(f"decode FLOPs {flops:.3e}; matmul peak {limits['matmul_flops_per_s']:.3e} FLOP/s "
-          f"({limits['matmul_dtype']}); floor {floor:.3f}s", flush=True)  # fmt: skip
-    report: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}, "limits": limits,
-                              "decode_flops": flops, "matmul_floor_seconds": floor, "paths": {}}  # fmt: skip
+    print(
+        f"decode FLOPs {flops:.3e}; matmul peak {limits['matmul_flops_per_s']:.3e} FLOP/s "
+        f"({limits['matmul_dtype']}); floor {floor:.3f}s",
+        flush=True,
+    )
+    report: dict[str, Any] = {
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "limits": limits,
+        "decode_flops": flops,
+        "matmul_floor_seconds": floor,
+        "paths": {},
+    }
     for sampler in args.samplers:
         for mode in args.adapters:
             report["paths"][f"{sampler}, {mode}"] = _time_pair(args, policy, tokenizer, batch, sampler, mode, floor)

@@ -62,8 +62,15 @@ def _policy(name: str, dtype: torch.dtype, device: str) -> tuple[Any, Any]:
     return policy.eval(), build_word_tokenizer(PRESETS[name].vocab_size)
 
 
-def time_path(policy: Any, tokenizer: Any, ids: torch.Tensor, mask: torch.Tensor, settings: SamplingSettings,
-              mode: str, sample: Callable[..., Any] = sample_tokens) -> float:  # fmt: skip
+def time_path(
+    policy: Any,
+    tokenizer: Any,
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    settings: SamplingSettings,
+    mode: str,
+    sample: Callable[..., Any] = sample_tokens,
+) -> float:
     """Seconds of one sampling call by ``sample`` (CUDA synchronised on both ends)."""
     if ids.is_cuda:
         torch.cuda.synchronize()
@@ -99,8 +106,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     limits = device_limits(args.device, dtype)
     rows, tokens = args.prompts * args.G, args.prompts * args.G * args.max_new_tokens
     counts = param_counts(PRESETS[args.model].config())
-    floor = decode_floor_seconds(counts, rows, args.prompt_length, args.max_new_tokens, torch.finfo(dtype).bits // 8,
-                                 limits["bandwidth_bytes_per_s"])  # fmt: skip
+    floor = decode_floor_seconds(
+        counts,
+        rows,
+        args.prompt_length,
+        args.max_new_tokens,
+        torch.finfo(dtype).bits // 8,
+        limits["bandwidth_bytes_per_s"],
+    )
     base = SamplingSettings(args.G, args.max_new_tokens, min_new_tokens=args.max_new_tokens)
     results: dict[str, Any] = {}
     buckets = DecodeBuckets.for_run(None, max_prompt_length=args.prompt_length, max_new_tokens=args.max_new_tokens)
@@ -112,12 +125,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         times = [time_path(policy, tokenizer, ids, mask, settings, mode, sample) for _ in range(args.repeats)]
         other_length = time_path(policy, tokenizer, ids2, mask2, settings, mode, sample)  # a new shape: recompiles?
         best = min(times)
-        results[name] = {"first_seconds": first, "seconds": times, "new_prompt_length_seconds": other_length,
-                         "tokens_per_s": tokens / best, "floor_fraction": floor / best}  # fmt: skip
-        print(f"{name:42s} first {first:7.2f}s  best {best:7.3f}s  {tokens / best:10.0f} tok/s  "
-              f"floor {floor / best:6.1%}  new length {other_length:7.2f}s", flush=True)  # fmt: skip
-    report = {"args": {k: str(v) for k, v in vars(args).items()}, "limits": limits, "floor_seconds": floor,
-              "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "paths": results}  # fmt: skip
+        results[name] = {
+            "first_seconds": first,
+            "seconds": times,
+            "new_prompt_length_seconds": other_length,
+            "tokens_per_s": tokens / best,
+            "floor_fraction": floor / best,
+        }
+        print(
+            f"{name:42s} first {first:7.2f}s  best {best:7.3f}s  {tokens / best:10.0f} tok/s  "
+            f"floor {floor / best:6.1%}  new length {other_length:7.2f}s",
+            flush=True,
+        )
+    report = {
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "limits": limits,
+        "floor_seconds": floor,
+        "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+        "paths": results,
+    }
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2))

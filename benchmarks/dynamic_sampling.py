@@ -82,9 +82,14 @@ def run_arm(dynamic: bool, seed: int, budget: int, lr: float = 3e-3) -> dict[str
     )
     data = TinyTaskDataModule("addition", batch_size=8, seed=seed)
     trainer = L.Trainer(
-        accelerator="cpu", max_steps=100_000, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, callbacks=[StopAtBudget(counter, budget)],
-    )  # fmt: skip
+        accelerator="cpu",
+        max_steps=100_000,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[StopAtBudget(counter, budget)],
+    )
     start = time.perf_counter()
     trainer.fit(module, data)
     tokens, curve = 0, []
@@ -92,8 +97,14 @@ def run_arm(dynamic: bool, seed: int, budget: int, lr: float = 3e-3) -> dict[str
         tokens += n
         curve.append((tokens, rate))
     start_wrong = counter.all_wrong[:10]  # the first 10 scoring calls
-    return {"dynamic": dynamic, "seed": seed, "steps": trainer.global_step, "seconds": time.perf_counter() - start,
-            "curve": curve, "start_all_wrong_frac": sum(start_wrong) / len(start_wrong)}  # fmt: skip
+    return {
+        "dynamic": dynamic,
+        "seed": seed,
+        "steps": trainer.global_step,
+        "seconds": time.perf_counter() - start,
+        "curve": curve,
+        "start_all_wrong_frac": sum(start_wrong) / len(start_wrong),
+    }
 
 
 def rate_at(curve: list[tuple[int, float]], lo: float, hi: float) -> float:
@@ -138,8 +149,10 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
         tokens = [t for t, _ in run["curve"]]
         window = 20
         rates = [r for _, r in run["curve"]]
-        smooth = [sum(rates[max(0, i - window + 1) : i + 1]) / len(rates[max(0, i - window + 1) : i + 1])
-                  for i in range(len(rates))]  # fmt: skip
+        smooth = [
+            sum(rates[max(0, i - window + 1) : i + 1]) / len(rates[max(0, i - window + 1) : i + 1])
+            for i in range(len(rates))
+        ]
         label = f"{'dynamic sampling' if run['dynamic'] else 'baseline'} (seed {run['seed']})"
         axes.plot(tokens, smooth, color="C0" if run["dynamic"] else "C1", alpha=0.8, label=label)
     axes.set(xlabel="generated tokens", ylabel="success rate (moving average)", ylim=(0, 1))

@@ -36,8 +36,9 @@ def run_arm(seed: int, adaptive: bool, steps: int = STEPS, lr: float = LR, out: 
     from examples import tool_calling
 
     out = out or tempfile.mkdtemp(prefix="entropy-control-")
-    options = tool_calling.parse(["--seed", str(seed), "--max-steps", str(steps), "--lr", str(lr), "--output-dir", out,
-                                  "--no-progress-bar"])  # fmt: skip
+    options = tool_calling.parse(
+        ["--seed", str(seed), "--max-steps", str(steps), "--lr", str(lr), "--output-dir", out, "--no-progress-bar"]
+    )
     module, data, trainer = tool_calling.build(options)
     if adaptive:  # the example's config with the adaptive control: the module's controller rebuilt from it
         objective = dataclasses.replace(
@@ -61,10 +62,13 @@ def run_arm(seed: int, adaptive: bool, steps: int = STEPS, lr: float = LR, out: 
     trainer.fit(module, data)
     q = max(len(rewards) // 4, 1)
     return {
-        "reward_first": sum(rewards[:q]) / q, "reward_last": sum(rewards[-q:]) / q,
-        "entropy_first": sum(entropy[:q]) / q, "entropy_last": sum(entropy[-q:]) / q,
-        "entropy_last_min": min(entropy[-q:]), "coef_max": max(coefs),
-    }  # fmt: skip
+        "reward_first": sum(rewards[:q]) / q,
+        "reward_last": sum(rewards[-q:]) / q,
+        "entropy_first": sum(entropy[:q]) / q,
+        "entropy_last": sum(entropy[-q:]) / q,
+        "entropy_last_min": min(entropy[-q:]),
+        "coef_max": max(coefs),
+    }
 
 
 def compare_arms(seed: int) -> dict[str, float]:

@@ -32,14 +32,25 @@ def fused_head_counts(tile_mib: int | None = None) -> dict[str, int]:
         logprobs, entropy = FusedHeadLogProbs.apply(hidden, weight, None, targets, 1.0, 1024, True, tile_bytes)
     with DispatchCounter() as backward:
         (logprobs.sum() + entropy.sum()).backward()
-    return {"tiles": forward.ops["aten.mm.default"], "forward calls": forward.calls, "forward syncs": forward.syncs,
-            "backward calls": backward.calls, "backward syncs": backward.syncs}  # fmt: skip
+    return {
+        "tiles": forward.ops["aten.mm.default"],
+        "forward calls": forward.calls,
+        "forward syncs": forward.syncs,
+        "backward calls": backward.calls,
+        "backward syncs": backward.syncs,
+    }
 
 
 def decode_step_calls(mode: str, layers: int = 2) -> int:
     """ATen calls of one decode step (one token, KV cache of 16) of a bf16 Qwen2 with an fp32 all-linear adapter."""
-    config = Qwen2Config(vocab_size=1024, hidden_size=128, intermediate_size=256, num_hidden_layers=layers,
-                         num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
+    config = Qwen2Config(
+        vocab_size=1024,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     base = Qwen2ForCausalLM(config).to(torch.bfloat16).eval()
     model = get_peft_model(base, LoraConfig(r=8, target_modules="all-linear"))  # fp32 adapter (peft's autocast)
     ids = torch.randint(1024, (4, 16))

@@ -85,9 +85,11 @@ def _demo_vllm(seed: int, out: Path) -> dict[str, float]:
 #: The demo sampled apart from the trainer (``benchmarks.async_rollout``): a server, or the frozen-copy test backend.
 _APART = {
     "frozen": ["--model.init_args.grpo.backend.rollout_backend=lightning_grpo.testing.apart_backend.FrozenCopyBackend"],
-    "server": ["--model.init_args.grpo.backend.rollout_backend=vllm_server",
-               '--model.init_args.grpo.backend.rollout_backend_args={"start": true, "cpu_threads": 1}'],
-}  # fmt: skip
+    "server": [
+        "--model.init_args.grpo.backend.rollout_backend=vllm_server",
+        '--model.init_args.grpo.backend.rollout_backend_args={"start": true, "cpu_threads": 1}',
+    ],
+}
 #: ``async_rollout`` with the correction docs/vllm.md recommends for it (truncated IS on the one-step staleness).
 _ASYNC = [
     "--model.init_args.grpo.backend.async_rollout=true",
@@ -173,9 +175,14 @@ def count_a_curve(seed: int, steps: int = 30, lr: float = 1e-2) -> list[float]:
     )
     rows = [{"prompt": f"{i % 10}+{(i * 3) % 10}="} for i in range(64)]
     L.Trainer(
-        accelerator="cpu", max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, callbacks=[record],
-    ).fit(module, PromptDataModule(rows, batch_size=4, seed=seed))  # fmt: skip
+        accelerator="cpu",
+        max_steps=steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[record],
+    ).fit(module, PromptDataModule(rows, batch_size=4, seed=seed))
     return curve
 
 
@@ -326,8 +333,10 @@ def table(results: list[dict[str, Any]]) -> str:
         for figure in [k for k, v in runs[0].items() if isinstance(v, float) and k != "seed"]:
             values = [r[figure] for r in runs]
             verdict = _verdict(values, case.claims.get(figure), case.ceilings.get(figure))
-            rows.append(f"| {name} | {figure} | {statistics.median(values):.2f} | {min(values):.2f}–{max(values):.2f} "
-                        f"| {len(values)} | {verdict} |")  # fmt: skip
+            rows.append(
+                f"| {name} | {figure} | {statistics.median(values):.2f} | {min(values):.2f}–{max(values):.2f} "
+                f"| {len(values)} | {verdict} |"
+            )
     return "\n".join(rows)
 
 

@@ -105,10 +105,15 @@ def estimate(
     b = _DTYPE_BYTES[dtype]
     linear, other, adapter = _weight_bytes(shape, base, b, lora_r, double_quantization)
     activations, generation = _pass_bytes(
-        shape, b, rows=rows, prompt_length=prompt_length, max_new_tokens=max_new_tokens,
-        gradient_checkpointing=gradient_checkpointing, distinct_prompts=distinct_prompts,
+        shape,
+        b,
+        rows=rows,
+        prompt_length=prompt_length,
+        max_new_tokens=max_new_tokens,
+        gradient_checkpointing=gradient_checkpointing,
+        distinct_prompts=distinct_prompts,
         sampling_rows=sampling_rows or rows,
-    )  # fmt: skip
+    )
     return MemoryEstimate(linear, other, adapter, activations, generation)
 
 
@@ -168,11 +173,17 @@ def main(argv: list[str] | None = None) -> MemoryEstimate:
     parser.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=True)
     args = parser.parse_args(argv)
     result = estimate(
-        SHAPES[args.model], base=args.base, dtype=args.dtype, lora_r=args.lora_r, rows=args.rows,
-        prompt_length=args.prompt_length, max_new_tokens=args.max_new_tokens,
-        gradient_checkpointing=args.gradient_checkpointing, distinct_prompts=args.prompts,
+        SHAPES[args.model],
+        base=args.base,
+        dtype=args.dtype,
+        lora_r=args.lora_r,
+        rows=args.rows,
+        prompt_length=args.prompt_length,
+        max_new_tokens=args.max_new_tokens,
+        gradient_checkpointing=args.gradient_checkpointing,
+        distinct_prompts=args.prompts,
         sampling_rows=args.sampling_rows,
-    )  # fmt: skip
+    )
     for name in ("base_linear", "base_other", "adapter", "activations", "generation", "total"):
         print(f"{name:12s} {getattr(result, name) / 2**30:8.2f} GiB")
     return result

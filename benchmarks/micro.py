@@ -128,8 +128,15 @@ def _saved_bytes(shape: tuple[int, int, int, int], layers: int, dtype: str, quan
     from lightning_grpo.policy import PolicyConfig, load_policy
 
     h, inter, heads, kv = shape
-    config = Qwen2Config(vocab_size=1024, hidden_size=h, intermediate_size=inter, num_hidden_layers=layers,
-                         num_attention_heads=heads, num_key_value_heads=kv, tie_word_embeddings=True)  # fmt: skip
+    config = Qwen2Config(
+        vocab_size=1024,
+        hidden_size=h,
+        intermediate_size=inter,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(0)
     policy = load_policy(Qwen2ForCausalLM(config), PolicyConfig(lora_r=16, dtype=dtype, quantization=quantization))
     owned = {t.untyped_storage().data_ptr() for t in [*policy.parameters(), *policy.buffers()]}
@@ -161,8 +168,10 @@ def saved_activations(directory: Path) -> None:
         residual = (torch.tensor(rows, dtype=torch.float64) @ fit.solution).squeeze(1) - torch.tensor(per_layer)
         a, b, c, d = fit.solution.squeeze(1).tolist()
         measured = [round(x) for x in per_layer]
-        print(f"{dtype} {quantization}: {a:.2f} h + {b:.2f} I + {c:.2f} kvd + {d:.0f} bytes per token and layer "
-              f"(largest residual {residual.abs().max():.0f} bytes; measured {measured})")  # fmt: skip
+        print(
+            f"{dtype} {quantization}: {a:.2f} h + {b:.2f} I + {c:.2f} kvd + {d:.0f} bytes per token and layer "
+            f"(largest residual {residual.abs().max():.0f} bytes; measured {measured})"
+        )
 
 
 def qlora_export(directory: Path) -> None:
@@ -189,13 +198,18 @@ def qlora_export(directory: Path) -> None:
         trained, exported = policy(**ids).logits.log_softmax(-1), merged(**ids).logits.log_softmax(-1)
         base = load_tiny_model("addition").eval()(**ids).logits.log_softmax(-1)
     mask = ids["attention_mask"].bool()
-    for label, a, b in (("NF4 base vs float32 base", base_nf4, base), ("trained vs exported", trained, exported),
-                        ("trained vs its base (adapter effect)", trained, base_nf4)):  # fmt: skip
+    for label, a, b in (
+        ("NF4 base vs float32 base", base_nf4, base),
+        ("trained vs exported", trained, exported),
+        ("trained vs its base (adapter effect)", trained, base_nf4),
+    ):
         kl = (a.exp() * (a - b)).sum(-1)[mask]
         print(f"{label}: KL mean {kl.mean():.2e} max {kl.max():.2e}; |d logprob| max {(a - b)[mask].abs().max():.3f}")
     size = sum(f.stat().st_size for f in path.iterdir())
-    print(f"adapter files: {size / 2**10:.0f} KiB; base (float32 safetensors) would be "
-          f"{sum(p.numel() * 4 for p in merged.parameters()) / 2**10:.0f} KiB")  # fmt: skip
+    print(
+        f"adapter files: {size / 2**10:.0f} KiB; base (float32 safetensors) would be "
+        f"{sum(p.numel() * 4 for p in merged.parameters()) / 2**10:.0f} KiB"
+    )
 
 
 MEASUREMENTS: dict[str, Callable[[Path], None]] = {

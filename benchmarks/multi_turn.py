@@ -206,8 +206,10 @@ def _kinds(tokenizer: PreTrainedTokenizerBase, turns: Sequence[int], settings: S
         multi, single = scripts(tokenizer, count)
         first = len(kinds) + len(settings)  # the index of this task's first 1-turn rollout
         budget = sum(map(len, multi)) + 128 * count  # room for the tool results: the script, not the budget, ends turns
-        for name, script, max_turns in ((f"{count} turns, {count - 1} tool calls", multi, count),
-                                        (f"1 turn, the tokens of {count}", single, 1)):  # fmt: skip
+        for name, script, max_turns in (
+            (f"{count} turns, {count - 1} tool calls", multi, count),
+            (f"1 turn, the tokens of {count}", single, 1),
+        ):
             kinds += [_Kind(name, script, max_turns, keep, first + i, budget) for i, keep in enumerate(settings)]
     return kinds
 
@@ -230,10 +232,15 @@ def _measurement(kind: _Kind, rollout: Any, times: list[float], base: list[float
     mean = lambda values: values.float().mean().item()  # noqa: E731
     setting = {None: "default: ", True: "true: ", False: "false: "}[kind.turn_cache]
     return Measurement(
-        f"{kind.name} (turn_cache {setting}{'on' if kept else 'off'})", statistics.median(times[1:]),
-        mean(rollout.prompt_mask.sum(1)), mean(rollout.turns.num_turns), mean(sampled), mean(context),
-        len(rollout.completions), (statistics.median(ratios), min(ratios), max(ratios)),
-    )  # fmt: skip
+        f"{kind.name} (turn_cache {setting}{'on' if kept else 'off'})",
+        statistics.median(times[1:]),
+        mean(rollout.prompt_mask.sum(1)),
+        mean(rollout.turns.num_turns),
+        mean(sampled),
+        mean(context),
+        len(rollout.completions),
+        (statistics.median(ratios), min(ratios), max(ratios)),
+    )
 
 
 def _synchronize(model: nn.Module) -> None:
@@ -290,15 +297,28 @@ def main(argv: Sequence[str] | None = None) -> list[Measurement]:
     torch.manual_seed(0)
     tokenizer = build_tiny_tokenizer()
     model = build_tiny_model(
-        tokenizer, hidden_size=args.hidden_size, num_layers=args.layers, num_heads=max(4, args.hidden_size // 64),
-        num_kv_heads=max(2, args.hidden_size // 128), max_position_embeddings=4096,
-    ).to(args.device)  # fmt: skip
+        tokenizer,
+        hidden_size=args.hidden_size,
+        num_layers=args.layers,
+        num_heads=max(4, args.hidden_size // 64),
+        num_kv_heads=max(2, args.hidden_size // 128),
+        max_position_embeddings=4096,
+    ).to(args.device)
     settings = [SETTINGS[choice] for choice in args.turn_cache]
-    results = measure(model, tokenizer, prompts=args.prompts, generations=args.generations, repeats=args.repeats,
-                      turns=args.turns, turn_cache=settings)  # fmt: skip
+    results = measure(
+        model,
+        tokenizer,
+        prompts=args.prompts,
+        generations=args.generations,
+        repeats=args.repeats,
+        turns=args.turns,
+        turn_cache=settings,
+    )
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU"
-    print(f"multi-turn rollout: {args.hidden_size}-wide, {args.layers}-layer model, B={args.prompts}, "
-          f"G={args.generations}, {device}, median of {args.repeats}")  # fmt: skip
+    print(
+        f"multi-turn rollout: {args.hidden_size}-wide, {args.layers}-layer model, B={args.prompts}, "
+        f"G={args.generations}, {device}, median of {args.repeats}"
+    )
     print(format_table(results))
     print(format_ratios(results))
     return results

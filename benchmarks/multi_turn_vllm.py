@@ -67,9 +67,14 @@ class BackendRatio:
 def eos_likely_policy(tokenizer: PreTrainedTokenizerBase, args: argparse.Namespace) -> PeftModel:
     """A LoRA policy on a random tiny Qwen2 whose EOS logit is about ``args.eos_logit`` on a typical hidden state."""
     model = build_tiny_model(
-        tokenizer, hidden_size=args.hidden_size, num_layers=args.layers, num_heads=args.hidden_size // 32,
-        num_kv_heads=max(1, args.hidden_size // 128), max_position_embeddings=2048, seed=args.seed,
-    )  # fmt: skip
+        tokenizer,
+        hidden_size=args.hidden_size,
+        num_layers=args.layers,
+        num_heads=args.hidden_size // 32,
+        num_kv_heads=max(1, args.hidden_size // 128),
+        max_position_embeddings=2048,
+        seed=args.seed,
+    )
     with torch.no_grad():
         head = torch.nn.Parameter(model.get_output_embeddings().weight.detach().clone())
         model.lm_head.weight = head  # untied: the input embedding of EOS stays as it was
@@ -79,15 +84,24 @@ def eos_likely_policy(tokenizer: PreTrainedTokenizerBase, args: argparse.Namespa
     return load_policy(model, PolicyConfig(lora_r=8, lora_alpha=16)).eval()
 
 
-def _rollout(policy: PeftModel, tokenizer: Any, session: Any, settings: SamplingSettings, turns: int,
-             args: argparse.Namespace) -> Rollout:  # fmt: skip
+def _rollout(
+    policy: PeftModel, tokenizer: Any, session: Any, settings: SamplingSettings, turns: int, args: argparse.Namespace
+) -> Rollout:
     """One rollout of ``args.prompts`` prompts whose environments last ``turns`` turns, from ``args.seed``."""
     prompts = [[{"role": "user", "content": f"play {i}"}] for i in range(args.prompts)]
     agent = AgentSettings(environment_factory=CountdownEnv, max_turns=turns)
     torch.manual_seed(args.seed)
     try:
-        return generate_conversations(policy, tokenizer, prompts, settings, agent, max_prompt_length=64,
-                                      columns={"turns": [turns] * len(prompts)}, sample=session)  # fmt: skip
+        return generate_conversations(
+            policy,
+            tokenizer,
+            prompts,
+            settings,
+            agent,
+            max_prompt_length=64,
+            columns={"turns": [turns] * len(prompts)},
+            sample=session,
+        )
     finally:
         session.close()
 
@@ -96,8 +110,9 @@ def _tokens(rollout: Rollout) -> float:
     return float(rollout.sampled_mask.sum())
 
 
-def measure(name: str, sessions: Callable[[bool], Any], policy: PeftModel, tokenizer: Any,
-            args: argparse.Namespace) -> BackendRatio:  # fmt: skip
+def measure(
+    name: str, sessions: Callable[[bool], Any], policy: PeftModel, tokenizer: Any, args: argparse.Namespace
+) -> BackendRatio:
     """The 3-turn rollout and its 1-turn baseline on one backend; ``sessions(multi_turn)`` opens a rollout's session.
 
     Raises:
@@ -124,10 +139,15 @@ def measure(name: str, sessions: Callable[[bool], Any], policy: PeftModel, token
     ]
     rows = len(warm)
     return BackendRatio(
-        name, statistics.median(times["multi"]), statistics.median(times["single"]),
-        float(warm.turns.num_turns.float().mean()), tokens["multi"] / rows, tokens["single"] / rows,
-        float(warm.truncated.float().mean()), (statistics.median(ratios), min(ratios), max(ratios)),
-    )  # fmt: skip
+        name,
+        statistics.median(times["multi"]),
+        statistics.median(times["single"]),
+        float(warm.turns.num_turns.float().mean()),
+        tokens["multi"] / rows,
+        tokens["single"] / rows,
+        float(warm.truncated.float().mean()),
+        (statistics.median(ratios), min(ratios), max(ratios)),
+    )
 
 
 def _hf_sessions(policy: PeftModel, args: argparse.Namespace) -> Callable[[bool], Any]:
@@ -148,8 +168,9 @@ def _vllm_sessions(policy: PeftModel, args: argparse.Namespace) -> tuple[Callabl
     from lightning_grpo.backends.vllm.engine import VLLMEngine
     from lightning_grpo.backends.vllm.settings import VLLMConfig
 
-    engine = VLLMEngine.start(policy, VLLMConfig(), model_name=None, max_model_len=64 + args.max_new_tokens,
-                              max_lora_rank=8, seed=args.seed)  # fmt: skip
+    engine = VLLMEngine.start(
+        policy, VLLMConfig(), model_name=None, max_model_len=64 + args.max_new_tokens, max_lora_rank=8, seed=args.seed
+    )
     engine.sync(policy, 0)
 
     def session(multi_turn: bool) -> VLLMSession:
@@ -205,8 +226,10 @@ def main(argv: Sequence[str] | None = None) -> list[BackendRatio]:
             results.append(measure("vllm (prefix cache)", sessions, policy, tokenizer, args))
         finally:
             engine.close()
-    print(f"multi-turn rollout, turn lengths from the model: {args.hidden_size}-wide, {args.layers}-layer model, "
-          f"B={args.prompts}, G={args.generations}, CPU, median of {args.repeats}")  # fmt: skip
+    print(
+        f"multi-turn rollout, turn lengths from the model: {args.hidden_size}-wide, {args.layers}-layer model, "
+        f"B={args.prompts}, G={args.generations}, CPU, median of {args.repeats}"
+    )
     print(format_table(results))
     return results
 

@@ -54,10 +54,15 @@ def scripted_rollout(vocab: int, prompts: int, g: int, prompt_length: int, lengt
     completion_mask = (torch.arange(t)[None] < torch.tensor(lengths)[:, None]).long()
     completion_ids = torch.randint(4, vocab, (n, t), generator=gen) * completion_mask
     return Rollout(
-        prompt_ids=prompt_ids, prompt_mask=torch.ones_like(prompt_ids), completion_ids=completion_ids,
-        completion_mask=completion_mask, truncated=torch.zeros(n, dtype=torch.bool),
-        group_ids=torch.arange(prompts).repeat_interleave(g), prompts=[""] * n, completions=[""] * n,
-    )  # fmt: skip
+        prompt_ids=prompt_ids,
+        prompt_mask=torch.ones_like(prompt_ids),
+        completion_ids=completion_ids,
+        completion_mask=completion_mask,
+        truncated=torch.zeros(n, dtype=torch.bool),
+        group_ids=torch.arange(prompts).repeat_interleave(g),
+        prompts=[""] * n,
+        completions=[""] * n,
+    )
 
 
 def processed_tokens(rollout: Rollout, micro: int, share_prompt: bool, packing: bool) -> int:
@@ -136,8 +141,10 @@ def print_table(result: dict) -> None:
     """Markdown table of :func:`run`'s result."""
     base = result["layouts"]["padded"]
     print(f"real tokens (prompt + completion): {result['real_tokens']:,}")
-    print("| layout | tokens processed | update s wall (range); vs padded | update s CPU | log-prob s wall (range); vs "
-          "padded | peak MiB (update) |")  # fmt: skip
+    print(
+        "| layout | tokens processed | update s wall (range); vs padded | update s CPU | log-prob s wall (range); vs "
+        "padded | peak MiB (update) |"
+    )
     print("|---|---|---|---|---|---|")
     for name, e in result["layouts"].items():
         u, c, lp = e["update_wall"], e["update_cpu"], e["logprobs_wall"]

@@ -138,9 +138,14 @@ def run_arm(model: Any, tokenizer: Any, estimator: str, seed: int, steps: int, l
     )
     rows = [{"prompt": PROMPT} for _ in range(64)]
     trainer = L.Trainer(
-        accelerator="cpu", max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, callbacks=[curve],
-    )  # fmt: skip
+        accelerator="cpu",
+        max_steps=steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[curve],
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer.fit(module, PromptDataModule(rows, batch_size=4, seed=seed))
@@ -155,9 +160,12 @@ def compare_arms(seed: int, steps: int = 30, lr: float = 3e-3, warmup_steps: int
     """
     tokenizer, rng = build_tiny_tokenizer(), random.Random(seed)
     model = warm_up_on_traces(
-        build_tiny_model(tokenizer, seed=seed), tokenizer, lambda: warm_up_game(tokenizer, rng), steps=warmup_steps,
+        build_tiny_model(tokenizer, seed=seed),
+        tokenizer,
+        lambda: warm_up_game(tokenizer, rng),
+        steps=warmup_steps,
         seed=seed,
-    )  # fmt: skip
+    )
     span = max(1, steps // 3)
     mean = lambda values: sum(values) / len(values)  # noqa: E731
     figures = {}

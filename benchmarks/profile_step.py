@@ -85,8 +85,9 @@ def main(argv: list[str] | None = None) -> None:
         (logprobs * rollout.sampled_mask).sum().backward()
 
     prof, wall = _timed_profile(update)
-    _report(f"update: forward+backward of {len(rollout)} x {args.prompt_length}+{args.prompt_length}", prof, wall,
-            args.top)  # fmt: skip
+    _report(
+        f"update: forward+backward of {len(rollout)} x {args.prompt_length}+{args.prompt_length}", prof, wall, args.top
+    )
 
 
 if __name__ == "__main__":

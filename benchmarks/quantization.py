@@ -76,11 +76,16 @@ def _estimate(work: dict[str, Any]) -> Any:
 
     base = work["dtype"] if work["quantization"] == "none" else work["quantization"]
     return estimate(
-        SHAPES[work["model"]], base=base, dtype=work["dtype"], lora_r=work["lora_r"],
-        rows=work["prompts"] * work["num_generations"], prompt_length=work["prompt_length"],
-        max_new_tokens=work["max_new_tokens"], gradient_checkpointing=work["gradient_checkpointing"],
+        SHAPES[work["model"]],
+        base=base,
+        dtype=work["dtype"],
+        lora_r=work["lora_r"],
+        rows=work["prompts"] * work["num_generations"],
+        prompt_length=work["prompt_length"],
+        max_new_tokens=work["max_new_tokens"],
+        gradient_checkpointing=work["gradient_checkpointing"],
         distinct_prompts=work["prompts"],
-    )  # fmt: skip
+    )
 
 
 def _error(predicted: float, measured: float) -> str:
@@ -111,16 +116,40 @@ def format_tables(results: list[dict[str, Any]]) -> str:
         measured = r["step_peak_bytes"] - r["libraries_bytes"]
         resident, transient = r["step_start_bytes"] - r["libraries_bytes"], r["step_peak_bytes"] - r["step_start_bytes"]
         states, passes = model.base_linear + model.base_other + model.adapter, max(model.activations, model.generation)
-        first.append("| " + " | ".join([
-            r["label"], ckpt, f"{r['step_seconds']:.1f} ({r['step_cpu_seconds']:.1f})", mib(r["process_peak_bytes"]),
-            mib(r["step_peak_bytes"]), mib(measured), mib(model.total), _error(model.total, measured),
-        ]) + " |")  # fmt: skip
+        first.append(
+            "| "
+            + " | ".join(
+                [
+                    r["label"],
+                    ckpt,
+                    f"{r['step_seconds']:.1f} ({r['step_cpu_seconds']:.1f})",
+                    mib(r["process_peak_bytes"]),
+                    mib(r["step_peak_bytes"]),
+                    mib(measured),
+                    mib(model.total),
+                    _error(model.total, measured),
+                ]
+            )
+            + " |"
+        )
         phases = {k: v - r["step_start_bytes"] for k, v in r["phase_peak_bytes"].items()}
-        second.append("| " + " | ".join([
-            r["label"], ckpt, f"{mib(resident)} ({mib(r['step_start_file_bytes'])})", mib(states),
-            _error(states, resident), mib(transient), f"{mib(phases['generate'])} / {mib(phases['update'])}",
-            mib(passes), _error(passes, transient),
-        ]) + " |")  # fmt: skip
+        second.append(
+            "| "
+            + " | ".join(
+                [
+                    r["label"],
+                    ckpt,
+                    f"{mib(resident)} ({mib(r['step_start_file_bytes'])})",
+                    mib(states),
+                    _error(states, resident),
+                    mib(transient),
+                    f"{mib(phases['generate'])} / {mib(phases['update'])}",
+                    mib(passes),
+                    _error(passes, transient),
+                ]
+            )
+            + " |"
+        )
     return "\n".join(first) + "\n\n" + "\n".join(second)
 
 
@@ -132,10 +161,18 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     argv = sys.argv[1:] if argv is None else argv
     args = _parse(argv)
     common = Workload(
-        model=args.model, prompts=args.prompts, num_generations=args.num_generations, lora_r=args.lora_r,
-        prompt_length=args.prompt_length, max_new_tokens=args.max_new_tokens, kl_coef=args.kl_coef,
-        threads=args.threads, steps=1, warmup_steps=1, device="cpu",
-    )  # fmt: skip
+        model=args.model,
+        prompts=args.prompts,
+        num_generations=args.num_generations,
+        lora_r=args.lora_r,
+        prompt_length=args.prompt_length,
+        max_new_tokens=args.max_new_tokens,
+        kl_coef=args.kl_coef,
+        threads=args.threads,
+        steps=1,
+        warmup_steps=1,
+        device="cpu",
+    )
     if args.report is not None:
         results = json.loads(args.report.read_text())["cases"]
         print(format_tables(results))
@@ -143,8 +180,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     cases = [c for c in CASES if args.cases is None or c[0] in args.cases]
     results = []
     with tempfile.TemporaryDirectory(prefix="grpo-qlora-") as tmp:
-        models = {dtype: prepare_model(args.model, Path(tmp) / dtype, dtype=Workload(dtype=dtype).torch_dtype)
-                  for dtype in {dtype for _, dtype, _ in cases}}  # fmt: skip
+        models = {
+            dtype: prepare_model(args.model, Path(tmp) / dtype, dtype=Workload(dtype=dtype).torch_dtype)
+            for dtype in {dtype for _, dtype, _ in cases}
+        }
         for label, dtype, quantization in cases:
             for checkpointing in (False, True):
                 work = replace(common, dtype=dtype, quantization=quantization, gradient_checkpointing=checkpointing)
@@ -154,8 +193,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     print(format_tables(results))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"command": " ".join(["python -m benchmarks.quantization", *argv]),
-                                         "cases": results}, indent=2))  # fmt: skip
+        args.json.write_text(
+            json.dumps({"command": " ".join(["python -m benchmarks.quantization", *argv]), "cases": results}, indent=2)
+        )
     return results
 
 

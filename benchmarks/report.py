@@ -32,9 +32,13 @@ def summarize(raw: dict[str, Any], work: Workload, counts: ParamCounts, limits: 
     update_s, generate_s = phases["update"], phases["generate"]
     flops = median([update_flops(counts, s["trained_tokens"]) for s in steps])
     floor = decode_floor_seconds(
-        counts, work.rows, work.prompt_length, work.max_new_tokens, _DTYPE_BYTES[work.dtype],
+        counts,
+        work.rows,
+        work.prompt_length,
+        work.max_new_tokens,
+        _DTYPE_BYTES[work.dtype],
         limits["bandwidth_bytes_per_s"],
-    )  # fmt: skip
+    )
     return {
         "framework": raw["framework"],
         "measured_steps": len(steps),

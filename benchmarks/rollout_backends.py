@@ -40,8 +40,12 @@ def _prompts(tokenizer: Any, count: int, length: int, seed: int) -> tuple[torch.
 def measure(sample: Callable[..., Any], args: argparse.Namespace, policy: Any, tokenizer: Any) -> dict[str, float]:
     """Median seconds of one sampling call and the tokens per second it sampled."""
     ids, mask = _prompts(tokenizer, args.prompts, args.prompt_tokens, args.seed)
-    settings = SamplingSettings(num_generations=args.generations, max_new_tokens=args.new_tokens,
-                                min_new_tokens=args.new_tokens, drop_finished=args.own_loop)  # fmt: skip
+    settings = SamplingSettings(
+        num_generations=args.generations,
+        max_new_tokens=args.new_tokens,
+        min_new_tokens=args.new_tokens,
+        drop_finished=args.own_loop,
+    )
     seconds = []
     with eval_mode(policy), torch.no_grad():
         for repeat in range(args.repeats + 1):
@@ -62,15 +66,23 @@ def _vllm_sampler(policy: Any, model_dir: Path, args: argparse.Namespace) -> Cal
     from lightning_grpo.backends.vllm.engine import VLLMEngine
     from lightning_grpo.backends.vllm.settings import VLLMConfig
 
-    engine = VLLMEngine.start(policy, VLLMConfig(), model_name=str(model_dir), seed=args.seed,
-                              max_model_len=args.prompt_tokens + args.new_tokens, max_lora_rank=8)  # fmt: skip
+    engine = VLLMEngine.start(
+        policy,
+        VLLMConfig(),
+        model_name=str(model_dir),
+        seed=args.seed,
+        max_model_len=args.prompt_tokens + args.new_tokens,
+        max_lora_rank=8,
+    )
     syncs = []
     for version in range(6):  # the first sync loads the adapter; later ones replace it in place, as in training
         start = time.perf_counter()
         engine.sync(policy, version=version)
         syncs.append(time.perf_counter() - start)
-    print(f"vllm: adapter sync {1000 * syncs[0]:.1f} ms the first time, then {1000 * statistics.median(syncs[1:]):.1f} "
-          "ms (median of 5: save to the work folder, load in place, reset the prefix cache)")  # fmt: skip
+    print(
+        f"vllm: adapter sync {1000 * syncs[0]:.1f} ms the first time, then {1000 * statistics.median(syncs[1:]):.1f} "
+        "ms (median of 5: save to the work folder, load in place, reset the prefix cache)"
+    )
     args.engine = engine
     return engine.sample
 
@@ -107,8 +119,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def _print(results: dict[str, Any], args: argparse.Namespace) -> None:
-    print(f"\n{args.model}, {args.prompts} prompts x G={args.generations}, {args.prompt_tokens} prompt tokens, "
-          f"{args.new_tokens} new tokens, median of {args.repeats}:")  # fmt: skip
+    print(
+        f"\n{args.model}, {args.prompts} prompts x G={args.generations}, {args.prompt_tokens} prompt tokens, "
+        f"{args.new_tokens} new tokens, median of {args.repeats}:"
+    )
     print("| backend | seconds | sampled tokens/s |\n|---|---:|---:|")
     for backend, result in results.items():
         if isinstance(result, str):

@@ -36,10 +36,22 @@ _ROOT = Path(__file__).resolve().parents[1]
 #: 64, sigma 1; about 80 % padding against the longest row), beta 0.04 (a log-prob pass: the reference), micro-batches
 #: of 8 completions, 2 threads, 3 measured steps after 1 warm-up step. Any flag given overrides these.
 UNEVEN: dict[str, Any] = {
-    "model": "small-30m", "prompts": 8, "num_generations": 8, "prompt_length": 64, "max_new_tokens": 512,
-    "fixed_length": False, "length_dist": "lognormal", "length_min": 8, "length_median": 64.0, "length_sigma": 1.0,
-    "kl_coef": 0.04, "micro_batch_size": 8, "steps": 3, "warmup_steps": 1, "threads": 2,
-}  # fmt: skip
+    "model": "small-30m",
+    "prompts": 8,
+    "num_generations": 8,
+    "prompt_length": 64,
+    "max_new_tokens": 512,
+    "fixed_length": False,
+    "length_dist": "lognormal",
+    "length_min": 8,
+    "length_median": 64.0,
+    "length_sigma": 1.0,
+    "kl_coef": 0.04,
+    "micro_batch_size": 8,
+    "steps": 3,
+    "warmup_steps": 1,
+    "threads": 2,
+}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -170,8 +182,9 @@ def _summaries(raw: dict[str, Any], sides: dict[str, Any], counts: Any, limits: 
             summary["framework"] = f"ours [{side}]"
         lengths = work.scripted_lengths() or ([work.max_new_tokens] * work.rows if work.fixed_length else None)
         if lengths is not None:
-            bounds = phase_bounds(counts, work.prompts, work.prompt_length, lengths, limits["matmul_flops_per_s"],
-                                  work.ppo_epochs)  # fmt: skip
+            bounds = phase_bounds(
+                counts, work.prompts, work.prompt_length, lengths, limits["matmul_flops_per_s"], work.ppo_epochs
+            )
             summary["bounds"] = side_bounds(summary, bounds)
         out[side] = summary
     return out

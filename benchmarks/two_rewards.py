@@ -65,9 +65,14 @@ def arm_curves(seed: int, estimator: str, steps: int = STEPS, lr: float = 1e-2) 
 
     rows = [{"prompt": f"{i % 10}+{(i * 3) % 10}="} for i in range(64)]
     L.Trainer(
-        accelerator="cpu", max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, callbacks=[L.pytorch.callbacks.LambdaCallback(on_train_batch_end=record)],
-    ).fit(module, PromptDataModule(rows, batch_size=4, seed=seed))  # fmt: skip
+        accelerator="cpu",
+        max_steps=steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[L.pytorch.callbacks.LambdaCallback(on_train_batch_end=record)],
+    ).fit(module, PromptDataModule(rows, batch_size=4, seed=seed))
     return curves
 
 

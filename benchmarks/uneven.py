@@ -76,10 +76,17 @@ def length_summary(lengths: Sequence[int], bins: Sequence[int] = (8, 16, 32, 64,
         counts[f"<={edge}"] = sum(1 for length in lengths if previous < length <= edge)
         previous = edge
     return {
-        "rows": len(lengths), "tokens": int(values.sum()), "mean": float(values.mean()), "min": int(values[0]),
-        "p10": pick(0.1), "p50": pick(0.5), "p90": pick(0.9), "max": int(values[-1]),
-        "padding_share": padding_share(lengths), "histogram": counts,
-    }  # fmt: skip
+        "rows": len(lengths),
+        "tokens": int(values.sum()),
+        "mean": float(values.mean()),
+        "min": int(values[0]),
+        "p10": pick(0.1),
+        "p50": pick(0.5),
+        "p90": pick(0.9),
+        "max": int(values[-1]),
+        "padding_share": padding_share(lengths),
+        "histogram": counts,
+    }
 
 
 def format_summary(summary: dict[str, Any]) -> str:

@@ -47,8 +47,10 @@ def _op(rows: int, vocab: int, seeded: bool, repeats: int) -> dict[str, float]:
     generators = {i: torch.Generator().manual_seed(i) for i in range(rows)} if seeded else {}
     sampler = TopKTopPSampler(logprobs_mode="processed_logprobs")
     result = {}
-    for name, step in (("random_sample", lambda: random_sample(probs, generators)),
-                       ("forward_cpu", lambda: sampler.forward_cpu(probs.log(), generators, None, None))):  # fmt: skip
+    for name, step in (
+        ("random_sample", lambda: random_sample(probs, generators)),
+        ("forward_cpu", lambda: sampler.forward_cpu(probs.log(), generators, None, None)),
+    ):
         step()
         with _Count() as count:
             step()
@@ -72,8 +74,9 @@ def _engine(args: argparse.Namespace, folder: str) -> Any:
     model = build_tiny_model(tokenizer, num_heads=2, num_kv_heads=1, seed=0)
     policy = load_policy(model, PolicyConfig(lora_r=4, lora_alpha=8))
     length = 16 + args.new_tokens
-    engine = VLLMEngine.start(policy, VLLMConfig(work_dir=folder), model_name=None, max_model_len=length,
-                              max_lora_rank=8, seed=0)  # fmt: skip
+    engine = VLLMEngine.start(
+        policy, VLLMConfig(work_dir=folder), model_name=None, max_model_len=length, max_lora_rank=8, seed=0
+    )
     engine.sync(policy, version=0)
     return engine
 
@@ -84,8 +87,15 @@ def _generate(engine: Any, args: argparse.Namespace, seeded: bool) -> float:
     prompts = [{"prompt_token_ids": [5 + i % 20, 6, 7]} for i in range(args.prompts)]
 
     def params(seed: int | None) -> Any:
-        return SamplingParams(n=args.generations, temperature=1.0, max_tokens=args.new_tokens,
-                              min_tokens=args.new_tokens, logprobs=0, seed=seed, detokenize=False)  # fmt: skip
+        return SamplingParams(
+            n=args.generations,
+            temperature=1.0,
+            max_tokens=args.new_tokens,
+            min_tokens=args.new_tokens,
+            logprobs=0,
+            seed=seed,
+            detokenize=False,
+        )
 
     seconds = []
     for repeat in range(args.repeats + 1):

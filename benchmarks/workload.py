@@ -173,9 +173,15 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
         if isinstance(default, bool):
             parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default)
         else:
-            choices = {"dtype": list(_DTYPES), "sampler": ["multinomial", "inverse_cdf"], "quantization": QUANTIZATIONS,
-                       "old_logprobs": ["recompute", "rollout"], "packing": ["auto", "true", "false"],
-                       "decode": ["auto", "eager", "compiled"], "length_dist": ["none", "lognormal"]}  # fmt: skip
+            choices = {
+                "dtype": list(_DTYPES),
+                "sampler": ["multinomial", "inverse_cdf"],
+                "quantization": QUANTIZATIONS,
+                "old_logprobs": ["recompute", "rollout"],
+                "packing": ["auto", "true", "false"],
+                "decode": ["auto", "eager", "compiled"],
+                "length_dist": ["none", "lognormal"],
+            }
             choices = choices.get(f.name)
             parser.add_argument(flag, dest=f.name, type=type(default), default=default, choices=choices)
 

@@ -46,9 +46,7 @@ def concise(
     prompts: list[str], completions: list[str], answer: list[str], completion_lengths: list[int]
 ) -> list[float]:
     """Up to 1.0 for a completion no longer than the reference answer plus its EOS token, falling off beyond."""
-    return [
-        min(1.0, (len(ref) + 1) / max(n, 1)) for ref, n in zip(answer, completion_lengths, strict=True)
-    ]  # fmt: skip
+    return [min(1.0, (len(ref) + 1) / max(n, 1)) for ref, n in zip(answer, completion_lengths, strict=True)]
 
 
 def build(options: argparse.Namespace) -> tuple[GRPOModule, PromptDataModule, Trainer]:

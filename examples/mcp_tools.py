@@ -69,12 +69,15 @@ def build(options: argparse.Namespace) -> tuple[GRPOModule, PromptDataModule, Tr
     tokenizer, rows, model = warm_policy(options)  # tool_calling.py's task and warm-up
     server = {"command": [sys.executable, str(Path(__file__).resolve()), "--serve"]}  # started by the module
     module = GRPOModule(
-        model, [called_add_right], tokenizer=tokenizer, tools=[server],
+        model,
+        [called_add_right],
+        tokenizer=tokenizer,
+        tools=[server],
         policy=PolicyConfig(lora_r=8, lora_alpha=16, dtype="float32"),
         grpo=GRPOConfig(**grpo_settings(options), agents=AgentConfig(max_turns=2, tool_timeout=30.0)),
         optimizer=lambda params: torch.optim.AdamW(params, lr=options.lr),
         seed=options.seed,
-    )  # fmt: skip
+    )
     data = PromptDataModule(rows, batch_size=options.batch_size, seed=options.seed)
     trainer = Trainer(
         accelerator="cpu",

@@ -148,11 +148,16 @@ def build(options: argparse.Namespace) -> tuple[GRPOModule, PromptDataModule, Tr
     rows = [{"prompt": PROMPT, "secret": random.Random(i).randint(LOW, HIGH)} for i in range(64)]
     data = PromptDataModule(rows, batch_size=options.batch_size, seed=options.seed)
     trainer = Trainer(
-        accelerator="cpu", devices=1, max_steps=options.max_steps, log_every_n_steps=1,
-        logger=CSVLogger(options.output_dir, name="multi_turn_env"), enable_checkpointing=False,
-        enable_progress_bar=options.progress_bar, enable_model_summary=False,
+        accelerator="cpu",
+        devices=1,
+        max_steps=options.max_steps,
+        log_every_n_steps=1,
+        logger=CSVLogger(options.output_dir, name="multi_turn_env"),
+        enable_checkpointing=False,
+        enable_progress_bar=options.progress_bar,
+        enable_model_summary=False,
         callbacks=[GroupRewardStats(), AgentStats()],  # train/reward_mean (read below) and train/agent/*
-    )  # fmt: skip
+    )
     return module, data, trainer
 
 

@@ -91,12 +91,14 @@ def build(options: argparse.Namespace) -> tuple[GRPOModule, PromptDataModule, Tr
     """The module (``agent=agent``, its returned reward), the data module and the trainer."""
     tokenizer, rows, model = warm_policy(options)  # tool_calling.py's task and warm-up
     module = GRPOModule(
-        model, tokenizer=tokenizer, agent=agent,
+        model,
+        tokenizer=tokenizer,
+        agent=agent,
         policy=PolicyConfig(lora_r=8, lora_alpha=16, dtype="float32"),
         grpo=GRPOConfig(**grpo_settings(options), agents=AgentConfig(agent_transport=options.transport)),
         optimizer=lambda params: torch.optim.AdamW(params, lr=options.lr),
         seed=options.seed,
-    )  # fmt: skip
+    )
     data = PromptDataModule(rows, batch_size=options.batch_size, seed=options.seed)
     trainer = Trainer(
         accelerator="cpu",

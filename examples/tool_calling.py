@@ -82,12 +82,15 @@ def build(
     """
     tokenizer, rows, model = warm_policy(options)  # the shared task: rows, tokenizer, supervised warm-up (seconds)
     module = GRPOModule(
-        model, [reward], tokenizer=tokenizer, tools=[add],
+        model,
+        [reward],
+        tokenizer=tokenizer,
+        tools=[add],
         policy=PolicyConfig(lora_r=8, lora_alpha=16, dtype="float32"),
         grpo=GRPOConfig(**grpo_settings(options), agents=AgentConfig(max_turns=2)),
         optimizer=lambda params: torch.optim.AdamW(params, lr=options.lr),
         seed=options.seed,
-    )  # fmt: skip
+    )
     data = PromptDataModule(rows, batch_size=options.batch_size, seed=options.seed)
     trainer = Trainer(
         accelerator="cpu",

@@ -82,5 +82,6 @@ def exit_unless_installed(program: str, *extras: str) -> None:
     """
     missing = [module for extra in extras for module in missing_modules(extra)]
     if missing:
-        raise SystemExit(f"{program} needs {', '.join(dict.fromkeys(missing))}, which is not installed: "
-                         f"{install_hint(*extras)}")  # fmt: skip
+        raise SystemExit(
+            f"{program} needs {', '.join(dict.fromkeys(missing))}, which is not installed: {install_hint(*extras)}"
+        )

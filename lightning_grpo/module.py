@@ -123,8 +123,9 @@ class GRPOModule(LightningModule):
         self.strict_loading = False  # checkpoints hold the adapter only, not the base weights
         self.config = cfg = grpo or GRPOConfig()
         self.policy_config = policy or PolicyConfig()
-        self.agent_fn = agent_wiring.agent_code(agent, tools, environment_factory,
-                                                dynamic_sampling=cfg.advantages.dynamic_sampling)  # fmt: skip
+        self.agent_fn = agent_wiring.agent_code(
+            agent, tools, environment_factory, dynamic_sampling=cfg.advantages.dynamic_sampling
+        )
         factory, self.rewards = agent_wiring.agent_rewards(
             self.agent_fn, environment_factory, reward_funcs, reward_weights, timeout=cfg.faults.reward_timeout
         )
@@ -134,9 +135,14 @@ class GRPOModule(LightningModule):
         self.policy = load_policy(model, self.policy_config, seed=seed).train()
         self._trained_on = describe_policy(self.policy, self.tokenizer, model)  # checked on resume
         self.agent = AgentSettings.build(
-            self.tokenizer, tools=tools, tool_parser=tool_parser, environment_factory=factory,
-            max_turns=cfg.agents.max_turns, tool_timeout=cfg.agents.tool_timeout, env_reward=cfg.agents.env_reward,
-        )  # fmt: skip
+            self.tokenizer,
+            tools=tools,
+            tool_parser=tool_parser,
+            environment_factory=factory,
+            max_turns=cfg.agents.max_turns,
+            tool_timeout=cfg.agents.tool_timeout,
+            env_reward=cfg.agents.env_reward,
+        )
         self.agent_limits = agent_client.AgentLimits.of(cfg)  # agent code's (agent=): time limits, transport
         self.optimizer_factory, self.scheduler_factory, self.seed = optimizer, lr_scheduler, seed
         self.use_default_callbacks = default_callbacks
@@ -218,10 +224,15 @@ class GRPOModule(LightningModule):
         self._context = self._packing = None
         self.log_dict({f"train/{name}": value for name, value in {"loss": loss, **metrics}.items()})  # global values
         return StepOutput(
-            loss=loss, rollout=rollout, rewards=scores, advantages=advantages, metrics=metrics,
-            loss_mask=update.loss_mask, ppo_epochs=self.config.update.ppo_epochs,
+            loss=loss,
+            rollout=rollout,
+            rewards=scores,
+            advantages=advantages,
+            metrics=metrics,
+            loss_mask=update.loss_mask,
+            ppo_epochs=self.config.update.ppo_epochs,
             timings={**timer.seconds, **{f"score/{name}": s for name, s in scores.seconds.items()}},  # per reward
-        )  # fmt: skip
+        )
 
     def generate(
         self,
@@ -236,10 +247,18 @@ class GRPOModule(LightningModule):
         backend.sync(self.policy, self.global_step if self._trainer is not None else 0)  # no-op once synced
         with nonfinite_sampling(self.global_step), closing(backend.session(self.policy, settings)) as session:
             rollout, stats = agent_wiring.sample_batch(
-                self.policy, self.tokenizer, batch, settings, self.agent, self.agent_fn, session=session,
-                max_prompt_length=self.config.sampling.max_prompt_length, limits=self.agent_limits, rank=rank,
+                self.policy,
+                self.tokenizer,
+                batch,
+                settings,
+                self.agent,
+                self.agent_fn,
+                session=session,
+                max_prompt_length=self.config.sampling.max_prompt_length,
+                limits=self.agent_limits,
+                rank=rank,
                 ranks=self._rank_votes(),  # agreed before the ranks' next collective (docs/distributed.md)
-            )  # fmt: skip
+            )
         if stats is not None and self._trainer is not None and self._context is not None:  # agent code's executions
             self.log_dict(stats.metrics(len(rollout)), batch_size=stats.executions)
         return rollout
@@ -254,9 +273,13 @@ class GRPOModule(LightningModule):
     def score(self, rollout: Rollout) -> RewardScores:
         """Phase 2: every reward function, weighted; ``NaN`` where every function returned ``None``."""
         scores = self.rewards(
-            rollout.prompts, rollout.completions, rollout.columns, completion_ids=rollout.completion_token_ids,
-            completion_lengths=rollout.completion_lengths.tolist(), trainer_state=TrainerState.of(self._trainer),
-        )  # fmt: skip
+            rollout.prompts,
+            rollout.completions,
+            rollout.columns,
+            completion_ids=rollout.completion_token_ids,
+            completion_lengths=rollout.completion_lengths.tolist(),
+            trainer_state=TrainerState.of(self._trainer),
+        )
         per_function = {k: v.to(self.device) for k, v in scores.per_function.items()}
         steps = gather_step_rewards(self.config, self.tokenizer, rollout, scores, self.rewards)  # grpo_process only
         return RewardScores(scores.rewards.to(self.device), per_function, scores.seconds, scores.steps, steps)
@@ -276,10 +299,15 @@ class GRPOModule(LightningModule):
         agents = agent_client.is_agent_rollout(rollout)  # one reward per trajectory (its last branch), shared
         rewards = agent_client.trajectory_rewards_nan(rewards, rollout) if agents else rewards
         advantages = compute_advantages(
-            rewards, rollout.group_ids, **self.config.advantages.kwargs, completion_mask=rollout.sampled_mask,
-            sum_across_ranks=self._sum_across_ranks, step_rewards=step_rewards, function_rewards=function_rewards,
+            rewards,
+            rollout.group_ids,
+            **self.config.advantages.kwargs,
+            completion_mask=rollout.sampled_mask,
+            sum_across_ranks=self._sum_across_ranks,
+            step_rewards=step_rewards,
+            function_rewards=function_rewards,
             function_weights=function_weights,  # token-level estimators whiten over rollout.sampled_mask
-        )  # fmt: skip
+        )
         return agent_client.spread_to_branches(advantages, rollout) if agents else advantages
 
     def prepare_update(self, rollout: Rollout, advantages: Tensor) -> UpdateBatch:
@@ -288,8 +316,16 @@ class GRPOModule(LightningModule):
             self.config.check_rollout_size(len(rollout))
         self.rollout_backend.release()  # e.g. vllm.sleep_mode: the engine's memory goes to the update
         self._packing = packing_for(rollout, self.config.update.packing)  # once per rollout: every pass takes one path
-        return update_batch(self.compute_logprobs, self.policy, rollout, advantages, self.config, self.timer,
-                            self.device, self._sum_across_ranks)  # fmt: skip
+        return update_batch(
+            self.compute_logprobs,
+            self.policy,
+            rollout,
+            advantages,
+            self.config,
+            self.timer,
+            self.device,
+            self._sum_across_ranks,
+        )
 
     def compute_logprobs(
         self, rollout: Rollout, *, reference: bool = False, with_entropy: bool = False
@@ -331,19 +367,32 @@ class GRPOModule(LightningModule):
     def update_policy(self, batch: UpdateBatch) -> tuple[Tensor, dict[str, Tensor]]:
         """``ppo_epochs`` passes over shuffled mini-batches, one optimizer step each (``run_updates``)."""
         return run_updates(
-            batch, self._context or self.iteration_context(), self.config, policy=self.policy,
-            compute_loss=self.compute_loss, backward=self.manual_backward, optimizer=self.optimizers(),
-            clip_gradients=self.clip_gradients, scheduler=self.lr_schedulers(),
-        )  # fmt: skip
+            batch,
+            self._context or self.iteration_context(),
+            self.config,
+            policy=self.policy,
+            compute_loss=self.compute_loss,
+            backward=self.manual_backward,
+            optimizer=self.optimizers(),
+            clip_gradients=self.clip_gradients,
+            scheduler=self.lr_schedulers(),
+        )
 
     def iteration_context(self) -> IterationContext:
         """What this iteration's phases take from the module (:class:`~lightning_grpo.iteration.IterationContext`)."""
         return IterationContext(
-            device=self.device, global_step=self.global_step if self._trainer is not None else 0,
-            seed=self._iteration_seed(), sum_across_ranks=self._sum_across_ranks,
-            log=self.log, timer=self.timer, warned=self._warned, skipped=self.skipped_steps, grad_scale=1.0
-            if self._trainer is None else distributed.grad_scale(self.trainer.strategy, self.trainer.world_size),
-        )  # fmt: skip
+            device=self.device,
+            global_step=self.global_step if self._trainer is not None else 0,
+            seed=self._iteration_seed(),
+            sum_across_ranks=self._sum_across_ranks,
+            log=self.log,
+            timer=self.timer,
+            warned=self._warned,
+            skipped=self.skipped_steps,
+            grad_scale=1.0
+            if self._trainer is None
+            else distributed.grad_scale(self.trainer.strategy, self.trainer.world_size),
+        )
 
     # ---------------------------------------------------------------- validation
 
@@ -406,8 +455,13 @@ class GRPOModule(LightningModule):
         self.timer.device = self.device
         self.rewards.to(self.device, getattr(self.policy, "dtype", None))  # reward models are not in the policy
         extra = agent_client.AGENT_COLUMNS if self.agent_fn is not None else ()  # an agent rollout's own columns
-        check_fit_inputs(self.config, self.rewards, self.trainer.datamodule, environment=self.agent.has_environment,
-                         rollout_columns=extra)  # fmt: skip
+        check_fit_inputs(
+            self.config,
+            self.rewards,
+            self.trainer.datamodule,
+            environment=self.agent.has_environment,
+            rollout_columns=extra,
+        )
         self.rollout_backend.start(self.policy, self.seed, sharded=distributed.is_sharded(self.policy))
 
     def on_train_start(self) -> None:

@@ -295,8 +295,10 @@ class MCPToolServer:
     def _tool(self, listed: Any) -> Tool:
         name = listed.name
         parameters = listed.input_schema or {"type": "object", "properties": {}}
-        schema = {"type": "function", "function": {"name": name, "description": listed.description or "",
-                                                   "parameters": parameters}}  # fmt: skip
+        schema = {
+            "type": "function",
+            "function": {"name": name, "description": listed.description or "", "parameters": parameters},
+        }
 
         call_tool = _ServerTool(self, name)  # picklable: a spawned rank reconnects on first use
         return Tool(name=name, function=call_tool, schema=schema, is_async=True, signature=None)

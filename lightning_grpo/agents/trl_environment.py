@@ -295,8 +295,10 @@ def resolve_factory(factory: Any) -> Any:
     if isinstance(factory, str):
         return _import_path(factory, "environment_factory")
     if isinstance(factory, Mapping) and any(isinstance(value, str) for value in factory.values()):
-        return {name: _import_path(value, f"environment_factory[{name!r}]") if isinstance(value, str) else value
-                for name, value in factory.items()}  # fmt: skip
+        return {
+            name: _import_path(value, f"environment_factory[{name!r}]") if isinstance(value, str) else value
+            for name, value in factory.items()
+        }
     return factory
 
 

@@ -41,9 +41,16 @@ from lightning_grpo.algorithms.components import ComponentSettingError
 from lightning_grpo.settings_checks import SettingError
 
 __all__ = [
-    "GDPO", "GPG", "NEW_ESTIMATORS", "PassAtK", "ReinforcePlusPlus", "check_estimator_settings", "gdpo",
-    "gdpo_metrics", "opo",
-]  # fmt: skip
+    "GDPO",
+    "GPG",
+    "NEW_ESTIMATORS",
+    "PassAtK",
+    "ReinforcePlusPlus",
+    "check_estimator_settings",
+    "gdpo",
+    "gdpo_metrics",
+    "opo",
+]
 
 
 def _need_mask(name: str, stats: GroupStats, completion_mask: Tensor | None) -> Tensor:
@@ -152,11 +159,18 @@ def gdpo_metrics(stats: GroupStats, settings: AdvantageSettings) -> dict[str, Te
     terms = _gdpo_terms(stats, settings)
     _, inverse, sizes = torch.unique(stats.group_ids, return_inverse=True, return_counts=True)
     per_row = 1.0 / sizes[inverse].double()  # each group's rows add up to 1
-    sums = torch.stack([
-        torch.stack([term.abs().sum(), (per_row * (scored.count > 0)).sum(),
-                     (per_row * ((scored.count > 0) & scored.constant)).sum()])
-        for term, scored in terms.values()
-    ])  # fmt: skip
+    sums = torch.stack(
+        [
+            torch.stack(
+                [
+                    term.abs().sum(),
+                    (per_row * (scored.count > 0)).sum(),
+                    (per_row * ((scored.count > 0) & scored.constant)).sum(),
+                ]
+            )
+            for term, scored in terms.values()
+        ]
+    )
     sums = sums if settings.sum_across_ranks is None else settings.sum_across_ranks(sums)
     total = sums[:, 0].sum()
     metrics = {}
@@ -213,8 +227,9 @@ class PassAtK:
         best = torch.full((groups,), -torch.inf, dtype=r.dtype, device=r.device).scatter_reduce(0, inverse, r, "amax")
         index = torch.arange(n, device=r.device)
         is_best = stats.valid & (r == best[inverse])
-        first = torch.full((groups,), n, device=r.device).scatter_reduce(0, inverse, torch.where(is_best, index, n),
-                                                                         "amin")  # fmt: skip
+        first = torch.full((groups,), n, device=r.device).scatter_reduce(
+            0, inverse, torch.where(is_best, index, n), "amin"
+        )
         chosen = index == first[inverse]
         rest = torch.where(chosen, -torch.inf, r)
         second = torch.full_like(best, -torch.inf).scatter_reduce(0, inverse, rest, "amax")
@@ -257,7 +272,7 @@ def opo(stats: GroupStats, completion_mask: Tensor | None, settings: AdvantageSe
     weighted = torch.zeros(groups, dtype=torch.float64, device=lengths.device).index_add_(
         0, inverse, lengths * stats.rewards
     )
-    length = torch.zeros_like(weighted).index_add_(0, inverse, lengths)  # fmt: skip
+    length = torch.zeros_like(weighted).index_add_(0, inverse, lengths)
     baseline = torch.where(length > 0, weighted / length.clamp(min=1e-300), 0.0)[inverse]
     baseline = torch.where(length[inverse] > 0, baseline, stats.mean)  # no sampled token: the plain mean
     return stats.rewards - baseline
@@ -363,5 +378,6 @@ def check_estimator_settings(estimator: str, args: Mapping[str, object] | None, 
             f"advantage_estimator_args={dict(args or {})!r}: grpo_passk needs k < num_generations={num_generations} "
             "(with k >= G every k-subset of a group with a correct completion passes: every advantage is 0); lower k "
             "or raise num_generations",
-            "advantage_estimator_args", dict(args or {}),
-        )  # fmt: skip
+            "advantage_estimator_args",
+            dict(args or {}),
+        )

@@ -82,8 +82,11 @@ def estimator_needs(estimator: str | AdvantageFunction) -> EstimatorNeeds:
         TypeError: A ``needs_groups``, ``needs_step_rewards`` or ``needs_function_rewards`` attribute that is not
             ``True`` or ``False``.
     """
-    function = estimator if callable(estimator) else choose(ADVANTAGE_ESTIMATORS, estimator, "advantage estimator",
-                                                            import_paths=True)  # fmt: skip
+    function = (
+        estimator
+        if callable(estimator)
+        else choose(ADVANTAGE_ESTIMATORS, estimator, "advantage estimator", import_paths=True)
+    )
     needs = {}
     for field in ("groups", "step_rewards", "function_rewards"):
         value = getattr(function, f"needs_{field}", False)
@@ -136,19 +139,26 @@ def _grpo_process(stats: GroupStats, completion_mask: Tensor | None, settings: A
             "environment turn rewards or reward functions that return StepRewards (docs/math.md, Process supervision)"
         )
     return process_advantages(
-        settings.step_rewards, stats.group_ids, completion_mask, scale=settings.scale, eps=settings.eps,
+        settings.step_rewards,
+        stats.group_ids,
+        completion_mask,
+        scale=settings.scale,
+        eps=settings.eps,
         sum_across_ranks=settings.sum_across_ranks,
-    )  # fmt: skip
+    )
 
 
 #: Read-only catalogue of the built-in estimators: name -> :data:`AdvantageFunction`; ``estimator`` may also be the
 #: import path of such a function (:mod:`~lightning_grpo.algorithms.catalogue`).
 ADVANTAGE_ESTIMATORS: Mapping[str, AdvantageFunction] = MappingProxyType(
     {
-        "grpo": _grpo, "rloo": _rloo, "reinforce_pp_baseline": _reinforce_pp_baseline, "grpo_process": _grpo_process,
+        "grpo": _grpo,
+        "rloo": _rloo,
+        "reinforce_pp_baseline": _reinforce_pp_baseline,
+        "grpo_process": _grpo_process,
         **NEW_ESTIMATORS,
     }
-)  # fmt: skip
+)
 #: The role of an advantage estimator: how a component named by ``advantage_estimator`` (with
 #: ``advantage_estimator_args``) is built and called.
 ADVANTAGE_ESTIMATOR = ComponentRole(

@@ -171,8 +171,10 @@ def _bound(function: Callable[..., Any], given: dict[str, Any]) -> Callable[...,
 
 def _check_call(component: Any, role: ComponentRole, name: str) -> None:
     if not callable(component):
-        raise ValueError(f"the {role.what} {name!r} builds a {type(component).__name__} that cannot be called as "
-                         f"{role.call_text}; give it a __call__ of that signature")  # fmt: skip
+        raise ValueError(
+            f"the {role.what} {name!r} builds a {type(component).__name__} that cannot be called as "
+            f"{role.call_text}; give it a __call__ of that signature"
+        )
     try:
         inspect.signature(component).bind(*role.call)
     except TypeError:

@@ -33,9 +33,18 @@ from lightning_grpo.algorithms.off_policy import off_policy_masked
 from lightning_grpo.algorithms.rollout_correction import rollout_correct
 
 __all__ = [
-    "KL_WEIGHTING", "OFF_POLICY_MASK", "OPSM", "ROLLOUT_CORRECTION", "ROLLOUT_REJECTION", "TOKEN_SELECTION",
-    "ImportanceWeightedKL", "ImportanceWeights", "Rejection", "TopEntropy", "build_correction",
-]  # fmt: skip
+    "KL_WEIGHTING",
+    "OFF_POLICY_MASK",
+    "OPSM",
+    "ROLLOUT_CORRECTION",
+    "ROLLOUT_REJECTION",
+    "TOKEN_SELECTION",
+    "ImportanceWeightedKL",
+    "ImportanceWeights",
+    "Rejection",
+    "TopEntropy",
+    "build_correction",
+]
 
 
 def _number(owner: str, name: str, value: Any, *, allow_none: bool = False, positive: bool = False) -> None:
@@ -74,8 +83,9 @@ class ImportanceWeights:
     def __call__(
         self, per_token: Tensor, old_logprobs: Tensor, behaviour_logprobs: Tensor | None, loss_mask: Tensor
     ) -> tuple[Tensor, dict[str, Tensor]]:
-        return rollout_correct(per_token, old_logprobs, behaviour_logprobs, loss_mask,
-                               (self.mode, self.low, self.high), (None, 0.0, 0.0))  # fmt: skip
+        return rollout_correct(
+            per_token, old_logprobs, behaviour_logprobs, loss_mask, (self.mode, self.low, self.high), (None, 0.0, 0.0)
+        )
 
 
 class TokenTruncate(ImportanceWeights):
@@ -122,8 +132,14 @@ class Rejection:
     def __call__(
         self, per_token: Tensor, old_logprobs: Tensor, behaviour_logprobs: Tensor | None, loss_mask: Tensor
     ) -> tuple[Tensor, dict[str, Tensor]]:
-        return rollout_correct(per_token, old_logprobs, behaviour_logprobs, loss_mask, (None, None, None),
-                               (self.statistic, self.low, self.high))  # fmt: skip
+        return rollout_correct(
+            per_token,
+            old_logprobs,
+            behaviour_logprobs,
+            loss_mask,
+            (None, None, None),
+            (self.statistic, self.low, self.high),
+        )
 
 
 class TokenMeanRejection(Rejection):
@@ -206,26 +222,39 @@ def _role(what: str, catalogue: Mapping[str, Any], call: tuple[str, ...], return
 _PAIR = "(Tensor, dict[str, Tensor])"
 ROLLOUT_CORRECTION = _role(
     "rollout correction",
-    {"token_truncate": TokenTruncate, "token_mask": TokenMask, "sequence_truncate": SequenceTruncate,
-     "sequence_mask": SequenceMask},
-    ("per_token", "old_logprobs", "behaviour_logprobs", "loss_mask"), _PAIR,
-)  # fmt: skip
+    {
+        "token_truncate": TokenTruncate,
+        "token_mask": TokenMask,
+        "sequence_truncate": SequenceTruncate,
+        "sequence_mask": SequenceMask,
+    },
+    ("per_token", "old_logprobs", "behaviour_logprobs", "loss_mask"),
+    _PAIR,
+)
 ROLLOUT_REJECTION = _role(
-    "rollout rejection", {"token_mean": TokenMeanRejection, "geometric": GeometricRejection},
-    ("per_token", "old_logprobs", "behaviour_logprobs", "loss_mask"), _PAIR,
-)  # fmt: skip
+    "rollout rejection",
+    {"token_mean": TokenMeanRejection, "geometric": GeometricRejection},
+    ("per_token", "old_logprobs", "behaviour_logprobs", "loss_mask"),
+    _PAIR,
+)
 OFF_POLICY_MASK = _role(
     "off-policy mask", {"opsm": OPSM}, ("per_token", "advantages", "logprobs", "sampler_logprobs", "loss_mask"), _PAIR
 )
-KL_WEIGHTING = _role("KL weighting", {"importance": ImportanceWeightedKL},
-                     ("kl", "logprobs", "old_logprobs", "loss_mask"), "Tensor")  # fmt: skip
+KL_WEIGHTING = _role(
+    "KL weighting", {"importance": ImportanceWeightedKL}, ("kl", "logprobs", "old_logprobs", "loss_mask"), "Tensor"
+)
 TOKEN_SELECTION = _role("token selection", {"top_entropy": TopEntropy}, ("entropy", "loss_mask"), "Tensor")
 
 #: Each correction setting of ``GRPOConfig`` and its role.
-ROLES: Mapping[str, ComponentRole] = MappingProxyType({
-    "rollout_correction": ROLLOUT_CORRECTION, "rollout_rejection": ROLLOUT_REJECTION,
-    "off_policy_mask": OFF_POLICY_MASK, "kl_weighting": KL_WEIGHTING, "token_selection": TOKEN_SELECTION,
-})  # fmt: skip
+ROLES: Mapping[str, ComponentRole] = MappingProxyType(
+    {
+        "rollout_correction": ROLLOUT_CORRECTION,
+        "rollout_rejection": ROLLOUT_REJECTION,
+        "off_policy_mask": OFF_POLICY_MASK,
+        "kl_weighting": KL_WEIGHTING,
+        "token_selection": TOKEN_SELECTION,
+    }
+)
 
 
 def build_correction(setting: str, name: str | None, args: Mapping[str, Any] | None) -> Any:

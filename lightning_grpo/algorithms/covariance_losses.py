@@ -45,18 +45,27 @@ def _count(fraction: float, valid: Tensor) -> int:
 
 
 def _check_clip_cov(*, clip_cov_ratio: float, clip_cov_lb: float, clip_cov_ub: float, **_: object) -> None:
-    check_number("clip_cov_ratio", clip_cov_ratio, minimum=0.0, maximum=1.0, exclusive_minimum=True,
-                 exclusive_maximum=True)  # fmt: skip
+    check_number(
+        "clip_cov_ratio", clip_cov_ratio, minimum=0.0, maximum=1.0, exclusive_minimum=True, exclusive_maximum=True
+    )
     check_number("clip_cov_lb", clip_cov_lb)
     check_number("clip_cov_ub", clip_cov_ub, minimum=clip_cov_lb, exclusive_minimum=True)
 
 
 @with_settings_check(_check_clip_cov)
 def clip_cov(
-    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, settings: PolicyLossSettings, *,
-    clip_low: float = 0.2, clip_high: float = 0.2, clip_cov_ratio: float = 2e-4, clip_cov_lb: float = 1.0,
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    settings: PolicyLossSettings,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    clip_cov_ratio: float = 2e-4,
+    clip_cov_lb: float = 1.0,
     clip_cov_ub: float = 5.0,
-) -> PolicyLossTerms:  # fmt: skip
+) -> PolicyLossTerms:
     """PPO's clipped surrogate with the gradient of the chosen band tokens removed (``cov_selected_frac``)."""
     valid = mask.bool()
     ratio = torch.exp(log_ratio(logprobs, old_logprobs))  # (N, T)
@@ -76,16 +85,21 @@ def clip_cov(
 
 
 def _check_kl_cov(*, kl_cov_ratio: float, ppo_kl_coef: float, **_: object) -> None:
-    check_number("kl_cov_ratio", kl_cov_ratio, minimum=0.0, maximum=1.0, exclusive_minimum=True,
-                 exclusive_maximum=True)  # fmt: skip
+    check_number("kl_cov_ratio", kl_cov_ratio, minimum=0.0, maximum=1.0, exclusive_minimum=True, exclusive_maximum=True)
     check_number("ppo_kl_coef", ppo_kl_coef, minimum=0.0)
 
 
 @with_settings_check(_check_kl_cov)
 def kl_cov(
-    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, settings: PolicyLossSettings, *,
-    kl_cov_ratio: float = 2e-4, ppo_kl_coef: float = 1.0,
-) -> PolicyLossTerms:  # fmt: skip
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    settings: PolicyLossSettings,
+    *,
+    kl_cov_ratio: float = 2e-4,
+    ppo_kl_coef: float = 1.0,
+) -> PolicyLossTerms:
     """``-A·r`` plus ``ppo_kl_coef·|log r|`` on the top ``kl_cov_ratio`` covariance tokens (``cov_selected_frac``)."""
     valid = mask.bool()
     rho = log_ratio(logprobs, old_logprobs)

@@ -62,9 +62,16 @@ def _terms(
 
 @with_settings_check(_check)
 def dppo_tv(
-    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, settings: PolicyLossSettings, *,
-    threshold_low: float = 0.15, threshold_high: float = 0.15, ratio_cap: float | None = None,
-) -> PolicyLossTerms:  # fmt: skip
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    settings: PolicyLossSettings,
+    *,
+    threshold_low: float = 0.15,
+    threshold_high: float = 0.15,
+    ratio_cap: float | None = None,
+) -> PolicyLossTerms:
     """DPPO-Binary-TV: masked when ``p - p_old > threshold_high`` (``A > 0``) or ``p_old - p > threshold_low``."""
     with torch.no_grad():
         moved = torch.exp(logprobs) - torch.exp(old_logprobs)  # (N, T)
@@ -79,9 +86,16 @@ def _binary_kl(logprobs: Tensor, old_logprobs: Tensor) -> Tensor:
 
 @with_settings_check(_check)
 def dppo_kl(
-    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, settings: PolicyLossSettings, *,
-    threshold_low: float = 0.05, threshold_high: float = 0.05, ratio_cap: float | None = None,
-) -> PolicyLossTerms:  # fmt: skip
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    settings: PolicyLossSettings,
+    *,
+    threshold_low: float = 0.05,
+    threshold_high: float = 0.05,
+    ratio_cap: float | None = None,
+) -> PolicyLossTerms:
     """DPPO-Binary-KL: masked when the binary KL exceeds the threshold and ``p`` moved the way ``A`` pushes it."""
     with torch.no_grad():
         kl = _binary_kl(logprobs, old_logprobs)  # (N, T)

@@ -92,10 +92,18 @@ def grpo_loss(
     """
     old = old_logprobs if old_logprobs is not None else logprobs.detach()
     per_token, stats = policy_loss(
-        logprobs, old, advantages, loss_mask, kind=settings.loss_kind, kind_args=settings.loss_kind_args,
+        logprobs,
+        old,
+        advantages,
+        loss_mask,
+        kind=settings.loss_kind,
+        kind_args=settings.loss_kind_args,
         clip_low=settings.clip_low,
-        clip_high=settings.clip_high, dual_clip=settings.dual_clip, delta=settings.delta, seed=seed,
-    )  # fmt: skip
+        clip_high=settings.clip_high,
+        dual_clip=settings.dual_clip,
+        delta=settings.delta,
+        seed=seed,
+    )
     per_token, corrected = _off_policy_terms(
         per_token, logprobs, old, advantages, loss_mask, corrections, behaviour_logprobs
     )

@@ -107,17 +107,32 @@ def _clipped_surrogate(
 # advantages (N, 1) or (N, T) and old_logprobs detached; its own settings are the keyword-only parameters
 # (components.py), which default to GRPOConfig's fields of the same names.
 def _clip(
-    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, settings: PolicyLossSettings, *,
-    clip_low: float = 0.2, clip_high: float = 0.2, dual_clip: float | None = 3.0, delta: float | None = None,
-) -> PolicyLossTerms:  # fmt: skip
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    settings: PolicyLossSettings,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip: float | None = 3.0,
+    delta: float | None = None,
+) -> PolicyLossTerms:
     ratio = torch.exp(log_ratio(logprobs, old_logprobs))  # (N, T)
     return _clipped_surrogate(ratio, advantages, clip_low, clip_high, dual_clip, delta)
 
 
 def _gspo(
-    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, settings: PolicyLossSettings, *,
-    clip_low: float = 0.2, clip_high: float = 0.2, delta: float | None = None,
-) -> PolicyLossTerms:  # fmt: skip
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    settings: PolicyLossSettings,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    delta: float | None = None,
+) -> PolicyLossTerms:
     valid = mask.bool()
     log_ratio = torch.where(valid, logprobs - old_logprobs, torch.zeros_like(logprobs))  # (N, T), padding ignored
     seq_log_ratio = log_ratio.sum(-1, keepdim=True) / valid.sum(-1, keepdim=True).clamp(min=1)  # (N, 1)
@@ -127,9 +142,15 @@ def _gspo(
 
 
 def _cispo(
-    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, settings: PolicyLossSettings, *,
-    clip_low: float = 0.2, clip_high: float = 0.2,
-) -> PolicyLossTerms:  # fmt: skip
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    settings: PolicyLossSettings,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+) -> PolicyLossTerms:
     ratio = torch.exp(log_ratio(logprobs, old_logprobs))  # (N, T)
     weight = ratio.clamp(1.0 - clip_low, 1.0 + clip_high).detach()
     weight = torch.where(mask.bool(), weight, torch.zeros_like(weight))  # padding carries no gradient
@@ -139,16 +160,27 @@ def _cispo(
 
 #: Read-only catalogue of the built-in losses: kind -> function of one shared signature. ``loss_kind`` may also be
 #: the import path of a function of that signature (:mod:`~lightning_grpo.algorithms.catalogue`).
-POLICY_LOSSES: Mapping[str, PolicyLossFunction] = MappingProxyType({
-    "clip": _clip, "gspo": _gspo, "cispo": _cispo, "sapo": soft_losses.sapo, "gmpo": soft_losses.gmpo,
-    "dppo_tv": divergence_losses.dppo_tv, "dppo_kl": divergence_losses.dppo_kl, "clip_cov": covariance_losses.clip_cov,
-    "kl_cov": covariance_losses.kl_cov, "gpg": soft_losses.gpg,
-})  # fmt: skip
+POLICY_LOSSES: Mapping[str, PolicyLossFunction] = MappingProxyType(
+    {
+        "clip": _clip,
+        "gspo": _gspo,
+        "cispo": _cispo,
+        "sapo": soft_losses.sapo,
+        "gmpo": soft_losses.gmpo,
+        "dppo_tv": divergence_losses.dppo_tv,
+        "dppo_kl": divergence_losses.dppo_kl,
+        "clip_cov": covariance_losses.clip_cov,
+        "kl_cov": covariance_losses.kl_cov,
+        "gpg": soft_losses.gpg,
+    }
+)
 #: The role of a policy loss: how a component named by ``loss_kind`` (with ``loss_kind_args``) is built and called.
 POLICY_LOSS = ComponentRole(
-    "policy loss kind", POLICY_LOSSES, ("logprobs", "old_logprobs", "advantages", "completion_mask", "settings"),
+    "policy loss kind",
+    POLICY_LOSSES,
+    ("logprobs", "old_logprobs", "advantages", "completion_mask", "settings"),
     "PolicyLossTerms",
-)  # fmt: skip
+)
 
 
 def policy_loss(
@@ -251,15 +283,18 @@ def _stats(
 
 
 #: Names the objective logs itself: a loss's own metric may not take one.
-_RESERVED = frozenset({"loss", "pg_loss", "kl", "entropy", "clip_frac", "clip_frac_low", "clip_frac_high",
-                       "dual_clip_frac", "approx_kl"})  # fmt: skip
+_RESERVED = frozenset(
+    {"loss", "pg_loss", "kl", "entropy", "clip_frac", "clip_frac_low", "clip_frac_high", "dual_clip_frac", "approx_kl"}
+)
 
 
 def _own_metrics(metrics: Mapping[str, Tensor] | None, mask: Tensor) -> dict[str, Tensor]:
     taken = sorted(_RESERVED & set(metrics or {}))
     if taken:
-        raise ValueError(f"a policy loss's metrics may not be named {', '.join(map(repr, taken))}: the objective "
-                         "logs those itself; rename them")  # fmt: skip
+        raise ValueError(
+            f"a policy loss's metrics may not be named {', '.join(map(repr, taken))}: the objective "
+            "logs those itself; rename them"
+        )
     return {name: _mean(value, mask) for name, value in (metrics or {}).items()}
 
 

@@ -36,9 +36,13 @@ from torch import Tensor
 from lightning_grpo.algorithms.statistics import masked_mean, sequence_fraction
 
 __all__ = [
-    "RolloutCorrection", "RolloutRejection", "behaviour_logprob_settings", "rejection_keep", "rollout_correct",
+    "RolloutCorrection",
+    "RolloutRejection",
+    "behaviour_logprob_settings",
+    "rejection_keep",
+    "rollout_correct",
     "rollout_weights",
-]  # fmt: skip
+]
 
 RolloutCorrection = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
 RolloutRejection = Literal["token_mean", "geometric"]

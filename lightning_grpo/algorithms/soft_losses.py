@@ -31,9 +31,15 @@ def _check_sapo(*, tau_pos: float = 1.0, tau_neg: float = 1.05, **_: object) -> 
 
 @with_settings_check(_check_sapo)
 def sapo(
-    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, settings: PolicyLossSettings, *,
-    tau_pos: float = 1.0, tau_neg: float = 1.05,
-) -> PolicyLossTerms:  # fmt: skip
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    settings: PolicyLossSettings,
+    *,
+    tau_pos: float = 1.0,
+    tau_neg: float = 1.05,
+) -> PolicyLossTerms:
     """SAPO's soft gate; the metric ``sapo_gate_mean`` is the mean gradient weight ``4σ(1-σ)`` (1 on-policy)."""
     ratio = torch.exp(log_ratio(logprobs, old_logprobs))  # (N, T)
     tau = torch.where(advantages > 0, advantages.new_tensor(tau_pos), advantages.new_tensor(tau_neg))
@@ -50,9 +56,15 @@ def _check_gmpo(*, log_clip_low: float = 0.4, log_clip_high: float = 0.4, **_: o
 
 @with_settings_check(_check_gmpo)
 def gmpo(
-    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, settings: PolicyLossSettings, *,
-    log_clip_low: float = 0.4, log_clip_high: float = 0.4,
-) -> PolicyLossTerms:  # fmt: skip
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    settings: PolicyLossSettings,
+    *,
+    log_clip_low: float = 0.4,
+    log_clip_high: float = 0.4,
+) -> PolicyLossTerms:
     """GMPO: ``-A_i · exp(mean_t sgn(A)·min(sgn(A)·ρ_t, sgn(A)·clip(ρ_t, -ε_low, ε_high)))``, ρ the log-ratio.
 
     Per-token advantages are averaged over the sequence's valid tokens (verl's ``geo_mean``); the sign is the

@@ -52,8 +52,14 @@ from lightning_grpo.rollout.rank_agreement import RankVotes, agreed_rollout
 from lightning_grpo.rollout.sampling_settings import SamplingSettings
 
 __all__ = [
-    "AheadBackend", "RolloutCancelled", "agreed_ahead", "ahead_of", "launch_ahead", "sample_apart", "take_ahead",
-]  # fmt: skip
+    "AheadBackend",
+    "RolloutCancelled",
+    "agreed_ahead",
+    "ahead_of",
+    "launch_ahead",
+    "sample_apart",
+    "take_ahead",
+]
 
 Batch = Mapping[str, Sequence[Any]]
 
@@ -167,9 +173,15 @@ class AheadBackend:
         if self._tokenizer_copy is None:  # a fast tokenizer is not shared across threads
             self._tokenizer_copy = copy.deepcopy(self.tokenizer)
         sample = partial(
-            sample_apart, session, self._stand_in, self._tokenizer_copy, settings, self.agent,
-            max_prompt_length=self.config.sampling.max_prompt_length, limits=self.limits,
-        )  # fmt: skip
+            sample_apart,
+            session,
+            self._stand_in,
+            self._tokenizer_copy,
+            settings,
+            self.agent,
+            max_prompt_length=self.config.sampling.max_prompt_length,
+            limits=self.limits,
+        )
         self.launch(batch, sample, version)
 
     def launch(self, batch: Batch, generate: Callable[[Batch], Rollout], version: int) -> None:
@@ -325,7 +337,14 @@ def sample_apart(
     it was synced with."""
     with closing(session):
         rollout, _ = sample_batch(
-            stand_in, tokenizer, batch, settings, agent, None, session=session,
-            max_prompt_length=max_prompt_length, limits=limits,
-        )  # fmt: skip
+            stand_in,
+            tokenizer,
+            batch,
+            settings,
+            agent,
+            None,
+            session=session,
+            max_prompt_length=max_prompt_length,
+            limits=limits,
+        )
     return rollout

@@ -23,8 +23,13 @@ from lightning_grpo.backends.vllm_server.backend import VLLMServerBackend
 from lightning_grpo.settings_checks import SettingError
 
 __all__ = [
-    "BACKENDS", "backend_class", "backend_settings", "build_backend", "check_async_rollout", "check_behaviour_logprobs",
-]  # fmt: skip
+    "BACKENDS",
+    "backend_class",
+    "backend_settings",
+    "build_backend",
+    "check_async_rollout",
+    "check_behaviour_logprobs",
+]
 
 #: The built-in backends by name.
 BACKENDS: dict[str, type] = {"hf": HFBackend, "vllm": VLLMBackend, "vllm_server": VLLMServerBackend}
@@ -79,8 +84,9 @@ def backend_settings(cls: type, args: Mapping[str, Any] | None, name: str) -> An
             raise SettingError(
                 f"GRPOConfig.backend.rollout_backend_args={args!r}: the rollout backend {name!r} takes no settings; "
                 "remove rollout_backend_args",
-                "GRPOConfig.backend.rollout_backend_args", args,
-            )  # fmt: skip
+                "GRPOConfig.backend.rollout_backend_args",
+                args,
+            )
         return None
     allowed = [f.name for f in fields(settings_class)] if is_dataclass(settings_class) else None
     for key in args:
@@ -89,8 +95,9 @@ def backend_settings(cls: type, args: Mapping[str, Any] | None, name: str) -> An
             raise SettingError(
                 f"{setting}={args[key]!r}: not a setting of the rollout backend {name!r} "
                 f"({settings_class.__name__}); allowed keys: {', '.join(allowed) or 'none'}",
-                setting, args[key],
-            )  # fmt: skip
+                setting,
+                args[key],
+            )
     return settings_class(**args)
 
 
@@ -109,8 +116,9 @@ def check_supported(cls: type, spec: BackendSpec, name: str) -> None:
                 f"{owner}.{setting}={value!r}: the rollout backend {name!r} does not honour {setting} (it supports "
                 f"{', '.join(sorted(cls.supported_settings)) or 'none of the optional settings'}); set {setting} to "
                 f"{default!r} or choose a backend that supports it",
-                f"{owner}.{setting}", value,
-            )  # fmt: skip
+                f"{owner}.{setting}",
+                value,
+            )
 
 
 def check_turn_cache(cls: type, spec: BackendSpec, name: str) -> None:
@@ -124,16 +132,18 @@ def check_turn_cache(cls: type, spec: BackendSpec, name: str) -> None:
     if not (value is None or isinstance(value, bool)):
         raise SettingError(
             f"GRPOConfig.agents.turn_cache={value!r} is not valid; choose one of None (auto), True, False",
-            "GRPOConfig.agents.turn_cache", value,
-        )  # fmt: skip
+            "GRPOConfig.agents.turn_cache",
+            value,
+        )
     if value is True and not getattr(cls, "keeps_turn_cache", False):
         instead = getattr(cls, "turn_cache_instead", "it samples each turn from the turn's whole context")
         raise SettingError(
             f"GRPOConfig.agents.turn_cache=True: the rollout backend {name!r} does not keep a trajectory's KV cache "
             "across "
             f"agent turns ({instead}); set turn_cache to None (auto) or False, or use rollout_backend: hf",
-            "GRPOConfig.agents.turn_cache", value,
-        )  # fmt: skip
+            "GRPOConfig.agents.turn_cache",
+            value,
+        )
 
 
 def check_behaviour_logprobs(cls: type, spec: BackendSpec, name: str) -> None:
@@ -155,8 +165,9 @@ def check_behaviour_logprobs(cls: type, spec: BackendSpec, name: str) -> None:
         f"the rollout backend {name!r} does not record them (its records_logprobs is not true); choose a "
         "rollout_backend that does ('hf' or 'vllm'), declare records_logprobs = True on your backend if its "
         f"sessions fill Rollout.logprobs, or set {setting} to null",
-        f"GRPOConfig.corrections.{setting}", value,
-    )  # fmt: skip
+        f"GRPOConfig.corrections.{setting}",
+        value,
+    )
 
 
 def check_async_rollout(cls: type, spec: BackendSpec, name: str) -> None:
@@ -177,21 +188,24 @@ def check_async_rollout(cls: type, spec: BackendSpec, name: str) -> None:
             f"backend {name!r} samples in the trainer process with the weights being updated (its samples_apart is "
             f"not true); choose a backend that samples apart ({allowed or 'vllm_server'}, or your own declaring "
             "samples_apart = True), or set async_rollout to false",
-            setting, True,
-        )  # fmt: skip
+            setting,
+            True,
+        )
     if spec.generate_overridden:
         raise SettingError(
             f"{setting}=True needs GRPOModule.generate: a subclass's own generate is not known to sample only "
             "through the backend (the background thread may not touch the policy); set async_rollout to false",
-            setting, True,
-        )  # fmt: skip
+            setting,
+            True,
+        )
     if spec.multi_turn if spec.multi_turn is not None else spec.grpo.agents.max_turns > 1:
         raise SettingError(
             f"{setting}=True cannot sample ahead multi-turn rollouts (tools or an environment with max_turns > 1, "
             "or agent code): their tool calls, environments and agent executions would run in the background sampling "
             "thread, which hosts sampling only; set async_rollout to false",
-            setting, True,
-        )  # fmt: skip
+            setting,
+            True,
+        )
 
 
 def build_backend(spec: BackendSpec, vllm: VLLMConfig | None = None) -> RolloutBackend:

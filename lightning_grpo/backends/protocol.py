@@ -23,9 +23,15 @@ __all__ = ["OPTIONAL_SETTINGS", "BackendSpec", "RolloutBackend", "RolloutSession
 #: Settings a backend may not honour, with the value that needs nothing of it: a run that sets one to anything else
 #: needs a backend that lists it in ``supported_settings`` (``policy.quantization``: a quantized base model).
 OPTIONAL_SETTINGS: dict[str, Any] = {
-    "top_p": 1.0, "top_k": 0, "sampler": "multinomial", "drop_finished": False, "static_cache": False,
-    "decode": "auto", "sampling_adapter": "as_trained", "quantization": None,
-}  # fmt: skip
+    "top_p": 1.0,
+    "top_k": 0,
+    "sampler": "multinomial",
+    "drop_finished": False,
+    "static_cache": False,
+    "decode": "auto",
+    "sampling_adapter": "as_trained",
+    "quantization": None,
+}
 
 
 @dataclass(frozen=True)
@@ -114,5 +120,11 @@ class RolloutBackend(Protocol):
 
 #: The members :func:`~lightning_grpo.backends.build.backend_class` checks a class for, in the protocol's order.
 PROTOCOL_MEMBERS: tuple[str, ...] = (
-    "settings_class", "supported_settings", "start", "sync", "session", "release", "close",
-)  # fmt: skip
+    "settings_class",
+    "supported_settings",
+    "start",
+    "sync",
+    "session",
+    "release",
+    "close",
+)

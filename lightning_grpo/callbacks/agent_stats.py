@@ -69,9 +69,14 @@ class AgentStats(Callback):
 
     @override
     def on_validation_batch_end(
-        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int,
+        self,
+        trainer: Trainer,
+        pl_module: LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
         dataloader_idx: int = 0,
-    ) -> None:  # fmt: skip
+    ) -> None:
         rollout = step_output(outputs, self, ("rollout",))["rollout"]
         if rollout.turns is not None and _multi_turn(pl_module):
             sums = _Sums.of(rollout)

@@ -81,9 +81,11 @@ def per_function_stats(pl_module: LightningModule, scores: RewardScores, group_i
     if config is None or rewards is None or not estimator_needs(config.advantages.advantage_estimator).function_rewards:
         return {}
     settings = AdvantageSettings(
-        eps=config.advantages.advantage_eps, sum_across_ranks=reduce_across_ranks, function_rewards=scores.per_function,
+        eps=config.advantages.advantage_eps,
+        sum_across_ranks=reduce_across_ranks,
+        function_rewards=scores.per_function,
         function_weights=dict(zip(rewards.names, rewards.weights, strict=True)),
-    )  # fmt: skip
+    )
     metrics = gdpo_metrics(group_stats(scores.rewards, group_ids), settings)
     return {name: value.float() for name, value in metrics.items()}
 

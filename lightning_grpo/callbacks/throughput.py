@@ -47,8 +47,13 @@ class _Meter:
         self.completions += len(rollout)
         self.tokens += int(rollout.sampled_mask.sum())
         self.iterations += 1
-        self.throughput.update(time=time.perf_counter() - self.started, batches=self.iterations,
-                               samples=self.completions, lengths=self.tokens, flops=flops)  # fmt: skip
+        self.throughput.update(
+            time=time.perf_counter() - self.started,
+            batches=self.iterations,
+            samples=self.completions,
+            lengths=self.tokens,
+            flops=flops,
+        )
 
     def metrics(self, stage: str) -> dict[str, float]:
         """``<stage>/<name>``, Lightning's running totals renamed (:data:`TOTALS`)."""
@@ -163,9 +168,14 @@ class ThroughputMonitor(Callback):
 
     @override
     def on_validation_batch_end(
-        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int,
+        self,
+        trainer: Trainer,
+        pl_module: LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
         dataloader_idx: int = 0,
-    ) -> None:  # fmt: skip
+    ) -> None:
         if not trainer.sanity_checking:
             self._count("validate", step_output(outputs, self, ("rollout",))["rollout"], pl_module)
 

@@ -27,9 +27,15 @@ __all__ = ["FLAT_CORRECTION_KEYS", "upgrade_grpo_settings"]
 
 #: The flat settings replaced by correction components.
 FLAT_CORRECTION_KEYS = (
-    "tis_cap", "rollout_correction_min", "rollout_correction_max", "rollout_rejection_min", "rollout_rejection_max",
-    "off_policy_mask_threshold", "importance_weighted_kl", "top_entropy_quantile",
-)  # fmt: skip
+    "tis_cap",
+    "rollout_correction_min",
+    "rollout_correction_max",
+    "rollout_rejection_min",
+    "rollout_rejection_max",
+    "off_policy_mask_threshold",
+    "importance_weighted_kl",
+    "top_entropy_quantile",
+)
 
 
 def upgrade_grpo_settings(saved: Mapping[str, Any]) -> dict[str, Any]:
@@ -67,11 +73,15 @@ def _upgrade_corrections(saved: Mapping[str, Any]) -> dict[str, Any]:
     if old.get("tis_cap") is not None:
         new["rollout_correction"], new["rollout_correction_args"] = "token_truncate", {"max": old["tis_cap"]}
     elif mode is not None:
-        new["rollout_correction_args"] = {"min": old.get("rollout_correction_min"),
-                                          "max": old.get("rollout_correction_max", 3.0)}  # fmt: skip
+        new["rollout_correction_args"] = {
+            "min": old.get("rollout_correction_min"),
+            "max": old.get("rollout_correction_max", 3.0),
+        }
     if old.get("rollout_rejection") is not None:
-        new["rollout_rejection_args"] = {"min": old.get("rollout_rejection_min", 0.5),
-                                         "max": old.get("rollout_rejection_max", 2.0)}  # fmt: skip
+        new["rollout_rejection_args"] = {
+            "min": old.get("rollout_rejection_min", 0.5),
+            "max": old.get("rollout_rejection_max", 2.0),
+        }
     if old.get("off_policy_mask_threshold") is not None:
         new["off_policy_mask"], new["off_policy_mask_args"] = "opsm", {"threshold": old["off_policy_mask_threshold"]}
     if old.get("importance_weighted_kl"):

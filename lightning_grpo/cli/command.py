@@ -82,9 +82,16 @@ _DESCRIPTION = (
 _SUBCOMMANDS = ("fit", "validate", "test", "predict")
 #: Errors whose message is the whole story: printed in one line, without a traceback (docs/troubleshooting.md).
 _USER_ERRORS = (
-    ModelLoadError, UnreadableCheckpointError, CheckpointMismatchError, CheckpointWriteError, MissingDataError,
-    RewardInputError, RewardOutputError, SettingError, MissingExtraError,
-)  # fmt: skip
+    ModelLoadError,
+    UnreadableCheckpointError,
+    CheckpointMismatchError,
+    CheckpointWriteError,
+    MissingDataError,
+    RewardInputError,
+    RewardOutputError,
+    SettingError,
+    MissingExtraError,
+)
 #: Opens ``fit --help`` (and the other subcommands'), before the Trainer's hundreds of lines.
 _GRPO_HELP = """GRPO settings only (the Trainer's options follow below):
   {prog} --model.help lightning_grpo.GRPOModule                      the module's arguments

@@ -29,9 +29,16 @@ from lightning_grpo.config import GROUPS, MOVED_SETTINGS, moved_setting_message
 from lightning_grpo.settings_checks import SettingError
 
 __all__ = [
-    "DEBUG_HINT", "check_optimizers", "debug_enabled", "explain_import", "imported", "misspelt_setting",
-    "moved_setting", "setting_key", "summarize_parse_error",
-]  # fmt: skip
+    "DEBUG_HINT",
+    "check_optimizers",
+    "debug_enabled",
+    "explain_import",
+    "imported",
+    "misspelt_setting",
+    "moved_setting",
+    "setting_key",
+    "summarize_parse_error",
+]
 
 #: The environment variable that keeps full messages and tracebacks (``--debug`` sets it).
 DEBUG_ENV = "LIGHTNING_GRPO_DEBUG"
@@ -41,9 +48,16 @@ _KEY = re.compile(r'^(\s*)(?:- )?Parser key "([^"]+)":')  # "- Parser key": a da
 _CLASS = re.compile(r"^(\s*)- Problem with given class_path '([\w.]+)':")
 _GOT = re.compile(r"\.?\s*Got value: (.*)$")
 _STRUCTURE = (
-    "Does not validate against", "Subtypes:", "Errors:", "Given value", "- Expected a <class 'NoneType'>",
-    "- Expected a <class 'collections.abc.Mapping'>", "- Not a valid subclass", "Subclass types expect", "- a ",
-)  # fmt: skip
+    "Does not validate against",
+    "Subtypes:",
+    "Errors:",
+    "Given value",
+    "- Expected a <class 'NoneType'>",
+    "- Expected a <class 'collections.abc.Mapping'>",
+    "- Not a valid subclass",
+    "Subclass types expect",
+    "- a ",
+)
 
 
 def debug_enabled() -> bool:
@@ -205,8 +219,11 @@ def setting_key(config: Namespace, error: SettingError) -> str:
     same = [key for key, value in leaves if value == error.value]
     chosen = same or keys
     if not chosen:  # a key inside a dict setting (grpo.backend.rollout_backend_args: {gpu_memory_utilization: 2})
-        chosen = [f"{key}.{field}" for key, value in config.items()
-                  if isinstance(value, dict) and field in value and value[field] == error.value]  # fmt: skip
+        chosen = [
+            f"{key}.{field}"
+            for key, value in config.items()
+            if isinstance(value, dict) and field in value and value[field] == error.value
+        ]
     return chosen[0] if chosen else error.setting
 
 

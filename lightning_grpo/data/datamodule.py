@@ -154,13 +154,19 @@ class PromptDataModule(LightningDataModule):
                 f"world_size={world_size}: no full batch; lower batch_size or add prompts"
             )
         sampler = StreamSampler(
-            len(self.train_records), batch_size=self.batch_size, num_replicas=world_size, rank=rank,
-            shuffle=self.shuffle, seed=self.seed,
-        )  # fmt: skip
+            len(self.train_records),
+            batch_size=self.batch_size,
+            num_replicas=world_size,
+            rank=rank,
+            shuffle=self.shuffle,
+            seed=self.seed,
+        )
         loader = StreamLoader(
-            self.train_records, sampler=sampler, trained=self._trained_in_epoch,
+            self.train_records,
+            sampler=sampler,
+            trained=self._trained_in_epoch,
             **self._loader_options(self.train_records, self.batch_size, drop_last=True),
-        )  # fmt: skip
+        )
         self._stream = (sampler, loader.collate_fn)
         return loader
 

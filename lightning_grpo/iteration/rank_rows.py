@@ -33,8 +33,9 @@ def ranks_differ(batch_rows_vary: bool) -> bool:
     )
 
 
-def agreed_minibatches(rows: int, mini_batch_size: int | None, sum_across_ranks: Callable[[Tensor], Tensor],
-                       device: torch.device) -> int:  # fmt: skip
+def agreed_minibatches(
+    rows: int, mini_batch_size: int | None, sum_across_ranks: Callable[[Tensor], Tensor], device: torch.device
+) -> int:
     """The largest number of mini-batches per pass over all ranks (``ceil(rows / mini_batch_size)`` on each)."""
     count = math.ceil(rows / mini_batch_size) if mini_batch_size else 1
     votes = torch.zeros(torch.distributed.get_world_size(), device=device, dtype=torch.float64)
@@ -50,13 +51,20 @@ def idle_rollout(rollout: Rollout) -> Rollout:
     device = rollout.completion_ids.device
     zeros = lambda tensor: torch.zeros((1, *tensor.shape[1:]), dtype=tensor.dtype, device=device)  # noqa: E731
     return replace(
-        rollout, prompt_ids=zeros(rollout.prompt_ids), prompt_mask=torch.ones_like(zeros(rollout.prompt_mask)),
-        completion_ids=zeros(rollout.completion_ids), completion_mask=torch.ones_like(zeros(rollout.completion_mask)),
-        sampled_mask=zeros(rollout.sampled_mask), truncated=torch.zeros(1, dtype=torch.bool, device=device),
-        group_ids=torch.zeros(1, dtype=torch.long, device=device), prompts=[None], completions=[None],
-        columns={key: [None] for key in rollout.columns}, turns=None,
+        rollout,
+        prompt_ids=zeros(rollout.prompt_ids),
+        prompt_mask=torch.ones_like(zeros(rollout.prompt_mask)),
+        completion_ids=zeros(rollout.completion_ids),
+        completion_mask=torch.ones_like(zeros(rollout.completion_mask)),
+        sampled_mask=zeros(rollout.sampled_mask),
+        truncated=torch.zeros(1, dtype=torch.bool, device=device),
+        group_ids=torch.zeros(1, dtype=torch.long, device=device),
+        prompts=[None],
+        completions=[None],
+        columns={key: [None] for key in rollout.columns},
+        turns=None,
         logprobs=None if rollout.logprobs is None else zeros(rollout.logprobs),
-    )  # fmt: skip
+    )
 
 
 def idle_minibatch(batch: UpdateBatch) -> UpdateBatch:
@@ -65,7 +73,23 @@ def idle_minibatch(batch: UpdateBatch) -> UpdateBatch:
         one = batch.select(torch.arange(1))
         return replace(one, loss_mask=torch.zeros_like(one.loss_mask), advantages=torch.zeros_like(one.advantages))
     rollout = idle_rollout(batch.rollout)  # a rank without rows
-    zeros = lambda tensor: None if tensor is None else torch.zeros((1, *tensor.shape[1:]), dtype=tensor.dtype,  # noqa: E731
-                                                                   device=tensor.device)  # fmt: skip
-    return replace(batch, rollout=rollout, advantages=zeros(batch.advantages), loss_mask=zeros(batch.loss_mask),
-                   old_logprobs=zeros(batch.old_logprobs), ref_logprobs=zeros(batch.ref_logprobs))  # fmt: skip
+
+    def zeros(tensor):
+        return (
+            None
+            if tensor is None
+            else torch.zeros(
+                (1, *tensor.shape[1:]),
+                dtype=tensor.dtype,
+                device=tensor.device,
+            )
+        )
+
+    return replace(
+        batch,
+        rollout=rollout,
+        advantages=zeros(batch.advantages),
+        loss_mask=zeros(batch.loss_mask),
+        old_logprobs=zeros(batch.old_logprobs),
+        ref_logprobs=zeros(batch.ref_logprobs),
+    )

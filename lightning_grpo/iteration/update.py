@@ -123,9 +123,14 @@ def sampling_logprobs(
         return None
     with timer("old_logprobs"):
         return fixed_logprobs(
-            compute_logprobs, policy, rollout, config.update.micro_batch_size, reference=False,
-            micro_batch_tokens=config.update.micro_batch_tokens, sum_across_ranks=sum_across_ranks,
-        )  # fmt: skip
+            compute_logprobs,
+            policy,
+            rollout,
+            config.update.micro_batch_size,
+            reference=False,
+            micro_batch_tokens=config.update.micro_batch_tokens,
+            sum_across_ranks=sum_across_ranks,
+        )
 
 
 def update_batch(
@@ -152,9 +157,14 @@ def update_batch(
     if config.objective.kl_coef > 0:
         with timer("reference"):
             ref = fixed_logprobs(
-                compute_logprobs, policy, rollout, config.update.micro_batch_size, reference=True,
-                micro_batch_tokens=config.update.micro_batch_tokens, sum_across_ranks=sum_across_ranks,
-            )  # fmt: skip
+                compute_logprobs,
+                policy,
+                rollout,
+                config.update.micro_batch_size,
+                reference=True,
+                micro_batch_tokens=config.update.micro_batch_tokens,
+                sum_across_ranks=sum_across_ranks,
+            )
     return UpdateBatch(rollout, advantages, loss_mask, old, ref)
 
 
@@ -224,8 +234,9 @@ def run_updates(
     return loss, {"pg_loss": pg_loss, **sums.means(reduce_across_ranks)}
 
 
-def _pass_rows(batch: UpdateBatch, mini: int, generator: torch.Generator, config: GRPOConfig,
-               context: IterationContext) -> list[Tensor]:  # fmt: skip
+def _pass_rows(
+    batch: UpdateBatch, mini: int, generator: torch.Generator, config: GRPOConfig, context: IterationContext
+) -> list[Tensor]:
     """The mini-batches of one pass; with rows that vary by rank, as many as the rank with the most (some empty)."""
     parts = list(minibatch_indices(len(batch), mini, generator))
     if not ranks_differ(is_agent_rollout(batch.rollout)):

@@ -44,8 +44,10 @@ def check_finite(tensors: Iterable[tuple[str, Tensor]], action: str) -> None:
             if count:
                 bad[name] = count
     if bad:
-        listed = ", ".join(f"{name}" if len(bad) > 3 else f"{count} non-finite value(s) in {name}"
-                           for name, count in list(bad.items())[:3])  # fmt: skip
+        listed = ", ".join(
+            f"{name}" if len(bad) > 3 else f"{count} non-finite value(s) in {name}"
+            for name, count in list(bad.items())[:3]
+        )
         more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
         total = f"{sum(bad.values())} non-finite value(s) in " if len(bad) > 3 else ""
         raise NonFiniteError(f"refusing to {action}: {total}{listed}{more}. {LIKELY_CAUSES}")

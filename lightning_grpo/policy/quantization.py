@@ -149,8 +149,12 @@ def local_rank() -> int:
     """
     from lightning.fabric.plugins import environments
 
-    kinds = (environments.TorchElasticEnvironment, environments.SLURMEnvironment, environments.LSFEnvironment,
-             environments.MPIEnvironment)  # fmt: skip
+    kinds = (
+        environments.TorchElasticEnvironment,
+        environments.SLURMEnvironment,
+        environments.LSFEnvironment,
+        environments.MPIEnvironment,
+    )
     with warnings.catch_warnings():  # the Trainer gives SLURM's "srun is available but not used" hint itself
         warnings.simplefilter("ignore")
         chosen = next((kind() for kind in kinds if kind.detect()), environments.LightningEnvironment())

@@ -102,9 +102,13 @@ class RewardModel:
         scores: list[float] = []
         for start in range(0, len(texts), self.batch_size):
             inputs = self.tokenizer(
-                texts[start : start + self.batch_size], return_tensors="pt", padding=True, add_special_tokens=False,
-                truncation=self.max_length is not None, max_length=self.max_length,
-            )  # fmt: skip
+                texts[start : start + self.batch_size],
+                return_tensors="pt",
+                padding=True,
+                add_special_tokens=False,
+                truncation=self.max_length is not None,
+                max_length=self.max_length,
+            )
             inputs = {key: value.to(device) for key, value in inputs.items() if key in ("input_ids", "attention_mask")}
             logits = self.model(**inputs).logits  # (b, 1)
             scores.extend(logits[:, 0].float().cpu().tolist())
@@ -113,14 +117,16 @@ class RewardModel:
     def _render(self, prompt: Any, completion: Any) -> str:
         if isinstance(prompt, str):
             if not isinstance(completion, str):
-                raise TypeError(f"reward model {self.name!r}: a string prompt needs a string completion; got "
-                                f"{excerpt(completion)}")  # fmt: skip
+                raise TypeError(
+                    f"reward model {self.name!r}: a string prompt needs a string completion; got {excerpt(completion)}"
+                )
             return prompt + completion
         if isinstance(completion, str):
             completion = [{"role": "assistant", "content": completion}]
         if not isinstance(prompt, Sequence) or not all(isinstance(m, Mapping) for m in [*prompt, *completion]):
-            raise TypeError(f"reward model {self.name!r}: prompts must be strings or lists of chat messages; got "
-                            f"{excerpt(prompt)}")  # fmt: skip
+            raise TypeError(
+                f"reward model {self.name!r}: prompts must be strings or lists of chat messages; got {excerpt(prompt)}"
+            )
         if getattr(self.tokenizer, "chat_template", None) is None:
             raise ValueError(
                 f"reward model {self.name!r}: conversational prompts are rendered with the reward model's chat "

@@ -135,15 +135,33 @@ def sample_batch(
 
     def sample() -> tuple[Rollout, agent_client.AgentStats | None]:
         if code is not None:
-            return _agent_rollout(policy, tokenizer, batch, settings, agent, code, session=session, rank=rank,
-                                  max_prompt_length=max_prompt_length, limits=limits, ranks=ranks)  # fmt: skip
+            return _agent_rollout(
+                policy,
+                tokenizer,
+                batch,
+                settings,
+                agent,
+                code,
+                session=session,
+                rank=rank,
+                max_prompt_length=max_prompt_length,
+                limits=limits,
+                ranks=ranks,
+            )
         prompts = agent.prompts_of(batch)  # KeyError without "prompt" (unless TRL-style environments fill it)
         columns = {key: list(values) for key, values in batch.items() if key != "prompt"}
         active = ranks.any_active if ranks is not None and settings.synced_gpus else None
         rollout = sample_rollout(
-            policy, tokenizer, prompts, settings, agent,
-            max_prompt_length=max_prompt_length, columns=columns, any_rank_active=active, sample=session,
-        )  # fmt: skip
+            policy,
+            tokenizer,
+            prompts,
+            settings,
+            agent,
+            max_prompt_length=max_prompt_length,
+            columns=columns,
+            any_rank_active=active,
+            sample=session,
+        )
         return rollout, None
 
     return agreed_rollout(sample, ranks, is_empty=lambda result: len(result[0]) == 0)
@@ -169,9 +187,16 @@ def _agent_rollout(
     limits = replace(limits, port=limits.port + rank if limits.port else 0)  # each rank its own server
     try:
         return agent_client.run_agents(
-            policy, tokenizer, code, rows, settings, agent.parser,
-            max_prompt_length=max_prompt_length, limits=limits, sample=session,
-        )  # fmt: skip
+            policy,
+            tokenizer,
+            code,
+            rows,
+            settings,
+            agent.parser,
+            max_prompt_length=max_prompt_length,
+            limits=limits,
+            sample=session,
+        )
     except agent_client.NoAgentCallError as error:
         if ranks is None or error.stats.failures:  # one process has nothing to train on; a failure is a cause
             raise
@@ -185,11 +210,18 @@ def empty_agent_rollout(rows: Sequence[Mapping[str, Any]], device: torch.device 
     columns: dict[str, list[Any]] = {key: [] for key in (rows[0] if rows else {}) if key != "prompt"}
     columns.update({key: [] for key in agent_client.AGENT_COLUMNS})
     return Rollout(
-        prompt_ids=none, prompt_mask=none.clone(), completion_ids=none.clone(), completion_mask=none.clone(),
-        truncated=torch.zeros(0, dtype=torch.bool, device=device), prompts=[], completions=[], columns=columns,
-        group_ids=torch.zeros(0, dtype=torch.long, device=device), sampled_mask=none.clone(),
+        prompt_ids=none,
+        prompt_mask=none.clone(),
+        completion_ids=none.clone(),
+        completion_mask=none.clone(),
+        truncated=torch.zeros(0, dtype=torch.bool, device=device),
+        prompts=[],
+        completions=[],
+        columns=columns,
+        group_ids=torch.zeros(0, dtype=torch.long, device=device),
+        sampled_mask=none.clone(),
         logprobs=torch.zeros((0, 1), device=device),
-    )  # fmt: skip
+    )
 
 
 def trajectory_rewards(rewards: Tensor, rollout: Rollout, *, trajectories: int) -> Tensor:

@@ -131,8 +131,14 @@ def _choose(logits: torch.Tensor, b: _Bucket, spec: _Spec) -> None:
 def _decode_step(model: nn.Module, b: _Bucket, spec: _Spec) -> None:
     """One decode step, compiled: feed ``b.last`` (masked for finished rows), then :func:`_choose` the next token."""
     b.mask.scatter_(1, b.slot.expand(len(b.mask), 1), (~b.finished).long()[:, None])
-    out = model(input_ids=b.last[:, None], attention_mask=b.mask, position_ids=b.mask.sum(-1, keepdim=True) - 1,
-                use_cache=True, logits_to_keep=1, **with_cache(b.cache))  # fmt: skip
+    out = model(
+        input_ids=b.last[:, None],
+        attention_mask=b.mask,
+        position_ids=b.mask.sum(-1, keepdim=True) - 1,
+        use_cache=True,
+        logits_to_keep=1,
+        **with_cache(b.cache),
+    )
     b.slot.add_(1)
     _choose(out.logits[:, -1].float(), b, spec)
 
@@ -180,8 +186,14 @@ class CompiledDecoder:
             )
             return sample_tokens(model, tokenizer, request)
         g, eos = settings.num_generations, eos_token_ids(tokenizer).to(prompt_ids.device)
-        spec = _Spec(settings.temperature, settings.top_k, settings.top_p, settings.min_new_tokens,
-                     settings.sampler, tokenizer.pad_token_id)  # fmt: skip
+        spec = _Spec(
+            settings.temperature,
+            settings.top_k,
+            settings.top_p,
+            settings.min_new_tokens,
+            settings.sampler,
+            tokenizer.pad_token_id,
+        )
         logits = self._prefill(model, prompt_ids, prompt_mask, g, length, spec, eos)
         n = len(prompt_ids) * g
         b = self._bucket_of(model, n, length, spec, eos, vocab=logits.shape[-1])
@@ -218,8 +230,13 @@ class CompiledDecoder:
         eos: torch.Tensor,
     ) -> torch.Tensor:
         """Prefill the prompts once, copy their keys and values into the bucket's cache; the first logits ``(R, V)``."""
-        out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), use_cache=True,
-                    logits_to_keep=1)  # fmt: skip
+        out = model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=position_ids_from_mask(mask),
+            use_cache=True,
+            logits_to_keep=1,
+        )
         n = len(ids) * g
         b = self._bucket_of(model, n, length, spec, eos, vocab=out.logits.shape[-1])
         rows = len(b.mask)

@@ -39,8 +39,13 @@ def decode_loop(
     ``no_grad``, in eval mode.
     """
     g, eos_ids = settings.num_generations, eos_ids.to(prompt_ids.device)
-    out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position_ids_from_mask(prompt_mask),
-                use_cache=True, logits_to_keep=1)  # fmt: skip
+    out = model(
+        input_ids=prompt_ids,
+        attention_mask=prompt_mask,
+        position_ids=position_ids_from_mask(prompt_mask),
+        use_cache=True,
+        logits_to_keep=1,
+    )
     cache, logits = cache_of(out), out.logits[:, -1].float().repeat_interleave(g, dim=0)  # (N, V)
     cache.batch_repeat_interleave(g)
     state = DecodeState(cache, logits, alive=prompt_ids.new_empty(0), mask=prompt_mask.repeat_interleave(g, dim=0))
@@ -109,8 +114,14 @@ def decode_steps(
                 on_leave(alive[order[running:]], order[running:], mask[order[running:], :-1])
             alive, mask, chosen = alive[keep], mask[keep], chosen[keep]
             cache.batch_select_indices(keep)
-        out = model(input_ids=chosen[:, None], attention_mask=mask, position_ids=mask.sum(-1, keepdim=True) - 1,
-                    **with_cache(cache), use_cache=True, logits_to_keep=1)  # fmt: skip
+        out = model(
+            input_ids=chosen[:, None],
+            attention_mask=mask,
+            position_ids=mask.sum(-1, keepdim=True) - 1,
+            **with_cache(cache),
+            use_cache=True,
+            logits_to_keep=1,
+        )
         logits = out.logits[:, -1].float()
     state.alive, state.mask = alive, mask
     return tokens, logprobs

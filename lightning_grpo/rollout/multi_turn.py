@@ -122,8 +122,9 @@ def generate_conversations(
                 one = replace(settings, num_generations=1)
                 draw(sample, model, tokenizer, SampleRequest(prompt_ids[:1], prompt_mask[:1], one, rows=[]))
                 continue
-            sampled = _sample_turn(sample, (model, tokenizer), prompt_ids, prompt_mask, trajectories, active, settings,
-                                   turn)  # fmt: skip
+            sampled = _sample_turn(
+                sample, (model, tokenizer), prompt_ids, prompt_mask, trajectories, active, settings, turn
+            )
             _react(tokenizer, [trajectories[i] for i in active], sampled, settings.max_new_tokens, agent)
     return _rollout(tokenizer, prompt_ids, prompt_mask, trajectories, settings.num_generations, columns, agent)
 

@@ -65,8 +65,9 @@ class RankVotes:
     world_size: int
 
     @classmethod
-    def of(cls, sum_across_ranks: Callable[[Tensor], Tensor], device: torch.device, rank: int,
-           world_size: int) -> RankVotes | None:  # fmt: skip
+    def of(
+        cls, sum_across_ranks: Callable[[Tensor], Tensor], device: torch.device, rank: int, world_size: int
+    ) -> RankVotes | None:
         """The votes of a run of ``world_size`` processes; ``None`` for one process (nothing to agree on)."""
         return cls(sum_across_ranks, device, rank, world_size) if world_size > 1 else None
 

@@ -54,14 +54,26 @@ def sample_rollout(
                 '[{"role": "user", "content": "..."}]); got string prompts'
             )
         return generate_rollout(
-            model, tokenizer, prompts, settings, max_prompt_length=max_prompt_length, columns=columns,
+            model,
+            tokenizer,
+            prompts,
+            settings,
+            max_prompt_length=max_prompt_length,
+            columns=columns,
             sample=as_sample_fn(sample),
-        )  # fmt: skip
+        )
     if not all(isinstance(p, list | tuple) for p in prompts):
         kinds = sorted({type(p).__name__ for p in prompts})
         raise ValueError(f"prompts must be all strings or all lists of chat messages; got a mix of {kinds}")
     messages = [validate_messages(p, name=f"prompt {i}") for i, p in enumerate(prompts)]
     return generate_conversations(
-        model, tokenizer, messages, settings, agent,
-        max_prompt_length=max_prompt_length, columns=columns, any_rank_active=any_rank_active, sample=sample,
-    )  # fmt: skip
+        model,
+        tokenizer,
+        messages,
+        settings,
+        agent,
+        max_prompt_length=max_prompt_length,
+        columns=columns,
+        any_rank_active=any_rank_active,
+        sample=sample,
+    )

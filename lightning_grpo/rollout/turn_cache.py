@@ -81,8 +81,10 @@ class TurnCache:
         rows, g = list(request.rows), settings.num_generations
         if not self.explicit_ends:
             self._kept = {row: self._kept[row] for row in rows if row in self._kept}  # finished trajectories leave
-        contexts = [[t for t, m in zip(ids, mask, strict=True) if m]  # two host syncs, not two per row
-                    for ids, mask in zip(prompt_ids.tolist(), prompt_mask.tolist(), strict=True)]  # fmt: skip
+        contexts = [
+            [t for t, m in zip(ids, mask, strict=True) if m]  # two host syncs, not two per row
+            for ids, mask in zip(prompt_ids.tolist(), prompt_mask.tolist(), strict=True)
+        ]
         if g > 1:  # a first turn whose groups share their prompt: each prompt prefilled once for its G rows
             state = self._prefill_shared(model, prompt_ids, prompt_mask, g)
             contexts = [context for context in contexts for _ in range(g)]
@@ -112,8 +114,13 @@ class TurnCache:
         self._kept = {}
 
     def _prefill_shared(self, model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, g: int) -> DecodeState:
-        out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), use_cache=True,
-                    logits_to_keep=1)  # fmt: skip
+        out = model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=position_ids_from_mask(mask),
+            use_cache=True,
+            logits_to_keep=1,
+        )
         self.prefilled += int(mask.sum())
         cache = cache_of(out)
         cache.batch_repeat_interleave(g)
@@ -131,8 +138,14 @@ class TurnCache:
         positions = torch.tensor(reused, device=device)[:, None] + position_ids_from_mask(new_mask)
         kept, old_mask = self._batched(rows, reused, device)
         mask = torch.cat([old_mask, new_mask], dim=1)
-        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1,
-                    **with_cache(kept))  # fmt: skip
+        out = model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=1,
+            **with_cache(kept),
+        )
         return DecodeState(cache_of(out), out.logits[:, -1].float(), alive=ids.new_empty(0), mask=mask)
 
     def _reusable(self, row: int, context: list[int]) -> int:
@@ -180,7 +193,9 @@ def _take(
     taken = {}
     for call_row, batch_row, row_mask in zip(call_rows.tolist(), batch_rows.tolist(), mask, strict=True):
         read = row_mask.nonzero().squeeze(-1)  # one host sync per row, not one per layer (a boolean index each)
-        layers = [(layer.keys[batch_row].index_select(1, read), layer.values[batch_row].index_select(1, read))
-                  for layer in cache.layers]  # fmt: skip
+        layers = [
+            (layer.keys[batch_row].index_select(1, read), layer.values[batch_row].index_select(1, read))
+            for layer in cache.layers
+        ]
         taken[call_row] = (len(read), layers)
     return taken

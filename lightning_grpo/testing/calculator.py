@@ -67,13 +67,18 @@ def warm_policy(options: argparse.Namespace) -> tuple[TinyTokenizer, list[dict[s
     the result, the others answer a random guess (:func:`~lightning_grpo.testing.agents.warm_up_tool_use`).
     """
     if not 0.0 <= options.call_fraction <= 1.0:
-        raise ValueError(f"--call-fraction must be in [0, 1] (a fraction of the warm-up's traces), got "
-                         f"{options.call_fraction}")  # fmt: skip
+        raise ValueError(
+            f"--call-fraction must be in [0, 1] (a fraction of the warm-up's traces), got {options.call_fraction}"
+        )
     tokenizer, rows = tool_name_tokenizer(), add_records(ROWS, seed=options.seed)
     model = warm_up_tool_use(
-        build_tiny_model(tokenizer, seed=options.seed), tokenizer, rows, call_fraction=options.call_fraction,
-        steps=options.warmup_steps, seed=options.seed,
-    )  # fmt: skip
+        build_tiny_model(tokenizer, seed=options.seed),
+        tokenizer,
+        rows,
+        call_fraction=options.call_fraction,
+        steps=options.warmup_steps,
+        seed=options.seed,
+    )
     return tokenizer, rows, model
 
 

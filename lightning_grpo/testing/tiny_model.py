@@ -116,10 +116,15 @@ def build_tiny_model(
         The model in float32.
     """
     config = tiny_config(
-        tokenizer, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads, num_kv_heads=num_kv_heads,
-        intermediate_size=intermediate_size, max_position_embeddings=max_position_embeddings,
+        tokenizer,
+        hidden_size=hidden_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        intermediate_size=intermediate_size,
+        max_position_embeddings=max_position_embeddings,
         initializer_range=initializer_range,
-    )  # fmt: skip
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return Qwen2ForCausalLM(config)
@@ -235,9 +240,12 @@ def load_tiny_model(
     """
     settings = settings or WarmupSettings()
     model = build_tiny_model(
-        build_tiny_tokenizer(), hidden_size=settings.hidden_size, num_layers=settings.num_layers,
-        num_heads=settings.num_heads, seed=settings.seed,
-    )  # fmt: skip
+        build_tiny_tokenizer(),
+        hidden_size=settings.hidden_size,
+        num_layers=settings.num_layers,
+        num_heads=settings.num_heads,
+        seed=settings.seed,
+    )
     return _warm_or_load(model, task, settings, cache_dir)
 
 

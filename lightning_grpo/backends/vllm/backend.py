@@ -62,8 +62,9 @@ class VLLMBackend:
     def __init__(self, settings: VLLMConfig | None, spec: BackendSpec) -> None:
         check_installed()
         grpo, policy = spec.grpo, spec.policy
-        check_sampling(vars(grpo.sampling), generate_overridden=spec.generate_overridden,
-                       quantized=policy.quantization is not None)  # fmt: skip
+        check_sampling(
+            vars(grpo.sampling), generate_overridden=spec.generate_overridden, quantized=policy.quantization is not None
+        )
         self.config = config = settings or VLLMConfig()
         self.model_name = spec.model_name
         self.lora_rank = engine_lora_rank(config, policy.lora_r)
@@ -79,9 +80,13 @@ class VLLMBackend:
         from lightning_grpo.backends.vllm.engine import VLLMEngine  # imports vLLM only when it is chosen
 
         self.engine = VLLMEngine.start(
-            policy, self.config, model_name=self.model_name, max_model_len=self.max_model_len,
-            max_lora_rank=self.lora_rank, seed=seed,
-        )  # fmt: skip
+            policy,
+            self.config,
+            model_name=self.model_name,
+            max_model_len=self.max_model_len,
+            max_lora_rank=self.lora_rank,
+            seed=seed,
+        )
         atexit.register(self.close)
 
     def sync(self, policy: PeftModel, version: int) -> None:

@@ -53,10 +53,15 @@ def _llm_arguments(config: VLLMConfig, device: torch.device, **given: Any) -> di
     """``vllm.LLM``'s arguments: ``given`` (model, dtype, seed, length) and the settings that keep it our sampler."""
     eager = config.enforce_eager if config.enforce_eager is not None else device.type != "cuda"
     return dict(
-        given, skip_tokenizer_init=True, generation_config="vllm", logprobs_mode="processed_logprobs",
-        enable_prefix_caching=config.enable_prefix_caching, gpu_memory_utilization=config.gpu_memory_utilization,
-        enforce_eager=eager, enable_sleep_mode=config.sleep_mode,
-    )  # fmt: skip
+        given,
+        skip_tokenizer_init=True,
+        generation_config="vllm",
+        logprobs_mode="processed_logprobs",
+        enable_prefix_caching=config.enable_prefix_caching,
+        gpu_memory_utilization=config.gpu_memory_utilization,
+        enforce_eager=eager,
+        enable_sleep_mode=config.sleep_mode,
+    )
 
 
 class VLLMEngine:
@@ -190,12 +195,22 @@ class VLLMEngine:
         from vllm import SamplingParams
 
         return SamplingParams(
-            n=settings.num_generations, temperature=settings.temperature, top_p=settings.top_p,
-            top_k=settings.top_k or -1, min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0,
-            frequency_penalty=0.0, max_tokens=settings.max_new_tokens, min_tokens=settings.min_new_tokens,
-            stop_token_ids=eos_token_ids(tokenizer).tolist(), ignore_eos=True, logprobs=0, seed=None,
+            n=settings.num_generations,
+            temperature=settings.temperature,
+            top_p=settings.top_p,
+            top_k=settings.top_k or -1,
+            min_p=0.0,
+            repetition_penalty=1.0,
+            presence_penalty=0.0,
+            frequency_penalty=0.0,
+            max_tokens=settings.max_new_tokens,
+            min_tokens=settings.min_new_tokens,
+            stop_token_ids=eos_token_ids(tokenizer).tolist(),
+            ignore_eos=True,
+            logprobs=0,
+            seed=None,
             detokenize=False,
-        )  # fmt: skip
+        )
 
     # ------------------------------------------------------------------ memory and shutdown
 

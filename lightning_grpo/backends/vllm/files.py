@@ -70,8 +70,12 @@ def make_work_dir(config: VLLMConfig, needed: int) -> Path:
             _log.warning(
                 "vLLM work folder: %s has %s free, less than the %s the engine's files need; using the temporary "
                 "folder %s instead (set vllm.work_dir to choose another, or enlarge /dev/shm, e.g. docker run "
-                "--shm-size=1g)", _SHM, _human(free), _human(needed), tempfile.gettempdir(),
-            )  # fmt: skip
+                "--shm-size=1g)",
+                _SHM,
+                _human(free),
+                _human(needed),
+                tempfile.gettempdir(),
+            )
     if root is None:
         _check_room(Path(tempfile.gettempdir()), needed, setting="the temporary folder (vllm.work_dir unset)")
     return Path(tempfile.mkdtemp(prefix="lightning-grpo-vllm-", dir=root))

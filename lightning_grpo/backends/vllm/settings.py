@@ -63,8 +63,9 @@ class VLLMConfig:
     ``"WARNING"``, ``"ERROR"``, ``"CRITICAL"``; ``VLLM_LOGGING_LEVEL`` set in the environment wins."""
 
     def __post_init__(self) -> None:
-        check_number("vllm.gpu_memory_utilization", self.gpu_memory_utilization, minimum=0.0, maximum=1.0,
-                     exclusive_minimum=True)  # fmt: skip
+        check_number(
+            "vllm.gpu_memory_utilization", self.gpu_memory_utilization, minimum=0.0, maximum=1.0, exclusive_minimum=True
+        )
         self.cpu_kv_cache_gb = _whole_gib(self.cpu_kv_cache_gb)
         check_number("vllm.max_model_len", self.max_model_len, integer=True, minimum=1, allow_none=True)
         if self.max_lora_rank is not None and self.max_lora_rank not in LORA_RANKS:

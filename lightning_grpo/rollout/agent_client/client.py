@@ -95,8 +95,9 @@ def _sdk_state() -> dict[str, Any]:
     """The attributes ``AsyncOpenAI.__init__`` gives an in-process client, made once: every policy client shares
     them (its HTTP client is never used, as no request leaves the process). Building them per client costs about as
     much as the rest of its call (the base URL alone is parsed twice)."""
-    sdk = openai.AsyncOpenAI(api_key="in-process", base_url=IN_PROCESS_URL, max_retries=0,
-                             http_client=openai.DefaultAsyncHttpxClient())  # fmt: skip
+    sdk = openai.AsyncOpenAI(
+        api_key="in-process", base_url=IN_PROCESS_URL, max_retries=0, http_client=openai.DefaultAsyncHttpxClient()
+    )
     return dict(vars(sdk))
 
 

@@ -48,8 +48,9 @@ class CallGatherer:
             (the thread that runs the rollout samples, the agents' loop runs in a worker).
     """
 
-    def __init__(self, sample: BatchSampler, live: int, window: float,
-                 offload: Callable[..., Awaitable[Any]] = asyncio.to_thread) -> None:  # fmt: skip
+    def __init__(
+        self, sample: BatchSampler, live: int, window: float, offload: Callable[..., Awaitable[Any]] = asyncio.to_thread
+    ) -> None:
         self.sample, self.live, self.window, self.offload = sample, live, window, offload
         self.waiting: list[Request] = []
         self.batches: list[int] = []  # size of each sampled batch (the batching measurement)

@@ -89,8 +89,17 @@ async def answer(endpoint: TrajectoryEndpoint, messages: Any, model: Any, option
     endpoint.recorder.record(plan, tokens, logprobs, ended, normalize_messages([reply])[0])
     endpoint.calls += 1
     reason = "length" if not ended else "tool_calls" if calls else "stop"
-    return completion_body(endpoint.model, turn.content, reply.get("tool_calls", []), reason, plan.context, tokens,
-                           logprobs, endpoint.decode, options)  # fmt: skip
+    return completion_body(
+        endpoint.model,
+        turn.content,
+        reply.get("tool_calls", []),
+        reason,
+        plan.context,
+        tokens,
+        logprobs,
+        endpoint.decode,
+        options,
+    )
 
 
 def check_options(model: Any, served: str, options: dict[str, Any]) -> int | None:
@@ -116,10 +125,13 @@ def _reply(content: str, calls: list[Any]) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if calls:
         message["tool_calls"] = [
-            {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-             "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
+            {
+                "id": f"call_{uuid.uuid4().hex[:24]}",
+                "type": "function",
+                "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
+            }
             for c in calls
-        ]  # fmt: skip
+        ]
     return message
 
 
@@ -138,16 +150,24 @@ def completion_body(
     message = {"role": "assistant", "content": content if content or not calls else None, "tool_calls": calls or None}
     choice: dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": None, "message": message}
     body: dict[str, Any] = {
-        "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()), "model": model,
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
         "choices": [choice],
-        "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(tokens),
-                  "total_tokens": len(prompt) + len(tokens)},
-    }  # fmt: skip
+        "usage": {
+            "prompt_tokens": len(prompt),
+            "completion_tokens": len(tokens),
+            "total_tokens": len(prompt) + len(tokens),
+        },
+    }
     if options.get("logprobs"):
-        choice["logprobs"] = {"content": [
-            {"token": decode([t]), "logprob": lp, "bytes": None, "top_logprobs": []}
-            for t, lp in zip(tokens, logprobs, strict=True)
-        ]}  # fmt: skip
+        choice["logprobs"] = {
+            "content": [
+                {"token": decode([t]), "logprob": lp, "bytes": None, "top_logprobs": []}
+                for t, lp in zip(tokens, logprobs, strict=True)
+            ]
+        }
     if options.get("return_token_ids") or (options.get("extra_body") or {}).get("return_token_ids"):
         choice["token_ids"], body["prompt_token_ids"] = list(tokens), list(prompt)
     return body

@@ -44,8 +44,9 @@ class MainThreadCalls:
         and the worker is joined before this returns or raises: no thread outlives the call.
         """
         outcome: dict[str, Any] = {}
-        worker = threading.Thread(target=self._work, args=(coroutine, outcome), name="lightning_grpo-agents",
-                                  daemon=True)  # fmt: skip
+        worker = threading.Thread(
+            target=self._work, args=(coroutine, outcome), name="lightning_grpo-agents", daemon=True
+        )
         worker.start()
         try:
             self._serve()

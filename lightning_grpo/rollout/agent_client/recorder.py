@@ -142,8 +142,9 @@ class TrajectoryRecorder:
                 self._prompts[key] = ids
         return list(ids)
 
-    def record(self, plan: CallPlan, tokens: Sequence[int], logprobs: Sequence[float], ended: bool,
-               reply: dict[str, Any]) -> Branch:  # fmt: skip
+    def record(
+        self, plan: CallPlan, tokens: Sequence[int], logprobs: Sequence[float], ended: bool, reply: dict[str, Any]
+    ) -> Branch:
         """Add a delivered call: its sampled ``tokens`` (cut as sampled), ``ended`` with an end-of-turn token.
 
         A plan whose branch grew meanwhile (two concurrent calls of one trajectory) is recorded as a new branch.

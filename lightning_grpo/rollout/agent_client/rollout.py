@@ -38,9 +38,20 @@ from lightning_grpo.rollout.session import RolloutSession, draw
 from lightning_grpo.rollout.turn_cache import TurnCache
 
 __all__ = [
-    "AGENT_COLUMNS", "AgentExecution", "AgentLimits", "AgentStats", "NoAgentCallError", "agent_reward", "check_agent",
-    "is_agent_rollout", "module_agent", "per_trajectory", "run_agents", "spread_to_branches", "trajectory_rewards_nan",
-]  # fmt: skip
+    "AGENT_COLUMNS",
+    "AgentExecution",
+    "AgentLimits",
+    "AgentStats",
+    "NoAgentCallError",
+    "agent_reward",
+    "check_agent",
+    "is_agent_rollout",
+    "module_agent",
+    "per_trajectory",
+    "run_agents",
+    "spread_to_branches",
+    "trajectory_rewards_nan",
+]
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +77,13 @@ class AgentLimits:
     @classmethod
     def of(cls, config: Any) -> AgentLimits:
         """The limits a ``GRPOConfig`` sets (its ``agent_*`` settings)."""
-        return cls(config.agents.agent_call_timeout, config.agents.agent_timeout, config.agents.agent_batch_window,
-                   transport=config.agents.agent_transport, port=config.agents.agent_http_port)  # fmt: skip
+        return cls(
+            config.agents.agent_call_timeout,
+            config.agents.agent_timeout,
+            config.agents.agent_batch_window,
+            transport=config.agents.agent_transport,
+            port=config.agents.agent_http_port,
+        )
 
 
 class NoAgentCallError(RuntimeError):
@@ -101,8 +117,10 @@ class AgentStats:
     def metrics(self, sequences: int) -> dict[str, float]:
         """``rollout/agent_failed`` (executions that raised) and ``rollout/agent_sequences_per_trajectory`` (rollout
         rows per execution, ``sequences`` of them: an execution whose calls branch adds rows)."""
-        return {"rollout/agent_failed": float(len(self.failures)),
-                "rollout/agent_sequences_per_trajectory": sequences / max(self.executions, 1)}  # fmt: skip
+        return {
+            "rollout/agent_failed": float(len(self.failures)),
+            "rollout/agent_sequences_per_trajectory": sequences / max(self.executions, 1),
+        }
 
 
 def check_agent(agent: Any) -> Callable[..., Any]:
@@ -168,8 +186,16 @@ def run_agents(
     """
     counter, prompts = itertools.count(), {}  # branch rows; rendered prompts, shared by the rollout's recorders
     g = settings.num_generations
-    recorder = lambda: TrajectoryRecorder(tokenizer, settings.max_new_tokens, max_prompt_length, counter.__next__,  # noqa: E731
-                                          prompts)  # fmt: skip
+
+    def recorder():
+        return TrajectoryRecorder(
+            tokenizer,
+            settings.max_new_tokens,
+            max_prompt_length,
+            counter.__next__,
+            prompts,
+        )
+
     executions = [AgentExecution(b, recorder()) for b in range(len(rows)) for _ in range(g)]
     ends = _CacheEnds(sample)
     sampler = _batch_sampler(model, tokenizer, settings, sample, ends)
@@ -184,8 +210,13 @@ def run_agents(
     return _rollout(tokenizer, rows, executions, g, stats), stats
 
 
-def _batch_sampler(model: nn.Module, tokenizer: PreTrainedTokenizerBase, settings: SamplingSettings,
-                   sample: SampleFn | RolloutSession | None, ends: _CacheEnds) -> BatchSampler:  # fmt: skip
+def _batch_sampler(
+    model: nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    settings: SamplingSettings,
+    sample: SampleFn | RolloutSession | None,
+    ends: _CacheEnds,
+) -> BatchSampler:
     """Samples a gathered batch in one call of ``sample``, each context shared by calls that start a new branch
     prefilled once (:func:`~lightning_grpo.rollout.agent_client.grouping.group_calls`).
 
@@ -206,8 +237,9 @@ def _batch_sampler(model: nn.Module, tokenizer: PreTrainedTokenizerBase, setting
         out = draw(sample, model, tokenizer, SampleRequest(ids, mask, call, rows=rows))
         ends.drop(row for row, i in zip(rows, groups.members, strict=True) if i == PADDING)
         results: list[Any] = [None] * len(batch)
-        for i, new, logprobs in zip(groups.members, out.sequences[:, ids.shape[1] :].tolist(), out.logprobs.tolist(),
-                                    strict=True):  # fmt: skip
+        for i, new, logprobs in zip(
+            groups.members, out.sequences[:, ids.shape[1] :].tolist(), out.logprobs.tolist(), strict=True
+        ):
             if i != PADDING:
                 cap = batch[i].max_tokens
                 end = next((k + 1 for k, t in enumerate(new[:cap]) if t in eos), None)
@@ -265,8 +297,10 @@ async def _run_all(
     gatherer = CallGatherer(sampler, len(executions), limits.window, offload)
     stats = AgentStats(executions=len(executions))
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
-    endpoints = [TrajectoryEndpoint(e.recorder, gatherer, i, parser, decode, limits.model, limits.call_timeout)
-                 for i, e in enumerate(executions)]  # fmt: skip
+    endpoints = [
+        TrajectoryEndpoint(e.recorder, gatherer, i, parser, decode, limits.model, limits.call_timeout)
+        for i, e in enumerate(executions)
+    ]
     async with _clients(endpoints, limits) as clients:
 
         async def one(index: int, execution: AgentExecution) -> None:
@@ -274,8 +308,11 @@ async def _run_all(
                 value = await asyncio.wait_for(agent(clients[index], dict(rows[execution.row])), limits.timeout)
                 execution.reward = _reward(value)
             except Exception as err:  # any failure of the user's agent: the execution gets no reward
-                execution.error = err if not isinstance(err, TimeoutError) else TimeoutError(
-                    f"the agent ran past agent_timeout={limits.timeout} s")  # fmt: skip
+                execution.error = (
+                    err
+                    if not isinstance(err, TimeoutError)
+                    else TimeoutError(f"the agent ran past agent_timeout={limits.timeout} s")
+                )
                 stats.failures.append((index, execution.error))
             finally:
                 execution.calls = endpoints[index].calls
@@ -317,8 +354,10 @@ async def _clients(endpoints: list[TrajectoryEndpoint], limits: AgentLimits) -> 
     pools = [client.loopback_http_client(per) for _ in range(0, len(endpoints), per)]
     try:
         async with AgentServer(limits.model, limits.port) as server:
-            yield [client.http_client_for(server.url, server.register(e), limits.call_timeout, pools[i // per])
-                   for i, e in enumerate(endpoints)]  # fmt: skip
+            yield [
+                client.http_client_for(server.url, server.register(e), limits.call_timeout, pools[i // per])
+                for i, e in enumerate(endpoints)
+            ]
     finally:
         await asyncio.gather(*(pool.aclose() for pool in pools))
 
@@ -332,11 +371,19 @@ def _reward(value: Any) -> float | None:
     return float(value)
 
 
-def _rollout(tokenizer: PreTrainedTokenizerBase, rows: Sequence[dict[str, Any]], executions: list[AgentExecution],
-             g: int, stats: AgentStats) -> Rollout:  # fmt: skip
+def _rollout(
+    tokenizer: PreTrainedTokenizerBase,
+    rows: Sequence[dict[str, Any]],
+    executions: list[AgentExecution],
+    g: int,
+    stats: AgentStats,
+) -> Rollout:
     """One row per branch of every trajectory, in trajectory order; group ids are the batch rows."""
-    entries = [(t, e, branch, i == len(e.recorder.branches) - 1)
-               for t, e in enumerate(executions) for i, branch in enumerate(e.recorder.branches)]  # fmt: skip
+    entries = [
+        (t, e, branch, i == len(e.recorder.branches) - 1)
+        for t, e in enumerate(executions)
+        for i, branch in enumerate(e.recorder.branches)
+    ]
     if not entries:
         first = f"; the first error: {stats.failures[0][1]!r}" if stats.failures else ""
         raise NoAgentCallError(f"no agent execution made a chat call, so there is nothing to train on{first}", stats)
@@ -355,18 +402,24 @@ def _rollout(tokenizer: PreTrainedTokenizerBase, rows: Sequence[dict[str, Any]],
     if clash:
         raise ValueError(f"dataset column(s) {clash} clash with the agent rollout's columns; rename them")
     columns.update(
-        agent_reward=[e.reward for _, e, _, _ in entries], agent_trajectory=[t for t, _, _, _ in entries],
+        agent_reward=[e.reward for _, e, _, _ in entries],
+        agent_trajectory=[t for t, _, _, _ in entries],
         agent_last=[last for _, _, _, last in entries],
         agent_error=[None if e.error is None else repr(e.error) for _, e, _, _ in entries],
-    )  # fmt: skip
+    )
     return Rollout(
-        prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=ids, completion_mask=mask,
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        completion_ids=ids,
+        completion_mask=mask,
         truncated=torch.tensor([not b.open for _, _, b, _ in entries]),
         group_ids=torch.tensor([e.row for _, e, _, _ in entries]),
         prompts=[b.prompt for _, _, b, _ in entries],
         completions=[b.messages[len(b.prompt) :] for _, _, b, _ in entries],
-        columns=columns, sampled_mask=sampled, logprobs=logprobs,
-    )  # fmt: skip
+        columns=columns,
+        sampled_mask=sampled,
+        logprobs=logprobs,
+    )
 
 
 def _right_pad(rows: list[list[Any]], value: Any, width: int, dtype: torch.dtype) -> torch.Tensor:

@@ -99,8 +99,15 @@ class AgentServer:
         self._socket = bind_loopback(self.port)
         self.port = self._socket.getsockname()[1]
         # log_config=None: uvicorn's loggers go through the process's logging, not re-configured at every rollout
-        config = uvicorn.Config(self._app(), lifespan="off", log_level="warning", access_log=False, log_config=None,
-                                timeout_keep_alive=30, limit_concurrency=None)  # fmt: skip
+        config = uvicorn.Config(
+            self._app(),
+            lifespan="off",
+            log_level="warning",
+            access_log=False,
+            log_config=None,
+            timeout_keep_alive=30,
+            limit_concurrency=None,
+        )
         self._server = uvicorn.Server(config)
         # Ctrl-C and SIGTERM stay the trainer's: uvicorn would catch them for the rollout and re-raise them after it
         self._server.install_signal_handlers = lambda: None  # uvicorn < 0.29
@@ -143,10 +150,12 @@ class AgentServer:
         self._server = self._task = self._socket = None
 
     def _app(self) -> Starlette:
-        return Starlette(routes=[
-            Route("/v1/chat/completions", self._chat, methods=["POST"]),
-            Route("/v1/models", self._models, methods=["GET"]),
-        ])  # fmt: skip
+        return Starlette(
+            routes=[
+                Route("/v1/chat/completions", self._chat, methods=["POST"]),
+                Route("/v1/models", self._models, methods=["GET"]),
+            ]
+        )
 
     def _trajectory(self, request: Request) -> _Trajectory | None:
         scheme, _, key = request.headers.get("authorization", "").partition(" ")
@@ -219,5 +228,8 @@ def _error(status: int, message: str, kind: str) -> JSONResponse:
 
 
 def _unauthorized() -> JSONResponse:
-    return _error(401, "a valid trajectory key is required: Authorization: Bearer <OPENAI_API_KEY of the run>",
-                  "authentication_error")  # fmt: skip
+    return _error(
+        401,
+        "a valid trajectory key is required: Authorization: Bearer <OPENAI_API_KEY of the run>",
+        "authentication_error",
+    )
