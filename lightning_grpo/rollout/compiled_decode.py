@@ -37,9 +37,8 @@ from transformers import PreTrainedTokenizerBase, StaticCache
 
 from lightning_grpo.rollout.buckets import DecodeBuckets
 from lightning_grpo.rollout.cache_keyword import cache_of, with_cache
-from lightning_grpo.rollout.decode import _warpers, token_logprobs
+from lightning_grpo.rollout.decode import _warpers, prefill, token_logprobs
 from lightning_grpo.rollout.generation import sample_tokens
-from lightning_grpo.rollout.logprobs import position_ids_from_mask
 from lightning_grpo.rollout.sampling_settings import Sampled, SampleRequest, SamplingSettings, eos_token_ids
 
 __all__ = ["COMPILE_BACKEND", "CompiledDecoder", "compile_blocker"]
@@ -230,13 +229,7 @@ class CompiledDecoder:
         eos: torch.Tensor,
     ) -> torch.Tensor:
         """Prefill the prompts once, copy their keys and values into the bucket's cache; the first logits ``(R, V)``."""
-        out = model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=position_ids_from_mask(mask),
-            use_cache=True,
-            logits_to_keep=1,
-        )
+        out = prefill(model, ids, mask)
         n = len(ids) * g
         b = self._bucket_of(model, n, length, spec, eos, vocab=out.logits.shape[-1])
         rows = len(b.mask)

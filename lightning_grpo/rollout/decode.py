@@ -20,7 +20,7 @@ from lightning_grpo.rollout.cache_keyword import cache_of, with_cache
 from lightning_grpo.rollout.logprobs import position_ids_from_mask
 from lightning_grpo.rollout.sampling_settings import Sampled, SamplingSettings
 
-__all__ = ["DecodeState", "LeaveFn", "decode_loop", "decode_steps", "token_logprobs"]
+__all__ = ["DecodeState", "LeaveFn", "decode_loop", "decode_steps", "prefill", "token_logprobs"]
 
 
 def decode_loop(
@@ -39,18 +39,18 @@ def decode_loop(
     ``no_grad``, in eval mode.
     """
     g, eos_ids = settings.num_generations, eos_ids.to(prompt_ids.device)
-    out = model(
-        input_ids=prompt_ids,
-        attention_mask=prompt_mask,
-        position_ids=position_ids_from_mask(prompt_mask),
-        use_cache=True,
-        logits_to_keep=1,
-    )
+    out = prefill(model, prompt_ids, prompt_mask)
     cache, logits = cache_of(out), out.logits[:, -1].float().repeat_interleave(g, dim=0)  # (N, V)
     cache.batch_repeat_interleave(g)
     state = DecodeState(cache, logits, alive=prompt_ids.new_empty(0), mask=prompt_mask.repeat_interleave(g, dim=0))
     tokens, logprobs = decode_steps(model, state, settings, eos_ids, pad_id)
     return Sampled(torch.cat([prompt_ids.repeat_interleave(g, dim=0), tokens], dim=1), logprobs)
+
+
+def prefill(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> Any:
+    """The model's output on left-padded prompts ``(R, P)``, with a new KV cache and the last position's logits only."""
+    positions = position_ids_from_mask(mask)
+    return model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
 
 
 @dataclass

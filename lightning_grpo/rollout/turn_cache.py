@@ -28,7 +28,7 @@ from transformers import DynamicCache, PreTrainedTokenizerBase
 
 from lightning_grpo.rollout.batch import left_pad
 from lightning_grpo.rollout.cache_keyword import cache_of, with_cache
-from lightning_grpo.rollout.decode import DecodeState, decode_steps
+from lightning_grpo.rollout.decode import DecodeState, decode_steps, prefill
 from lightning_grpo.rollout.logprobs import position_ids_from_mask
 from lightning_grpo.rollout.sampling_settings import Sampled, SampleRequest, eos_token_ids
 
@@ -114,13 +114,7 @@ class TurnCache:
         self._kept = {}
 
     def _prefill_shared(self, model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, g: int) -> DecodeState:
-        out = model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=position_ids_from_mask(mask),
-            use_cache=True,
-            logits_to_keep=1,
-        )
+        out = prefill(model, ids, mask)
         self.prefilled += int(mask.sum())
         cache = cache_of(out)
         cache.batch_repeat_interleave(g)

@@ -7,23 +7,18 @@ other processes. The ``openai`` package (the ``openai`` extra) is imported only 
 :mod:`~lightning_grpo.rollout.agent_client.client`, when agents run.
 """
 
-from lightning_grpo.rollout.agent_client.env import agent_env
-from lightning_grpo.rollout.agent_client.openai_messages import message_key, normalize_messages, same_messages
-from lightning_grpo.rollout.agent_client.recorder import Branch, CallPlan, TrajectoryRecorder
-from lightning_grpo.rollout.agent_client.rollout import (
+from lightning_grpo.rollout.agent_client.agent_types import AgentLimits, AgentStats, NoAgentCallError
+from lightning_grpo.rollout.agent_client.branch_rows import (
     AGENT_COLUMNS,
-    AgentLimits,
-    AgentStats,
-    NoAgentCallError,
-    agent_reward,
-    check_agent,
     is_agent_rollout,
-    module_agent,
     per_trajectory,
-    run_agents,
     spread_to_branches,
     trajectory_rewards_nan,
 )
+from lightning_grpo.rollout.agent_client.env import agent_env
+from lightning_grpo.rollout.agent_client.openai_messages import message_key, normalize_messages, same_messages
+from lightning_grpo.rollout.agent_client.recorder import Branch, CallPlan, TrajectoryRecorder
+from lightning_grpo.rollout.agent_client.rollout import agent_reward, check_agent, module_agent, run_agents
 
 __all__ = [
     "AGENT_COLUMNS",

@@ -89,16 +89,9 @@ async def answer(endpoint: TrajectoryEndpoint, messages: Any, model: Any, option
     endpoint.recorder.record(plan, tokens, logprobs, ended, normalize_messages([reply])[0])
     endpoint.calls += 1
     reason = "length" if not ended else "tool_calls" if calls else "stop"
+    tool_calls = reply.get("tool_calls", [])
     return completion_body(
-        endpoint.model,
-        turn.content,
-        reply.get("tool_calls", []),
-        reason,
-        plan.context,
-        tokens,
-        logprobs,
-        endpoint.decode,
-        options,
+        endpoint.model, turn.content, tool_calls, reason, plan.context, tokens, logprobs, endpoint.decode, options
     )
 
 
