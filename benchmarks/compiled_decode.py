@@ -145,9 +145,9 @@ def step_events(
     short = replace(long, max_new_tokens=1, min_new_tokens=1)
     for settings in (long, short):  # warm up (compiles)
         sample(policy, tokenizer, SampleRequest(*batch, settings))
-    return (
-        _aten_events(sample, policy, tokenizer, batch, long) - _aten_events(sample, policy, tokenizer, batch, short)
-    ) / steps
+    long_events = _aten_events(sample, policy, tokenizer, batch, long)
+    short_events = _aten_events(sample, policy, tokenizer, batch, short)
+    return (long_events - short_events) / steps
 
 
 def _profile(args: argparse.Namespace, dtype: torch.dtype) -> dict[str, float]:

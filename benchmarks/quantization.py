@@ -92,6 +92,11 @@ def _error(predicted: float, measured: float) -> str:
     return f"{predicted / measured - 1:+.0%}"
 
 
+def _row(*cells: str) -> str:
+    """One Markdown table row of ``cells``."""
+    return "| " + " | ".join(cells) + " |"
+
+
 def format_tables(results: list[dict[str, Any]]) -> str:
     """Two Markdown tables: the step against the whole model; its resident and transient parts against their terms.
 
@@ -117,38 +122,30 @@ def format_tables(results: list[dict[str, Any]]) -> str:
         resident, transient = r["step_start_bytes"] - r["libraries_bytes"], r["step_peak_bytes"] - r["step_start_bytes"]
         states, passes = model.base_linear + model.base_other + model.adapter, max(model.activations, model.generation)
         first.append(
-            "| "
-            + " | ".join(
-                [
-                    r["label"],
-                    ckpt,
-                    f"{r['step_seconds']:.1f} ({r['step_cpu_seconds']:.1f})",
-                    mib(r["process_peak_bytes"]),
-                    mib(r["step_peak_bytes"]),
-                    mib(measured),
-                    mib(model.total),
-                    _error(model.total, measured),
-                ]
+            _row(
+                r["label"],
+                ckpt,
+                f"{r['step_seconds']:.1f} ({r['step_cpu_seconds']:.1f})",
+                mib(r["process_peak_bytes"]),
+                mib(r["step_peak_bytes"]),
+                mib(measured),
+                mib(model.total),
+                _error(model.total, measured),
             )
-            + " |"
         )
         phases = {k: v - r["step_start_bytes"] for k, v in r["phase_peak_bytes"].items()}
         second.append(
-            "| "
-            + " | ".join(
-                [
-                    r["label"],
-                    ckpt,
-                    f"{mib(resident)} ({mib(r['step_start_file_bytes'])})",
-                    mib(states),
-                    _error(states, resident),
-                    mib(transient),
-                    f"{mib(phases['generate'])} / {mib(phases['update'])}",
-                    mib(passes),
-                    _error(passes, transient),
-                ]
+            _row(
+                r["label"],
+                ckpt,
+                f"{mib(resident)} ({mib(r['step_start_file_bytes'])})",
+                mib(states),
+                _error(states, resident),
+                mib(transient),
+                f"{mib(phases['generate'])} / {mib(phases['update'])}",
+                mib(passes),
+                _error(passes, transient),
             )
-            + " |"
         )
     return "\n".join(first) + "\n\n" + "\n".join(second)
 

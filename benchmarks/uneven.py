@@ -20,14 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = [
-    "ScriptedEOS",
-    "check_lengths",
-    "draw_lengths",
-    "find_causal_lm",
-    "length_summary",
-    "padding_share",
-]
+__all__ = ["ScriptedEOS", "check_lengths", "draw_lengths", "find_causal_lm", "length_summary", "padding_share"]
 
 
 def draw_lengths(n: int, low: int, high: int, median: float, sigma: float, seed: int) -> list[int]:

@@ -13,7 +13,8 @@ from lightning.pytorch import Callback
 
 from lightning_grpo.testing.apart_backend import FrozenCopyBackend
 from tests.conftest import make_trainer
-from tests.distributed.worker import build_module, fit_data, make_strategy, rank, write_json
+from tests.distributed.builders import build_module, fit_data
+from tests.distributed.ranks import make_strategy, rank, write_json
 
 PATH = "lightning_grpo.testing.apart_backend.FrozenCopyBackend"
 
@@ -43,8 +44,10 @@ def fit(workdir: Path, async_rollout: bool) -> None:
     threads = sorted({event[3] for event in backend.events if event[0] == "sample"})
     adapter = {n: p.detach().clone() for n, p in module.policy.named_parameters() if "lora_" in n}
     torch.save(adapter, workdir / f"{name}-rank{rank()}.pt")  # each rank its own: DDP keeps them equal
-    write_json(workdir / f"{name}-rank{rank()}.json", {"steps": record.steps, "threads": threads,
-                                                       "global_step": trainer.global_step})  # fmt: skip
+    write_json(
+        workdir / f"{name}-rank{rank()}.json",
+        {"steps": record.steps, "threads": threads, "global_step": trainer.global_step},
+    )
 
 
 class FailOnRankOne(FrozenCopyBackend):
@@ -74,8 +77,9 @@ def fail(workdir: Path) -> None:
         raised = f"{type(error).__name__}: {error}"
     events = module.rollout_backend.backend.events
     alive = [t.name for t in threading.enumerate() if t.name == "lightning_grpo-rollout-ahead" and t.is_alive()]
-    write_json(workdir / f"fail-rank{rank()}.json", {"raised": raised, "closed": events[-1][0] == "close",
-                                                     "alive": alive})  # fmt: skip
+    write_json(
+        workdir / f"fail-rank{rank()}.json", {"raised": raised, "closed": events[-1][0] == "close", "alive": alive}
+    )
 
 
 if __name__ == "__main__":

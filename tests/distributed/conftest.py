@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.distributed.builders import build_module, perturb_adapter
+from tests.distributed.equivalence_cases import EQUIVALENCE_CASES, equivalence_case
 from tests.distributed.launch import run_ranks
-from tests.distributed.worker import EQUIVALENCE_CASES, build_module, equivalence_case, logged, perturb_adapter
+from tests.distributed.ranks import logged
 
 DDP_SCENARIOS = ["equivalence", "fit", "agents"]
 FSDP_SCENARIOS = ["equivalence", "fit", "resume-full", "uneven", "bf16", "tp-refused", "agents"]

@@ -22,7 +22,8 @@ from lightning_grpo.config import AgentConfig, ObjectiveConfig, SamplingConfig, 
 from lightning_grpo.testing import build_tiny_tokenizer
 from lightning_grpo.testing.agents import short_turn_model
 from tests.conftest import make_trainer
-from tests.distributed.worker import G, make_strategy, rank, write_json
+from tests.distributed.builders import G
+from tests.distributed.ranks import make_strategy, rank, write_json
 
 URLS: list[str] = []
 
@@ -56,8 +57,14 @@ def module() -> GRPOModule:
         update=UpdateConfig(mini_batch_size=4, micro_batch_size=2),
         agents=AgentConfig(agent_transport="http"),
     )
-    return GRPOModule(short_turn_model(tokenizer), tokenizer=tokenizer, policy=PolicyConfig(lora_r=4, lora_alpha=8),
-                      grpo=grpo, agent=agent, optimizer=lambda params: torch.optim.AdamW(params, lr=1e-2))  # fmt: skip
+    return GRPOModule(
+        short_turn_model(tokenizer),
+        tokenizer=tokenizer,
+        policy=PolicyConfig(lora_r=4, lora_alpha=8),
+        grpo=grpo,
+        agent=agent,
+        optimizer=lambda params: torch.optim.AdamW(params, lr=1e-2),
+    )
 
 
 def data() -> PromptDataModule:
@@ -79,12 +86,18 @@ def scenario_ddp(workdir: Path) -> None:
     adapter = {n: p.detach().clone() for n, p in trained.policy.named_parameters() if p.requires_grad}
     torch.save(adapter, workdir / f"adapter-rank{rank()}.pt")
     ports = sorted({url.rsplit(":", 1)[1].split("/")[0] for url in URLS})
-    write_json(workdir / f"ddp-rank{rank()}.json", {
-        "rows": recorder.rows, "ports": ports, "listening": [url for url in set(URLS) if _listening(url)],
-        "threads_before": threads, "threads_after": threading.active_count(),
-        "optimizer_steps": trained.optimizers().optimizer.state[next(iter(trained.optimizers().optimizer.state))][
-            "step"].item(),
-    })  # fmt: skip
+    optimizer = trained.optimizers().optimizer
+    write_json(
+        workdir / f"ddp-rank{rank()}.json",
+        {
+            "rows": recorder.rows,
+            "ports": ports,
+            "listening": [url for url in set(URLS) if _listening(url)],
+            "threads_before": threads,
+            "threads_after": threading.active_count(),
+            "optimizer_steps": optimizer.state[next(iter(optimizer.state))]["step"].item(),
+        },
+    )
 
 
 def scenario_fsdp(workdir: Path) -> None:

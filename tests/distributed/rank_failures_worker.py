@@ -31,7 +31,7 @@ from lightning_grpo.config import AgentConfig, FaultConfig, ObjectiveConfig, Sam
 from lightning_grpo.testing import build_tiny_tokenizer
 from lightning_grpo.testing.agents import CountdownEnv, short_turn_model
 from tests.conftest import make_trainer
-from tests.distributed.worker import make_strategy, rank, write_json
+from tests.distributed.ranks import make_strategy, rank, write_json
 
 MCP_SERVER = [sys.executable, str(Path(__file__).with_name("mcp_die_server.py"))]
 PEER_WAIT = 60.0  # seconds a rank waits for the other's error file
@@ -91,9 +91,15 @@ def module(prompt_length: int = 64, **options: Any) -> GRPOModule:
         agents=AgentConfig(max_turns=2, agent_timeout=30.0),
         faults=FaultConfig(collective_timeout_s=60.0),
     )
-    return GRPOModule(short_turn_model(tokenizer), options.pop("reward_funcs", None), tokenizer=tokenizer,
-                      policy=PolicyConfig(lora_r=4, lora_alpha=8), grpo=grpo,
-                      optimizer=lambda params: torch.optim.AdamW(params, lr=1e-2), **options)  # fmt: skip
+    return GRPOModule(
+        short_turn_model(tokenizer),
+        options.pop("reward_funcs", None),
+        tokenizer=tokenizer,
+        policy=PolicyConfig(lora_r=4, lora_alpha=8),
+        grpo=grpo,
+        optimizer=lambda params: torch.optim.AdamW(params, lr=1e-2),
+        **options,
+    )
 
 
 def raising_env(row: dict[str, Any]) -> RaisingEnv:
@@ -124,8 +130,12 @@ def run(name: str, workdir: Path) -> None:
         trainer.fit(trained, data())
     except Exception as error:  # every rank must get the error, with the failing rank's cause
         traceback.print_exc()  # into the rank's log
-        result = {"error": type(error).__name__, "message": str(error), "time": time.time(),
-                  "cause": None if error.__cause__ is None else type(error.__cause__).__name__}  # fmt: skip
+        result = {
+            "error": type(error).__name__,
+            "message": str(error),
+            "time": time.time(),
+            "cause": None if error.__cause__ is None else type(error.__cause__).__name__,
+        }
         write_json(workdir / f"{name}-rank{rank()}.json", result)
         result["peer"] = _peer(workdir / f"{name}-rank{1 - rank()}.json")  # both ranks still run: no exit yet
         write_json(workdir / f"{name}-rank{rank()}.json", result)
@@ -134,11 +144,15 @@ def run(name: str, workdir: Path) -> None:
     adapter = {n: p.detach().clone() for n, p in trained.policy.named_parameters() if p.requires_grad}
     torch.save(adapter, workdir / f"{name}-adapter-rank{rank()}.pt")
     optimizer = trained.optimizers().optimizer
-    write_json(workdir / f"{name}-rank{rank()}.json", {
-        "rows": recorder.rows, "global_step": trainer.global_step,
-        "optimizer_steps": optimizer.state[next(iter(optimizer.state))]["step"].item(),
-        "timeout_s": backend.options._timeout.total_seconds(),
-    })  # fmt: skip
+    write_json(
+        workdir / f"{name}-rank{rank()}.json",
+        {
+            "rows": recorder.rows,
+            "global_step": trainer.global_step,
+            "optimizer_steps": optimizer.state[next(iter(optimizer.state))]["step"].item(),
+            "timeout_s": backend.options._timeout.total_seconds(),
+        },
+    )
 
 
 def _peer(path: Path) -> dict[str, Any] | None:

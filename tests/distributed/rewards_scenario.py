@@ -19,7 +19,8 @@ from lightning_grpo.config import AdvantageConfig, SamplingConfig
 from lightning_grpo.rewards import RewardModel
 from lightning_grpo.testing import build_tiny_model, build_tiny_tokenizer, tiny_config
 from tests.conftest import make_trainer
-from tests.distributed.worker import G, logged, make_strategy, rank, world_of, write_json
+from tests.distributed.builders import G
+from tests.distributed.ranks import logged, make_strategy, rank, world_of, write_json
 
 #: 40 prompts per rank, 20 batches of 2: within one epoch for 2 steps even at 8 rounds each.
 NUM_PROMPTS = 80
@@ -85,8 +86,13 @@ def scenario_rewards(strategy: str, workdir: Path) -> None:
     )
     records = [{"prompt": f"{i:02d}+1=", "signal": has_signal(i)} for i in range(NUM_PROMPTS)]
     data = PromptDataModule(records, batch_size=2, shuffle=False)
-    trainer = make_trainer(devices=world_of(strategy), strategy=make_strategy(strategy), max_steps=2,
-                           callbacks=[recorder], log_every_n_steps=1)  # fmt: skip
+    trainer = make_trainer(
+        devices=world_of(strategy),
+        strategy=make_strategy(strategy),
+        max_steps=2,
+        callbacks=[recorder],
+        log_every_n_steps=1,
+    )
     trainer.fit(module, data)
     params = list(reward_model.model.parameters())
     optimized = {id(p) for group in module.optimizers().optimizer.param_groups for p in group["params"]}

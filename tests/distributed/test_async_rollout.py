@@ -24,8 +24,11 @@ def ddp_async_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_dist_ddp_ranks_sample_ahead_apart_and_train_on_the_synchronous_prompts(ddp_async_run: Path):
     tmp_path = ddp_async_run
-    runs = {(name, r): json.loads((tmp_path / f"{name}-rank{r}.json").read_text())
-            for name in ("sync", "async") for r in (0, 1)}  # fmt: skip
+    runs = {
+        (name, r): json.loads((tmp_path / f"{name}-rank{r}.json").read_text())
+        for name in ("sync", "async")
+        for r in (0, 1)
+    }
     for r in (0, 1):
         sync, ahead = runs["sync", r], runs["async", r]
         assert [s["prompts"] for s in ahead["steps"]] == [s["prompts"] for s in sync["steps"]]

@@ -13,13 +13,20 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.distributed.worker import EQUIVALENCE_CASES
+from tests.distributed.equivalence_cases import EQUIVALENCE_CASES
 
 #: What GRPOModule logs in a training step (with kl_coef > 0), each a global value.
 MODULE_METRICS = (
-    "train/loss", "train/pg_loss", "train/kl", "train/entropy", "train/approx_kl",
-    "train/clip_frac", "train/clip_frac_low", "train/clip_frac_high", "train/dual_clip_frac",
-)  # fmt: skip
+    "train/loss",
+    "train/pg_loss",
+    "train/kl",
+    "train/entropy",
+    "train/approx_kl",
+    "train/clip_frac",
+    "train/clip_frac_low",
+    "train/clip_frac_high",
+    "train/dual_clip_frac",
+)
 
 #: The own metrics of the policy losses of some equivalence cases (issue 37), each strictly between 0 and 1 there.
 LOSS_METRICS = {
@@ -113,7 +120,12 @@ def test_dist_adaptive_entropy_and_off_policy_metrics_agree(request, single_proc
     got, expected = ranks[0]["metrics"][case], single_process[case]["metrics"]
     assert ranks[1]["metrics"][case]["entropy_coef_next"] == got["entropy_coef_next"] == pytest.approx(0.01)
     assert expected["entropy_coef_next"] == pytest.approx(0.01)
-    names = ("rollout_is_weight_mean", "rollout_is_weight_max", "rollout_is_weight_min", "opsm_masked_frac",
-             "opsm_masked_seq_frac")  # fmt: skip
+    names = (
+        "rollout_is_weight_mean",
+        "rollout_is_weight_max",
+        "rollout_is_weight_min",
+        "opsm_masked_frac",
+        "opsm_masked_seq_frac",
+    )
     for name in (f"train/{n}" for n in names):
         assert got[name] == pytest.approx(expected[name], rel=1e-5, abs=1e-7), name

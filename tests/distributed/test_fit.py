@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 from torch.distributed.checkpoint import FileSystemReader
 
-from tests.distributed.worker import fit_module
+from tests.distributed.builders import fit_module
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
 

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from lightning_grpo import PolicyConfig
+from tests.distributed.builders import build_module, perturb_adapter
+from tests.distributed.equivalence_cases import qlora_case
 from tests.distributed.launch import run_ranks
-from tests.distributed.worker import build_module, perturb_adapter, qlora_case
 
 pytest.importorskip("bitsandbytes")
 

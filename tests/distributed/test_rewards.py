@@ -12,9 +12,9 @@ import torch
 
 from lightning_grpo.rewards import RewardModel
 from lightning_grpo.testing import build_tiny_tokenizer
+from tests.distributed.builders import G
 from tests.distributed.launch import run_ranks
 from tests.distributed.rewards_scenario import NUM_PROMPTS, classifier, has_signal
-from tests.distributed.worker import G
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
 

@@ -14,7 +14,7 @@ import lightning as L
 import torch
 
 from tests.backends.vllm_helpers import PROMPTS, loader, vllm_module
-from tests.distributed.worker import make_strategy, rank
+from tests.distributed.ranks import make_strategy, rank
 
 
 def main(strategy: str, workdir: Path) -> None:
@@ -25,9 +25,16 @@ def main(strategy: str, workdir: Path) -> None:
         on_train_end=lambda t, m: adapter.update(_adapter(m)),  # the process group is still there
     )
     trainer = L.Trainer(
-        accelerator="cpu", devices=2, strategy=make_strategy(strategy), max_steps=2, logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, callbacks=[record],
-    )  # fmt: skip
+        accelerator="cpu",
+        devices=2,
+        strategy=make_strategy(strategy),
+        max_steps=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[record],
+    )
     trainer.fit(module, loader(PROMPTS, repeat=8))  # the distributed sampler gives each rank its own prompts
     result = {
         "prompts": [out["rollout"].prompts for out in seen],

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from lightning_grpo.rollout.rank_agreement import RankFailureError, RankVotes, agreed_rollout
-from tests.distributed.worker import rank, write_json
+from tests.distributed.ranks import rank, write_json
 
 TURNS = 3
 
@@ -59,8 +59,11 @@ def main(argv: list[str]) -> None:
                 results[name] = {"returned": result}
             except RankFailureError as error:
                 cause = error.__cause__
-                results[name] = {"message": str(error), "causes": {str(k): v for k, v in error.causes.items()},
-                                 "own": None if cause is None else str(cause)}  # fmt: skip
+                results[name] = {
+                    "message": str(error),
+                    "causes": {str(k): v for k, v in error.causes.items()},
+                    "own": None if cause is None else str(cause),
+                }
         dist.barrier()  # no collective was left unpaired: the ranks are still in step
     finally:
         dist.destroy_process_group()
