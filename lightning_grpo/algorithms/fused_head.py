@@ -149,7 +149,9 @@ class FusedHeadLogProbs(torch.autograd.Function):
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         grad_h = torch.empty_like(hidden) if need_h else None
         grads = {
-            "weight": torch.zeros_like(weight, dtype=torch.float32) if need_w else None,
+            "weight": torch.zeros_like(weight, dtype=torch.promote_types(weight.dtype, torch.float32))
+            if need_w
+            else None,
             "bias": torch.zeros_like(bias, dtype=torch.float32) if need_b and bias is not None else None,
         }
         for seqs, pos in _blocks(n, t, rows):
@@ -207,7 +209,7 @@ def _unfold(
     """
     ids, lse, mean_x, g_lp, g_ent = stats
     g_lp = torch.zeros_like(lse) if g_lp is None else g_lp
-    acc = torch.zeros(x_rows.shape, device=x_rows.device, dtype=torch.float32)
+    acc = torch.zeros(x_rows.shape, device=x_rows.device, dtype=torch.promote_types(x_rows.dtype, torch.float32))
     for v0 in range(0, weight.shape[0], width):
         x = _logits(x_rows, weight, bias, v0, width, temperature)
         p = (x - lse[:, None]).exp_()

@@ -44,7 +44,8 @@ def gradient_flag(parameters: Iterable[nn.Parameter], device: torch.device) -> T
             grads.setdefault(local.device, []).append(local)
     bad = torch.zeros((), dtype=torch.bool, device=device)
     for group in grads.values():
-        norms = torch._foreach_norm(group, 2.0, dtype=torch.float32)
+        wide = torch.float64 if any(g.dtype == torch.float64 for g in group) else torch.float32  # never narrowed
+        norms = torch._foreach_norm(group, 2.0, dtype=wide)
         bad = bad | ~torch.stack(norms).isfinite().all().to(device)
     return bad.float().reshape(1)
 
