@@ -330,11 +330,12 @@ def _add_rewards(reward_funcs: Any, reward_weights: Any, environments: Any) -> t
         if clash:
             raise ValueError(f"reward functions are named {clash}, as the environment classes whose get_reward scores.")
         funcs: Any = {**reward_funcs, **extra}
+    elif reward_funcs is None:
+        funcs = [*extra.values()]
+    elif isinstance(reward_funcs, Sequence):
+        funcs = [*reward_funcs, *extra.values()]
     else:
-        given = (
-            [] if reward_funcs is None else list(reward_funcs) if isinstance(reward_funcs, Sequence) else [reward_funcs]
-        )
-        funcs = [*given, *extra.values()]
+        funcs = [reward_funcs, *extra.values()]
     if isinstance(reward_weights, Mapping):
         reward_weights = {**reward_weights, **dict.fromkeys(extra, 1.0)}
     elif reward_weights is not None:

@@ -159,18 +159,12 @@ def gdpo_metrics(stats: GroupStats, settings: AdvantageSettings) -> dict[str, Te
     terms = _gdpo_terms(stats, settings)
     _, inverse, sizes = torch.unique(stats.group_ids, return_inverse=True, return_counts=True)
     per_row = 1.0 / sizes[inverse].double()  # each group's rows add up to 1
-    sums = torch.stack(
-        [
-            torch.stack(
-                [
-                    term.abs().sum(),
-                    (per_row * (scored.count > 0)).sum(),
-                    (per_row * ((scored.count > 0) & scored.constant)).sum(),
-                ]
-            )
-            for term, scored in terms.values()
-        ]
-    )
+    rows: list[Tensor] = []  # per function: summed |advantage|, groups it scored, groups where it is constant
+    for term, scored in terms.values():
+        groups_scored = per_row * (scored.count > 0)
+        groups_constant = per_row * ((scored.count > 0) & scored.constant)
+        rows.append(torch.stack([term.abs().sum(), groups_scored.sum(), groups_constant.sum()]))
+    sums = torch.stack(rows)
     sums = sums if settings.sum_across_ranks is None else settings.sum_across_ranks(sums)
     total = sums[:, 0].sum()
     metrics = {}
@@ -227,9 +221,8 @@ class PassAtK:
         best = torch.full((groups,), -torch.inf, dtype=r.dtype, device=r.device).scatter_reduce(0, inverse, r, "amax")
         index = torch.arange(n, device=r.device)
         is_best = stats.valid & (r == best[inverse])
-        first = torch.full((groups,), n, device=r.device).scatter_reduce(
-            0, inverse, torch.where(is_best, index, n), "amin"
-        )
+        best_index = torch.where(is_best, index, n)
+        first = torch.full((groups,), n, device=r.device).scatter_reduce(0, inverse, best_index, "amin")
         chosen = index == first[inverse]
         rest = torch.where(chosen, -torch.inf, r)
         second = torch.full_like(best, -torch.inf).scatter_reduce(0, inverse, rest, "amax")
@@ -269,9 +262,8 @@ def opo(stats: GroupStats, completion_mask: Tensor | None, settings: AdvantageSe
     lengths = _need_mask("opo", stats, completion_mask).sum(1) * stats.valid  # (N,)
     inverse = _need_groups("opo", stats)
     groups = int(inverse.max()) + 1
-    weighted = torch.zeros(groups, dtype=torch.float64, device=lengths.device).index_add_(
-        0, inverse, lengths * stats.rewards
-    )
+    weighted = torch.zeros(groups, dtype=torch.float64, device=lengths.device)
+    weighted.index_add_(0, inverse, lengths * stats.rewards)  # each group's sum of l·r
     length = torch.zeros_like(weighted).index_add_(0, inverse, lengths)
     baseline = torch.where(length > 0, weighted / length.clamp(min=1e-300), 0.0)[inverse]
     baseline = torch.where(length[inverse] > 0, baseline, stats.mean)  # no sampled token: the plain mean

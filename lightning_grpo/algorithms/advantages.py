@@ -82,11 +82,10 @@ def estimator_needs(estimator: str | AdvantageFunction) -> EstimatorNeeds:
         TypeError: A ``needs_groups``, ``needs_step_rewards`` or ``needs_function_rewards`` attribute that is not
             ``True`` or ``False``.
     """
-    function = (
-        estimator
-        if callable(estimator)
-        else choose(ADVANTAGE_ESTIMATORS, estimator, "advantage estimator", import_paths=True)
-    )
+    if callable(estimator):
+        function = estimator
+    else:
+        function = choose(ADVANTAGE_ESTIMATORS, estimator, "advantage estimator", import_paths=True)
     needs = {}
     for field in ("groups", "step_rewards", "function_rewards"):
         value = getattr(function, f"needs_{field}", False)

@@ -83,9 +83,9 @@ class ImportanceWeights:
     def __call__(
         self, per_token: Tensor, old_logprobs: Tensor, behaviour_logprobs: Tensor | None, loss_mask: Tensor
     ) -> tuple[Tensor, dict[str, Tensor]]:
-        return rollout_correct(
-            per_token, old_logprobs, behaviour_logprobs, loss_mask, (self.mode, self.low, self.high), (None, 0.0, 0.0)
-        )
+        correction = (self.mode, self.low, self.high)
+        no_rejection = (None, 0.0, 0.0)
+        return rollout_correct(per_token, old_logprobs, behaviour_logprobs, loss_mask, correction, no_rejection)
 
 
 class TokenTruncate(ImportanceWeights):
@@ -132,14 +132,9 @@ class Rejection:
     def __call__(
         self, per_token: Tensor, old_logprobs: Tensor, behaviour_logprobs: Tensor | None, loss_mask: Tensor
     ) -> tuple[Tensor, dict[str, Tensor]]:
-        return rollout_correct(
-            per_token,
-            old_logprobs,
-            behaviour_logprobs,
-            loss_mask,
-            (None, None, None),
-            (self.statistic, self.low, self.high),
-        )
+        no_correction = (None, None, None)
+        rejection = (self.statistic, self.low, self.high)
+        return rollout_correct(per_token, old_logprobs, behaviour_logprobs, loss_mask, no_correction, rejection)
 
 
 class TokenMeanRejection(Rejection):
@@ -192,9 +187,8 @@ class ImportanceWeightedKL:
         if self.level == "token":
             return importance_weighted_kl(kl, logprobs, old_logprobs)
         mask = loss_mask.to(logprobs.dtype)
-        mean = ((logprobs - old_logprobs.detach()) * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(
-            min=1
-        )
+        masked_log_ratio = (logprobs - old_logprobs.detach()) * mask  # (N, T)
+        mean = masked_log_ratio.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)  # (N, 1)
         return kl * mean.exp()
 
 
@@ -220,23 +214,17 @@ def _role(what: str, catalogue: Mapping[str, Any], call: tuple[str, ...], return
 
 
 _PAIR = "(Tensor, dict[str, Tensor])"
-ROLLOUT_CORRECTION = _role(
-    "rollout correction",
-    {
-        "token_truncate": TokenTruncate,
-        "token_mask": TokenMask,
-        "sequence_truncate": SequenceTruncate,
-        "sequence_mask": SequenceMask,
-    },
-    ("per_token", "old_logprobs", "behaviour_logprobs", "loss_mask"),
-    _PAIR,
-)
-ROLLOUT_REJECTION = _role(
-    "rollout rejection",
-    {"token_mean": TokenMeanRejection, "geometric": GeometricRejection},
-    ("per_token", "old_logprobs", "behaviour_logprobs", "loss_mask"),
-    _PAIR,
-)
+#: The call of a rollout correction and of a rollout rejection.
+_SAMPLER_CALL = ("per_token", "old_logprobs", "behaviour_logprobs", "loss_mask")
+_CORRECTIONS = {
+    "token_truncate": TokenTruncate,
+    "token_mask": TokenMask,
+    "sequence_truncate": SequenceTruncate,
+    "sequence_mask": SequenceMask,
+}
+_REJECTIONS = {"token_mean": TokenMeanRejection, "geometric": GeometricRejection}
+ROLLOUT_CORRECTION = _role("rollout correction", _CORRECTIONS, _SAMPLER_CALL, _PAIR)
+ROLLOUT_REJECTION = _role("rollout rejection", _REJECTIONS, _SAMPLER_CALL, _PAIR)
 OFF_POLICY_MASK = _role(
     "off-policy mask", {"opsm": OPSM}, ("per_token", "advantages", "logprobs", "sampler_logprobs", "loss_mask"), _PAIR
 )

@@ -87,12 +87,10 @@ def _group_moments(values: Tensor, valid: Tensor, inverse: Tensor, num_groups: i
     mean = total / count.clamp(min=1)
     deviation = torch.where(valid, x - mean[inverse, None], 0.0)
     var = torch.zeros_like(count).index_add_(0, inverse, (deviation**2).sum(1)) / (count - 1).clamp(min=1)
-    high = torch.full_like(count, -torch.inf).scatter_reduce_(
-        0, inverse, torch.where(valid, x, -torch.inf).amax(1), "amax"
-    )
-    low = torch.full_like(count, torch.inf).scatter_reduce_(
-        0, inverse, torch.where(valid, x, torch.inf).amin(1), "amin"
-    )
+    row_high = torch.where(valid, x, -torch.inf).amax(1)
+    row_low = torch.where(valid, x, torch.inf).amin(1)
+    high = torch.full_like(count, -torch.inf).scatter_reduce_(0, inverse, row_high, "amax")
+    low = torch.full_like(count, torch.inf).scatter_reduce_(0, inverse, row_low, "amin")
     return count, mean, torch.where(count > 1, var.sqrt(), 0.0), high <= low
 
 

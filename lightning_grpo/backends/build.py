@@ -139,8 +139,7 @@ def check_turn_cache(cls: type, spec: BackendSpec, name: str) -> None:
         instead = getattr(cls, "turn_cache_instead", "it samples each turn from the turn's whole context")
         raise SettingError(
             f"GRPOConfig.agents.turn_cache=True: the rollout backend {name!r} does not keep a trajectory's KV cache "
-            "across "
-            f"agent turns ({instead}); set turn_cache to None (auto) or False, or use rollout_backend: hf",
+            f"across agent turns ({instead}); set turn_cache to None (auto) or False, or use rollout_backend: hf",
             "GRPOConfig.agents.turn_cache",
             value,
         )

@@ -150,9 +150,8 @@ class _Sums:
 
     def metrics(self) -> dict[str, Tensor]:
         """The metrics over every rank (collectives: every rank calls this)."""
-        count, num_turns, calls, errors, timeouts, cut, tokens, context = reduce_across_ranks(
-            self.totals.to(self.device)
-        )
+        totals = reduce_across_ranks(self.totals.to(self.device))
+        count, num_turns, calls, errors, timeouts, cut, tokens, context = totals
         metrics = {
             "turns_mean": num_turns / count.clamp(min=1),
             "tool_calls_mean": calls / count.clamp(min=1),
@@ -169,7 +168,6 @@ class _Sums:
         if width == 0:
             return {}
         pad = [0.0] * (width - len(self.reward_sums))
-        sums, counts = reduce_across_ranks(
-            torch.tensor([self.reward_sums + pad, self.reward_counts + pad], dtype=torch.float64, device=self.device)
-        )
+        rows = [self.reward_sums + pad, self.reward_counts + pad]
+        sums, counts = reduce_across_ranks(torch.tensor(rows, dtype=torch.float64, device=self.device))
         return {f"turn_reward_mean/{k}": sums[k] / counts[k] for k in range(width) if counts[k] > 0}

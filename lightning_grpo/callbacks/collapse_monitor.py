@@ -126,9 +126,8 @@ class CollapseMonitor(Callback):
             never = [not rewards_ for rewards_ in rollout.turns.turn_rewards]
             no_step = cut * torch.tensor(never, dtype=cut.dtype, device=cut.device)
         stats = [(rewards * valid).sum(), valid.sum(), informative.double().sum(), cut.sum(), no_step.sum()]
-        total, count, informative_count, cut_count, no_step_count, n = reduce_across_ranks(
-            torch.stack([*stats, torch.ones_like(cut).sum()])
-        ).tolist()
+        sums = reduce_across_ranks(torch.stack([*stats, torch.ones_like(cut).sum()])).tolist()
+        total, count, informative_count, cut_count, no_step_count, n = sums
         n = max(n, 1.0)  # every rank without rows: none of them is cut
         return total / max(count, 1.0), informative_count == 0, cut_count / n, no_step_count / n
 

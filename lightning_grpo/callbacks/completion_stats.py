@@ -50,9 +50,8 @@ class CompletionStats(Callback):
     ) -> None:
         rollout = step_output(outputs, self, ("rollout",))["rollout"]
         lengths, truncated = rollout.completion_lengths.double(), rollout.truncated.double()  # (N,), (N,)
-        count, total, cut = reduce_across_ranks(
-            torch.stack([torch.ones_like(lengths).sum(), lengths.sum(), truncated.sum()])
-        )
+        local = torch.stack([torch.ones_like(lengths).sum(), lengths.sum(), truncated.sum()])
+        count, total, cut = reduce_across_ranks(local)
         none = lengths.new_tensor([float("-inf")] * 2)  # a rank without rows (its agents made no chat call)
         extremes = torch.stack([-lengths.min(), lengths.max()]) if len(lengths) else none
         negative_min, length_max = reduce_across_ranks(extremes, "max")

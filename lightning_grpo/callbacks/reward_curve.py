@@ -45,10 +45,8 @@ def plot_rewards(
     except ImportError:
         return None
     window = max(1, len(rewards) // 20)
-    smooth = [
-        sum(rewards[max(0, i - window + 1) : i + 1]) / len(rewards[max(0, i - window + 1) : i + 1])
-        for i in range(len(rewards))
-    ]
+    trailing = [rewards[max(0, i - window + 1) : i + 1] for i in range(len(rewards))]  # each point's window
+    smooth = [sum(values) / len(values) for values in trailing]
     figure, axes = plt.subplots(figsize=(6, 3.5))
     axes.plot(range(1, len(rewards) + 1), rewards, alpha=0.35, label="per iteration")
     axes.plot(range(1, len(rewards) + 1), smooth, label=f"moving average ({window})")

@@ -23,10 +23,30 @@ from lightning_grpo.algorithms.kl import KL_ESTIMATOR
 from lightning_grpo.algorithms.policy_losses import POLICY_LOSS
 from lightning_grpo.settings_checks import SettingError, check_choice, check_number, literal_choices, named_errors
 
-__all__ = ["COMPONENTS", "NumberRules", "check_components", "check_group", "check_groups", "check_rollout_size"]
+__all__ = [
+    "COMPONENTS",
+    "COUNT",
+    "OPTIONAL_COUNT",
+    "OPTIONAL_POSITIVE",
+    "POSITIVE",
+    "NumberRules",
+    "check_components",
+    "check_group",
+    "check_groups",
+    "check_rollout_size",
+]
 
 #: Each numeric setting of a group and its allowed range (``check_number``'s keyword arguments).
 NumberRules = dict[str, dict[str, Any]]
+
+#: The range of a count (a whole number of at least one), shared by the groups' rules.
+COUNT: dict[str, Any] = {"integer": True, "minimum": 1}
+#: A count, or ``None``.
+OPTIONAL_COUNT: dict[str, Any] = {**COUNT, "allow_none": True}
+#: The range of a number above zero (a temperature, a timeout in seconds).
+POSITIVE: dict[str, Any] = {"minimum": 0.0, "exclusive_minimum": True}
+#: A number above zero, or ``None``.
+OPTIONAL_POSITIVE: dict[str, Any] = {**POSITIVE, "allow_none": True}
 
 #: Components chosen from an open catalogue (a built-in name or an import path), each with its settings' field
 #: (``<name>_args``) and its role (``lightning_grpo.algorithms.components``).

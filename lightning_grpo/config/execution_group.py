@@ -7,15 +7,11 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from lightning_grpo.algorithms.catalogue import is_import_path
-from lightning_grpo.config.checks import NumberRules, check_group
+from lightning_grpo.config.checks import COUNT, OPTIONAL_COUNT, OPTIONAL_POSITIVE, POSITIVE, NumberRules, check_group
 from lightning_grpo.rewards._validation import check_timeouts
 from lightning_grpo.settings_checks import SettingError
 
 __all__ = ["AgentConfig", "BackendConfig", "FaultConfig", "UpdateConfig"]
-
-_INT: dict[str, Any] = {"integer": True, "minimum": 1}
-_OPTIONAL_INT: dict[str, Any] = {**_INT, "allow_none": True}
-_SECONDS: dict[str, Any] = {"minimum": 0.0, "exclusive_minimum": True}
 
 
 @dataclass
@@ -25,13 +21,13 @@ class UpdateConfig:
 
     owner: ClassVar[str] = "GRPOConfig.update"
     rules: ClassVar[NumberRules] = {
-        "ppo_epochs": _INT,
-        "mini_batch_size": _OPTIONAL_INT,
-        "micro_batch_size": _OPTIONAL_INT,
-        "micro_batch_tokens": _OPTIONAL_INT,
-        "max_grad_norm": {"minimum": 0.0, "exclusive_minimum": True, "allow_none": True},
-        "logprob_chunk_size": _INT,
-        "fused_head_tile_mib": _OPTIONAL_INT,
+        "ppo_epochs": COUNT,
+        "mini_batch_size": OPTIONAL_COUNT,
+        "micro_batch_size": OPTIONAL_COUNT,
+        "micro_batch_tokens": OPTIONAL_COUNT,
+        "max_grad_norm": OPTIONAL_POSITIVE,
+        "logprob_chunk_size": COUNT,
+        "fused_head_tile_mib": OPTIONAL_COUNT,
     }
 
     ppo_epochs: int = 1
@@ -72,10 +68,10 @@ class AgentConfig:
 
     owner: ClassVar[str] = "GRPOConfig.agents"
     rules: ClassVar[NumberRules] = {
-        "max_turns": _INT,
-        "tool_timeout": _SECONDS,
-        "agent_call_timeout": _SECONDS,
-        "agent_timeout": _SECONDS,
+        "max_turns": COUNT,
+        "tool_timeout": POSITIVE,
+        "agent_call_timeout": POSITIVE,
+        "agent_timeout": POSITIVE,
         "agent_batch_window": {"minimum": 0.0},
         "agent_http_port": {"integer": True, "minimum": 0, "maximum": 65535},
     }

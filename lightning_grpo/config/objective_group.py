@@ -17,7 +17,7 @@ from lightning_grpo.algorithms.entropy import EntropyControlKind, entropy_contro
 from lightning_grpo.algorithms.kl import KLEstimator
 from lightning_grpo.algorithms.policy_losses import PolicyLossKind, PolicyLossSettings, loss_settings
 from lightning_grpo.algorithms.rollout_correction import RolloutCorrection, RolloutRejection
-from lightning_grpo.config.checks import NumberRules, check_components, check_group
+from lightning_grpo.config.checks import COUNT, OPTIONAL_COUNT, NumberRules, check_components, check_group
 from lightning_grpo.settings_checks import SettingError
 
 __all__ = ["AdvantageConfig", "CorrectionConfig", "ImportPath", "ObjectiveConfig"]
@@ -35,7 +35,7 @@ class ObjectiveConfig:
     owner: ClassVar[str] = "GRPOConfig.objective"
     rules: ClassVar[NumberRules] = {
         "kl_coef": {"minimum": 0.0},
-        "loss_agg_norm": {"integer": True, "minimum": 1, "allow_none": True},
+        "loss_agg_norm": OPTIONAL_COUNT,
         "entropy_coef": {"minimum": 0.0},
     }
 
@@ -111,7 +111,7 @@ class AdvantageConfig:
     rules: ClassVar[NumberRules] = {
         "advantage_eps": {"minimum": 0.0},
         "process_outcome_weight": {},
-        "max_sampling_rounds": {"integer": True, "minimum": 1},
+        "max_sampling_rounds": COUNT,
     }
 
     advantage_estimator: AdvantageEstimator | ImportPath = "grpo"

@@ -4,16 +4,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
-from lightning_grpo.config.checks import NumberRules, check_group
+from lightning_grpo.config.checks import COUNT, OPTIONAL_POSITIVE, POSITIVE, NumberRules, check_group
 from lightning_grpo.rollout.buckets import DecodePath, check_decode_lengths
 from lightning_grpo.rollout.sampling_settings import Sampler, SamplingSettings
 
 __all__ = ["SamplingConfig", "ValidationConfig"]
-
-_INT: dict[str, Any] = {"integer": True, "minimum": 1}
-_POSITIVE: dict[str, Any] = {"minimum": 0.0, "exclusive_minimum": True}
 
 
 @dataclass
@@ -26,10 +23,10 @@ class SamplingConfig:
 
     owner: ClassVar[str] = "GRPOConfig.sampling"
     rules: ClassVar[NumberRules] = {
-        "num_generations": _INT,
-        "max_prompt_length": _INT,
-        "max_new_tokens": _INT,
-        "temperature": _POSITIVE,
+        "num_generations": COUNT,
+        "max_prompt_length": COUNT,
+        "max_new_tokens": COUNT,
+        "temperature": POSITIVE,
         "top_p": {"minimum": 0.0, "maximum": 1.0, "exclusive_minimum": True},
         "top_k": {"integer": True, "minimum": 0},
     }
@@ -106,8 +103,8 @@ class ValidationConfig:
 
     owner: ClassVar[str] = "GRPOConfig.validation"
     rules: ClassVar[NumberRules] = {
-        "num_generations": _INT,
-        "temperature": {**_POSITIVE, "allow_none": True},
+        "num_generations": COUNT,
+        "temperature": OPTIONAL_POSITIVE,
         "success_threshold": {},
     }
 

@@ -49,21 +49,20 @@ def idle_rollout(rollout: Rollout) -> Rollout:
     if len(rollout):
         return rollout.select(torch.arange(1))
     device = rollout.completion_ids.device
-    zeros = lambda tensor: torch.zeros((1, *tensor.shape[1:]), dtype=tensor.dtype, device=device)  # noqa: E731
     return replace(
         rollout,
-        prompt_ids=zeros(rollout.prompt_ids),
-        prompt_mask=torch.ones_like(zeros(rollout.prompt_mask)),
-        completion_ids=zeros(rollout.completion_ids),
-        completion_mask=torch.ones_like(zeros(rollout.completion_mask)),
-        sampled_mask=zeros(rollout.sampled_mask),
+        prompt_ids=_zero_row(rollout.prompt_ids, device),
+        prompt_mask=torch.ones_like(_zero_row(rollout.prompt_mask, device)),
+        completion_ids=_zero_row(rollout.completion_ids, device),
+        completion_mask=torch.ones_like(_zero_row(rollout.completion_mask, device)),
+        sampled_mask=_zero_row(rollout.sampled_mask, device),
         truncated=torch.zeros(1, dtype=torch.bool, device=device),
         group_ids=torch.zeros(1, dtype=torch.long, device=device),
         prompts=[None],
         completions=[None],
         columns={key: [None] for key in rollout.columns},
         turns=None,
-        logprobs=None if rollout.logprobs is None else zeros(rollout.logprobs),
+        logprobs=None if rollout.logprobs is None else _zero_row(rollout.logprobs, device),
     )
 
 
@@ -72,24 +71,21 @@ def idle_minibatch(batch: UpdateBatch) -> UpdateBatch:
     if len(batch):
         one = batch.select(torch.arange(1))
         return replace(one, loss_mask=torch.zeros_like(one.loss_mask), advantages=torch.zeros_like(one.advantages))
-    rollout = idle_rollout(batch.rollout)  # a rank without rows
-
-    def zeros(tensor):
-        return (
-            None
-            if tensor is None
-            else torch.zeros(
-                (1, *tensor.shape[1:]),
-                dtype=tensor.dtype,
-                device=tensor.device,
-            )
-        )
-
     return replace(
         batch,
-        rollout=rollout,
-        advantages=zeros(batch.advantages),
-        loss_mask=zeros(batch.loss_mask),
-        old_logprobs=zeros(batch.old_logprobs),
-        ref_logprobs=zeros(batch.ref_logprobs),
+        rollout=idle_rollout(batch.rollout),  # a rank without rows
+        advantages=_zero_row_like(batch.advantages),
+        loss_mask=_zero_row_like(batch.loss_mask),
+        old_logprobs=_zero_row_like(batch.old_logprobs),
+        ref_logprobs=_zero_row_like(batch.ref_logprobs),
     )
+
+
+def _zero_row(tensor: Tensor, device: torch.device) -> Tensor:
+    """A row of zeros of ``tensor``'s widths and dtype, on ``device``."""
+    return torch.zeros((1, *tensor.shape[1:]), dtype=tensor.dtype, device=device)
+
+
+def _zero_row_like(tensor: Tensor | None) -> Tensor | None:
+    """A row of zeros of ``tensor``'s widths, dtype and device; ``None`` for ``None``."""
+    return None if tensor is None else _zero_row(tensor, tensor.device)

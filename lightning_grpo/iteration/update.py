@@ -114,10 +114,8 @@ def sampling_logprobs(
         return rollout.logprobs.to(device)
     if ranks_differ(is_agent_rollout(rollout)):  # the ranks decide alike (fixed_logprobs may hold collectives)
         sums = sum_across_ranks or (lambda tensor: tensor)
-        if (
-            config.update.ppo_epochs * agreed_minibatches(len(rollout), config.update.mini_batch_size, sums, device)
-            <= 1
-        ):
+        minibatches = agreed_minibatches(len(rollout), config.update.mini_batch_size, sums, device)
+        if config.update.ppo_epochs * minibatches <= 1:
             return None
     elif config.update.ppo_epochs * len(rollout) // (config.update.mini_batch_size or len(rollout)) <= 1:
         return None
@@ -206,10 +204,10 @@ def run_updates(
     micro = config.update.micro_batch_size or mini
     generator = torch.Generator().manual_seed(context.seed)
     norm = float(config.objective.loss_agg_norm or config.sampling.max_new_tokens)
+    faults = config.faults
     sums, shares = _MetricSums(), []
-    epochs = [
-        rows for _ in range(config.update.ppo_epochs) for rows in _pass_rows(batch, mini, generator, config, context)
-    ]
+    passes = range(config.update.ppo_epochs)
+    epochs = [rows for _ in passes for rows in _pass_rows(batch, mini, generator, config, context)]
     for index, rows in enumerate(epochs):  # the mini-batches of every pass, each pass a fresh permutation
         selected = batch.select(rows) if len(rows) else idle_minibatch(batch)  # an idle one: rows vary by rank
         minibatch = replace(selected, at_sampling_weights=index == 0)  # rows on the host: no sync
@@ -218,9 +216,7 @@ def run_updates(
         part, flags = _accumulate(minibatch, counts, sizes, sums, context, policy, compute_loss, backward, optimizer)
         shares.append(part)
         flags = torch.cat([flags, gradient_flag(policy.parameters(), context.device)])
-        if not step_is_finite(
-            context, flags, on_nonfinite=config.faults.on_nonfinite, max_skipped=config.faults.max_skipped_steps
-        ):
+        if not step_is_finite(context, flags, on_nonfinite=faults.on_nonfinite, max_skipped=faults.max_skipped_steps):
             optimizer.zero_grad(set_to_none=True)  # nothing of this iteration's remaining updates is applied
             break
         if config.update.max_grad_norm is not None:

@@ -228,9 +228,8 @@ class ProcessRewardModel:
         prefixes, scores = [head + text[:end] for end in ends], []
         for start in range(0, len(prefixes), self.batch_size):
             inputs = self._encode(prefixes[start : start + self.batch_size])
-            scores += self._score(
-                self.model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]).logits
-            )
+            logits = self.model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]).logits
+            scores += self._score(logits)
         return scores
 
     def _token_scores(self, head: str, text: str, ends: tuple[int, ...]) -> list[float]:

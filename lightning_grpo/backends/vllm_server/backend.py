@@ -192,9 +192,8 @@ class VLLMServerBackend:
             )
         self.config, self.model_name = settings, spec.model_name
         self.lora_rank = engine_lora_rank(VLLMConfig(max_lora_rank=settings.max_lora_rank), spec.policy.lora_r)
-        self.max_model_len = (
-            settings.max_model_len or spec.grpo.sampling.max_prompt_length + spec.grpo.sampling.max_new_tokens
-        )
+        sampling = spec.grpo.sampling
+        self.max_model_len = settings.max_model_len or sampling.max_prompt_length + sampling.max_new_tokens
         self.url: str | None = settings.url
         self.server: ServerProcess | None = None
         self.adapter: str | None = None

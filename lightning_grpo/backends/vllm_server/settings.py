@@ -83,27 +83,19 @@ def serve_command(
     """The arguments of ``vllm serve`` for this run (after ``vllm serve``): the model, LoRA on with the policy's rank,
     the processed log-probs (those of the distribution sampled from), the engine's defaults instead of the model's
     ``generation_config.json``."""
-    return [
-        model,
-        "--host",
-        host,
-        "--port",
-        str(port),
-        "--enable-lora",
-        "--max-lora-rank",
-        str(lora_rank),
-        "--logprobs-mode",
-        "processed_logprobs",
-        "--max-model-len",
-        str(max_model_len),
-        "--dtype",
-        dtype,
-        "--seed",
-        str(seed),
-        "--generation-config",
-        "vllm",
-        *(extra_args or []),
-    ]
+    options = {  # an option's value, None for a flag
+        "--host": host,
+        "--port": str(port),
+        "--enable-lora": None,
+        "--max-lora-rank": str(lora_rank),
+        "--logprobs-mode": "processed_logprobs",
+        "--max-model-len": str(max_model_len),
+        "--dtype": dtype,
+        "--seed": str(seed),
+        "--generation-config": "vllm",
+    }
+    words = [word for option, value in options.items() for word in (option, value) if word is not None]
+    return [model, *words, *(extra_args or [])]
 
 
 def start_hint(model: str | None, *, lora_rank: int, max_model_len: int) -> str:
