@@ -298,8 +298,7 @@ def launch_ahead(
     """
     if not isinstance(backend, AheadBackend):
         return
-    update = backend.config.update
-    following = upcoming(update.ppo_epochs * -(-rows // (update.mini_batch_size or rows)))
+    following = upcoming(backend.config.update.updates(rows))
     if following is not None:
         backend.sample_ahead(following, settings(), step)
 

@@ -31,13 +31,11 @@ uses 1 for models under 5M parameters and the cores other processes leave free, 
 
 from __future__ import annotations
 
-import os
-import re
 import sys
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from jsonargparse import Namespace, set_parsing_settings
 from lightning.pytorch import Callback, LightningDataModule, Trainer
@@ -46,21 +44,20 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from lightning_grpo.callbacks import GRPOProgressBar
 from lightning_grpo.checkpoint import CheckpointMismatchError, CheckpointWriteError, UnreadableCheckpointError
-from lightning_grpo.cli.errors import (
-    DEBUG_ENV,
-    DEBUG_HINT,
-    check_optimizers,
-    debug_enabled,
-    imported,
-    misspelt_setting,
-    moved_setting,
-    setting_key,
-    summarize_parse_error,
+from lightning_grpo.cli.argument_checks import (
+    PACKAGED_CONFIG,
+    SUBCOMMANDS,
+    import_from_working_directory,
+    refuse_missing_config,
+    refuse_moved_settings,
+    without_debug_flag,
 )
+from lightning_grpo.cli.argument_parser import SuggestingParser
+from lightning_grpo.cli.config_checks import check_optimizers, check_prompt_files
+from lightning_grpo.cli.errors import DEBUG_HINT, debug_enabled, setting_key
 from lightning_grpo.cli.resume import ReplayMetrics, continue_in_checkpoint_folder, earlier_rows
 from lightning_grpo.cli.summary import fit_summary
-from lightning_grpo.data import MissingDataError, PromptDataModule
-from lightning_grpo.data.sources import check_source_path
+from lightning_grpo.data import MissingDataError
 from lightning_grpo.extras import MissingExtraError
 from lightning_grpo.iteration.cpu_threads import set_cpu_threads
 from lightning_grpo.module import GRPOModule
@@ -68,18 +65,15 @@ from lightning_grpo.policy import ModelLoadError
 from lightning_grpo.rewards import RewardInputError, RewardOutputError
 from lightning_grpo.settings_checks import SettingError
 
-__all__ = ["GRPOCLI", "main", "misspelt_setting", "parse_config"]
+__all__ = ["GRPOCLI", "main", "parse_config"]
 
-#: The demo's config, shipped in the package (a wheel has no configs/ folder); not imported: the demo runs this CLI.
-_PACKAGED_CONFIG = Path(__file__).resolve().parents[1] / "demo" / "tiny.yaml"
 _DESCRIPTION = (
     "GRPO fine-tuning with LoRA, as a PyTorch Lightning module. First run 'lightning-grpo demo': a tiny model learns "
     "addition on CPU, offline, in about a minute. Subcommands: demo, fit, validate, test, predict. Start a run from a "
-    f"config, e.g. the demo's: 'lightning-grpo fit --config {_PACKAGED_CONFIG}'. The module's settings: "
+    f"config, e.g. the demo's: 'lightning-grpo fit --config {PACKAGED_CONFIG}'. The module's settings: "
     "'lightning-grpo fit --model.help lightning_grpo.GRPOModule' (add --model.grpo.help or --model.policy.help "
     "for GRPOConfig's or PolicyConfig's fields)."
 )
-_SUBCOMMANDS = ("fit", "validate", "test", "predict")
 #: Errors whose message is the whole story: printed in one line, without a traceback (docs/troubleshooting.md).
 _USER_ERRORS = (
     ModelLoadError,
@@ -92,76 +86,6 @@ _USER_ERRORS = (
     SettingError,
     MissingExtraError,
 )
-#: Opens ``fit --help`` (and the other subcommands'), before the Trainer's hundreds of lines.
-_GRPO_HELP = """GRPO settings only (the Trainer's options follow below):
-  {prog} --model.help lightning_grpo.GRPOModule                      the module's arguments
-  {prog} --model.help lightning_grpo.GRPOModule --model.grpo.help    GRPOConfig: G, lengths, loss, KL
-  {prog} --model.help lightning_grpo.GRPOModule --model.policy.help  PolicyConfig: LoRA, dtype
-  {prog} --data.help lightning_grpo.data.PromptDataModule            the prompt data
-  {prog} --config my.yaml --print_config                             a run's every setting, as YAML
-
-"""
-_NO_CONFIG = (
-    "lightning-grpo {subcommand}: no model given. Pass a config, e.g. the demo's:\n"
-    "  lightning-grpo {subcommand} --config {config}\n"
-    "or set --model and --data on the command line ('lightning-grpo demo' runs that config)."
-)
-
-
-class _SuggestingParser(LightningArgumentParser):
-    """LightningCLI's parser; an error is one line with the key, the value, why and the fix (the rest: ``--debug``)."""
-
-    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
-        """Print what is wrong and the fix (``did you mean 'num_generations'?``); the full message with ``--debug``."""
-        if not self.exit_on_error:  # a nested parser: its caller reports
-            super().error(message, ex)
-        parser = getattr(ex, "subcommand_parser", None) or self
-        prog = parser.prog.replace(" [options]", "")
-        options = [o for a in parser._actions for o in a.option_strings]
-        summary = misspelt_setting(message, options) or summarize_parse_error(message) or _no_subcommand(message)
-        if debug_enabled():
-            if summary:
-                sys.stderr.write(f"{prog}: error: {summary}\nThe full message:\n")
-            super().error(_with_demo(message), ex)
-        if summary is None:  # not a setting's value: the message itself, shortened
-            lines = _with_demo(message).splitlines()
-            summary = "\n".join(lines[:6]) + ("\n..." if len(lines) > 6 else "")
-        elif summary.startswith("no subcommand"):
-            sys.stderr.write(self.format_usage())
-        sys.stderr.write(f"{prog}: error: {summary}\n{DEBUG_HINT}\n")
-        self.exit(2)
-
-    def format_usage(self) -> str:
-        """Argparse's usage, with ``demo`` among the subcommands (``__main__`` runs it before the parser)."""
-        return _with_demo(super().format_usage())
-
-    def format_help(self) -> str:
-        """Argparse's help, with ``demo`` among the subcommands; a subcommand's starts with GRPO's settings."""
-        text = _with_demo(super().format_help())
-        if any("--model.help" in action.option_strings for action in self._actions):
-            return _GRPO_HELP.format(prog=self.prog.replace(" [options]", "")) + text
-        return text
-
-
-def _with_demo(text: str) -> str:
-    """``text`` with ``demo`` among the subcommands it lists (the usage, the choices, "Available subcommands")."""
-    text = text.replace("{fit,validate,test,predict}", "{demo,fit,validate,test,predict}")
-    fit = re.search(r"^( +)fit( +)Runs", text, re.MULTILINE)
-    if fit and "Available subcommands" in text:
-        pad = " " * (len(fit.group(2)) - 1)  # "demo" is one letter longer than "fit"
-        demo = f"{fit.group(1)}demo{pad}Trains a tiny model on CPU, offline, in about a minute ('demo --help').\n"
-        text = text[: fit.start()] + demo + text[fit.start() :]
-    return text.replace("(choose from 'fit',", "(choose from 'demo', 'fit',")
-
-
-def _no_subcommand(message: str) -> str | None:
-    """The error for a missing or unknown subcommand, naming ``demo`` too."""
-    if '"subcommand"' not in message:
-        return None
-    return (
-        "no subcommand given: choose one of demo, fit, validate, test, predict ('demo' trains a tiny model on CPU in "
-        "about a minute; 'fit --config my.yaml' runs a config; --help says more)"
-    )
 
 
 class GRPOCLI(LightningCLI):
@@ -195,7 +119,7 @@ class GRPOCLI(LightningCLI):
             "subclass_mode_model": True,
             "subclass_mode_data": True,
             "auto_configure_optimizers": False,
-            "parser_class": _SuggestingParser,  # a misspelt setting: "did you mean ..." on the error's first line
+            "parser_class": SuggestingParser,  # a misspelt setting: "did you mean ..." on the error's first line
             # without a logger the config goes to default_root_dir: a rerun replaces it (with a logger, each run has
             # its own version_N folder); docs/troubleshooting.md
             "save_config_kwargs": {"overwrite": True},
@@ -203,7 +127,7 @@ class GRPOCLI(LightningCLI):
             "trainer_defaults": {"enable_model_summary": False, **kwargs.pop("trainer_defaults", {})},
         }
         parser_kwargs = {"description": _DESCRIPTION, "allow_abbrev": False, **kwargs.pop("parser_kwargs", {})}
-        _refuse_moved_settings(sys.argv[1:] if args is None else args, parser_kwargs.get("prog"))
+        refuse_moved_settings(sys.argv[1:] if args is None else args, parser_kwargs.get("prog"))
         # each setting's help is the docstring under its field (GRPOConfig, PolicyConfig, VLLMConfig): on before the
         # parser is built, as jsonargparse reads the docstrings when it adds a class's arguments
         set_parsing_settings(docstring_parse_attribute_docstrings=True)
@@ -275,11 +199,7 @@ class GRPOCLI(LightningCLI):
         check_optimizers(config)  # a negative learning rate fails here, naming its key, not after the model loads
         if config.get("torch_num_threads"):
             set_cpu_threads(config.torch_num_threads)
-        data = config.get("data")
-        if isinstance(data, Namespace) and _is_prompt_datamodule(data.get("class_path")):
-            for argument in ("train_data", "val_data"):
-                if data.get(f"init_args.{argument}") is not None:
-                    check_source_path(data.get(f"init_args.{argument}"), argument)
+        check_prompt_files(config)
 
 
 class _Parsed(Exception):
@@ -334,58 +254,19 @@ def main(args: Sequence[str] | None = None) -> None:
         SystemExit: A subcommand without any config or model (the message shows how to pass one), or arguments
             that do not parse.
     """
-    argv = list(sys.argv[1:] if args is None else args)
-    if "--debug" in argv:  # full messages and tracebacks (docs/troubleshooting.md)
-        argv.remove("--debug")
-        os.environ[DEBUG_ENV] = "1"
-        if args is None:  # LightningCLI reads sys.argv itself
-            sys.argv = [sys.argv[0], *argv]
-    _import_from_working_directory()
+    argv = without_debug_flag(args)  # --debug: full messages and tracebacks (docs/troubleshooting.md)
+    import_from_working_directory()
     prog = "python -m lightning_grpo" if Path(sys.argv[0]).name == "__main__.py" else "lightning-grpo"
-    if argv and argv[0] in _SUBCOMMANDS and not any(_names_a_model(arg) for arg in argv[1:]):
-        print(_NO_CONFIG.format(subcommand=argv[0], config=_PACKAGED_CONFIG), file=sys.stderr)
-        sys.exit(2)  # the exit status of a usage error, as the parser's own
+    refuse_missing_config(argv)
     try:
         GRPOCLI(args=None if args is None else argv, parser_kwargs={"prog": prog})
     except _USER_ERRORS as error:  # the message says what to do; the traceback would only bury it
         if debug_enabled():
             raise
         hint = f"\n{DEBUG_HINT}" if isinstance(error, (SettingError, RewardOutputError)) else ""
-        subcommand = f" {argv[0]}" if argv and argv[0] in _SUBCOMMANDS else ""
+        subcommand = f" {argv[0]}" if argv and argv[0] in SUBCOMMANDS else ""
         print(f"{prog}{subcommand}: error: {error}{hint}", file=sys.stderr)
         sys.exit(1)
-
-
-def _import_from_working_directory() -> None:
-    """Let configs name modules of the current folder (``examples.tool_calling.calc``), as ``python -m`` does.
-
-    The ``lightning-grpo`` script's ``sys.path`` starts with the script's folder, not the working directory, so
-    import paths of a project's own tools and reward functions would not resolve there (``docs/agents.md``).
-    """
-    if "" not in sys.path and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-
-
-def _refuse_moved_settings(args: Any, prog: str | None) -> None:
-    """Exit with one line (status 2, as a parser error) when ``args`` or a config they give hold a flat setting's old
-    name (``--model.grpo.temperature``): before anything is parsed, as jsonargparse would report a union of subtypes.
-
-    Raises:
-        SystemExit: The line names the old key and its new place (``grpo.sampling.temperature``).
-    """
-    found = moved_setting(args)
-    if found is None:
-        return
-    listed = args if isinstance(args, (list, tuple)) else []
-    subcommand = next((f" {arg}" for arg in listed if arg in _SUBCOMMANDS), "")
-    sys.stderr.write(f"{prog or Path(sys.argv[0]).name}{subcommand}: error: {found}\n")
-    sys.exit(2)
-
-
-def _is_prompt_datamodule(path: Any) -> bool:
-    """Whether the import ``path`` names :class:`~lightning_grpo.data.PromptDataModule` or a subclass of it."""
-    cls = imported(str(path))
-    return isinstance(cls, type) and issubclass(cls, PromptDataModule)
 
 
 def _root_cause(error: BaseException, kinds: tuple[type[BaseException], ...]) -> BaseException | None:
@@ -397,8 +278,3 @@ def _root_cause(error: BaseException, kinds: tuple[type[BaseException], ...]) ->
         seen.add(id(error))
         error = error.__cause__ or error.__context__
     return None
-
-
-def _names_a_model(arg: str) -> bool:
-    """Whether a command-line argument gives a config, a model or asks for help (then the parser takes over)."""
-    return arg in ("-c", "-h") or arg.startswith(("--config", "--model", "--help", "--print_config", "-c="))

@@ -55,6 +55,16 @@ class UpdateConfig:
     """Float32 MiB of one tile of the fused head; ``None``: 512 on a GPU, on the CPU about an eighth of the final
     hidden states (docs/benchmarks.md, "GPU readiness")."""
 
+    def minibatches(self, rows: int) -> int:
+        """Mini-batches in one pass over ``rows`` rows: ``ceil(rows / mini_batch_size)`` (the last one may be short),
+        one with ``mini_batch_size=None`` or no rows. The one count every path uses (the update, the old log-prob
+        decision, the rollout sampled ahead)."""
+        return -(-rows // self.mini_batch_size) if self.mini_batch_size and rows else 1
+
+    def updates(self, rows: int) -> int:
+        """Optimizer steps one rollout of ``rows`` rows serves: ``ppo_epochs`` passes of :meth:`minibatches`."""
+        return self.ppo_epochs * self.minibatches(rows)
+
     def __post_init__(self) -> None:
         with check_group(self):
             mini, micro = self.mini_batch_size, self.micro_batch_size

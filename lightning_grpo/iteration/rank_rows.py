@@ -10,7 +10,6 @@ chat call holds no row at all (``agent_wiring.empty_agent_rollout``): its idle r
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -33,11 +32,8 @@ def ranks_differ(batch_rows_vary: bool) -> bool:
     )
 
 
-def agreed_minibatches(
-    rows: int, mini_batch_size: int | None, sum_across_ranks: Callable[[Tensor], Tensor], device: torch.device
-) -> int:
-    """The largest number of mini-batches per pass over all ranks (``ceil(rows / mini_batch_size)`` on each)."""
-    count = math.ceil(rows / mini_batch_size) if mini_batch_size else 1
+def agreed_minibatches(count: int, sum_across_ranks: Callable[[Tensor], Tensor], device: torch.device) -> int:
+    """The largest of the ranks' ``count`` (each rank's mini-batches per pass, ``UpdateConfig.minibatches``)."""
     votes = torch.zeros(torch.distributed.get_world_size(), device=device, dtype=torch.float64)
     votes[torch.distributed.get_rank()] = count
     return int(sum_across_ranks(votes).max().item())

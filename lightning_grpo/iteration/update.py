@@ -114,10 +114,10 @@ def sampling_logprobs(
         return rollout.logprobs.to(device)
     if ranks_differ(is_agent_rollout(rollout)):  # the ranks decide alike (fixed_logprobs may hold collectives)
         sums = sum_across_ranks or (lambda tensor: tensor)
-        minibatches = agreed_minibatches(len(rollout), config.update.mini_batch_size, sums, device)
+        minibatches = agreed_minibatches(config.update.minibatches(len(rollout)), sums, device)
         if config.update.ppo_epochs * minibatches <= 1:
             return None
-    elif config.update.ppo_epochs * len(rollout) // (config.update.mini_batch_size or len(rollout)) <= 1:
+    elif config.update.updates(len(rollout)) <= 1:  # one optimizer step: the detached current log-probs are π_old
         return None
     with timer("old_logprobs"):
         return fixed_logprobs(
@@ -237,7 +237,7 @@ def _pass_rows(
     parts = list(minibatch_indices(len(batch), mini, generator))
     if not ranks_differ(is_agent_rollout(batch.rollout)):
         return parts
-    agreed = agreed_minibatches(len(batch), config.update.mini_batch_size, context.sum_across_ranks, context.device)
+    agreed = agreed_minibatches(config.update.minibatches(len(batch)), context.sum_across_ranks, context.device)
     return parts + [torch.zeros(0, dtype=torch.long, device=generator.device)] * (agreed - len(parts))
 
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from lightning_grpo.cli import parse_config
-from lightning_grpo.cli.errors import misspelt_setting, moved_setting
+from lightning_grpo.cli.misspelt_settings import misspelt_setting
+from lightning_grpo.cli.moved_settings import moved_setting
 from lightning_grpo.config import MOVED_SETTINGS
 from tests.cli.conftest import TINY
 from tests.conftest import repo_pythonpath

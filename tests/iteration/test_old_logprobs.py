@@ -82,3 +82,49 @@ def test_rollout_mode_with_one_update_takes_the_sampler_log_probs(make_module, t
         kl[mode] = float(trainer.callback_metrics["train/approx_kl"])
     assert kl["recompute"] == 0.0
     assert kl["rollout"] > 0.5  # mean(log mu - log pi) = -mean(log pi) over the loss tokens of a random tiny model
+
+
+class _RatioRecorder(FixedRolloutModule):
+    """Records each mini-batch's mean ratio ``π_θ / π_old`` over its loss tokens (``None``: no old log-probs)."""
+
+    ratios: list[float | None]
+
+    def compute_loss(self, batch, counts):
+        old = batch.old_logprobs
+        if old is None:
+            self.ratios.append(None)
+        else:
+            with torch.no_grad():
+                current = self.compute_logprobs(batch.rollout).logprobs
+            mask = batch.loss_mask.float()
+            self.ratios.append(float(((current - old).exp() * mask).sum() / mask.sum()))
+        return super().compute_loss(batch, counts)
+
+
+def test_an_agent_rollout_of_ten_rows_in_minibatches_of_eight_recomputes_old_logprobs(make_module, tokenizer):
+    # Two mini-batches (8 rows, then 2): two optimizer steps, so pi_old must be the rollout's policy, recomputed
+    # before the first update; the second mini-batch, trained after the first step, sees a ratio that is not 1.
+    # A floor (10 // 8 = 1 update) would skip the recompute and leave the second ratio at exactly 1.
+    completions = ["a", "aa", "aaa", "b", "ab", "aab", "aaab", "bb", "abb", "aaaa"]
+    rollout = fixed_rollout(tokenizer, ["1+1="] * 10, completions, group_size=5)
+    # 2 prompts x G=4 = 8 trajectories; trajectories 0 and 4 branched once (a compacted context): 10 rows
+    trajectories = [0, 0, 1, 2, 3, 4, 4, 5, 6, 7]
+    last = [i == 9 or trajectories[i + 1] != t for i, t in enumerate(trajectories)]
+    rollout.columns = {
+        "agent_reward": [None] * 10,
+        "agent_trajectory": trajectories,
+        "agent_last": last,
+        "agent_error": [None] * 10,
+    }
+    update, objective = UpdateConfig(mini_batch_size=8), ObjectiveConfig(kl_coef=0.0)
+    sampling = tiny_sampling(num_generations=4)
+    module = make_module(
+        module_cls=_RatioRecorder, reward_funcs=[length], sampling=sampling, update=update, objective=objective
+    )
+    module.fixed, module.ratios = rollout, []
+    make_trainer(max_steps=2).fit(module, PromptDataModule(prompt_records(2), batch_size=2))
+    assert "old_logprobs" in module.timer.seconds
+    assert module.config.update.updates(len(rollout)) == 2
+    first, second = module.ratios[:2]
+    assert first == pytest.approx(1.0, abs=1e-6)  # before any step: π_θ = π_old
+    assert abs(second - 1.0) > 1e-4  # after the first step
