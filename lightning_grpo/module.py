@@ -8,8 +8,7 @@ Each phase of the iteration (docs/index.md) is one overridable method: :meth:`GR
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import closing, nullcontext
-from dataclasses import asdict
+from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -22,33 +21,32 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from lightning_grpo import distributed
 from lightning_grpo.agents import EnvironmentFactory, ToolCallParser
-from lightning_grpo.algorithms import compute_advantages
-from lightning_grpo.algorithms.entropy import controller_state, entropy_controller, restore_controller
-from lightning_grpo.algorithms.objective import grpo_loss
-from lightning_grpo.backends import BackendSpec, RolloutBackend, VLLMConfig, build_backend
-from lightning_grpo.backends.ahead import ahead_of, launch_ahead, take_ahead
+from lightning_grpo.backends import RolloutBackend, VLLMConfig
+from lightning_grpo.backends.ahead import launch_ahead, take_ahead
 from lightning_grpo.callbacks.defaults import module_callbacks
 from lightning_grpo.callbacks.iteration_counter import upgrade_state_keys
-from lightning_grpo.checkpoint import check_resume, describe_policy, install_checked_io, keep_adapter_only, settings_of
+from lightning_grpo.checkpoint import settings_of
+from lightning_grpo.checkpoint.module_state import resume_module_state, save_module_state
 from lightning_grpo.config import GRPOConfig
 from lightning_grpo.data.lookahead import next_batch
 from lightning_grpo.iteration import IterationContext, LossCounts, PhaseTimer, StepOutput, UpdateBatch
-from lightning_grpo.iteration.cpu_threads import apply_default_cpu_threads
+from lightning_grpo.iteration.batch_loss import batch_loss
 from lightning_grpo.iteration.dynamic_sampling import dynamic_sample
 from lightning_grpo.iteration.fit_checks import check_fit_inputs, check_loader_batch_size
-from lightning_grpo.iteration.function_rewards import check_function_rewards, function_reward_inputs
-from lightning_grpo.iteration.nonfinite import nonfinite_sampling
-from lightning_grpo.iteration.process_supervision import advantage_inputs, gather_step_rewards
+from lightning_grpo.iteration.function_rewards import function_reward_inputs
+from lightning_grpo.iteration.module_parts import build_parts
+from lightning_grpo.iteration.process_supervision import advantage_inputs
+from lightning_grpo.iteration.rollout_advantages import rollout_advantages
+from lightning_grpo.iteration.rollout_sampling import sample_with_backend
+from lightning_grpo.iteration.scoring import score_rollout
 from lightning_grpo.iteration.seeding import iteration_seed, seeded
+from lightning_grpo.iteration.strategy_setup import set_up_strategy
 from lightning_grpo.iteration.update import run_updates, update_batch
 from lightning_grpo.iteration.zero_signal import check_signal
-from lightning_grpo.metrics import ValidationMetrics
-from lightning_grpo.policy import PolicyConfig, export_adapter, load_policy, load_tokenizer, reference_mode
+from lightning_grpo.policy import PolicyConfig, export_adapter, reference_mode
 from lightning_grpo.policy.optimizer import LRSchedulerCallable, OptimizerCallable, adapter_optimizer
-from lightning_grpo.policy.quantization import check_shardable
 from lightning_grpo.rewards import RewardFunctions, RewardScores, TrainerState
 from lightning_grpo.rollout import Rollout, TokenLogProbs, agent_client, agent_wiring, completion_logprobs
-from lightning_grpo.rollout.agent import AgentSettings
 from lightning_grpo.rollout.packing import packing_for, sharded_logprob_settings
 from lightning_grpo.rollout.rank_agreement import RankVotes
 from lightning_grpo.rollout.sampling_settings import SamplingSettings
@@ -61,8 +59,8 @@ class GRPOModule(LightningModule):
 
     Args:
         model: A Hugging Face id or local path, a ``PreTrainedModel`` or a ``PeftModel``.
-        reward_funcs: Reward functions ``fn(prompts, completions, **columns) -> list[float | None]`` (a sequence, a
-            mapping, or a ``RewardFunctions``); optional when a TRL-style environment has ``get_reward()``.
+        reward_funcs: Reward functions ``fn(prompts, completions, **columns) -> list[float | None]``
+            (docs/rewards.md); optional when agent code or a TRL-style environment gives the reward.
         reward_weights: One weight per reward function; ``None`` weighs each 1.0.
         tokenizer: Tokenizer or its id/path; defaults to the model's. One without a pad token gets EOS as pad.
         policy: Loading and LoRA settings (:class:`~lightning_grpo.policy.PolicyConfig`).
@@ -70,30 +68,14 @@ class GRPOModule(LightningModule):
         optimizer: Builds the optimizer from the adapter parameters; default ``AdamW(lr=1e-5)``.
         lr_scheduler: Builds a scheduler from the optimizer; stepped once per ``training_step`` (one GRPO iteration).
         seed: Seeds sampling and mini-batch shuffling per iteration, so runs and resumed runs are reproducible.
-        tools: Typed, documented Python functions and MCP servers the policy may call; chat prompts (docs/agents.md).
-        environment_factory: ``factory(row)`` of environments with ``step``, or TRL-style ones, a dict, or import paths.
-        tool_parser: Reads tool calls from the policy's turns; defaults to the ``<tool_call>{json}</tool_call>`` form.
-        default_callbacks: Add the monitoring callbacks of :func:`~lightning_grpo.callbacks.default_callbacks` that
-            the trainer lacks (:meth:`configure_callbacks`), so any ``Trainer`` logs ``train/reward_mean`` and the
-            rest; ``False``: only the trainer's callbacks.
-        vllm: Settings of the colocated vLLM engine of ``grpo.backend.rollout_backend="vllm"`` (``docs/vllm.md``);
-            ``None``: ``grpo.backend.rollout_backend_args`` or the defaults. Any backend's settings:
-            ``grpo.backend.rollout_backend_args``.
-        agent: Your own agent code as the rollout: ``async def agent(client, row) -> float | None`` (or its import
-            path), run G times per row with an ``openai.AsyncOpenAI`` on the policy, in process or over a loopback
-            HTTP server (``GRPOConfig.agents.agent_transport``; docs/agents.md, "Your own agent code", "Agents over
-            HTTP"); without ``reward_funcs`` the reward is what it returns.
+        tools: Python functions and MCP servers the policy may call (docs/agents.md, "Tools").
+        environment_factory: Environments, one per trajectory (docs/agents.md, "Environments").
+        tool_parser: Reads tool calls from the policy's turns; defaults to ``<tool_call>{json}</tool_call>``.
+        default_callbacks: Add the monitoring callbacks the trainer lacks (:meth:`configure_callbacks`).
+        vllm: The colocated vLLM engine's settings (docs/vllm.md); ``None``: ``grpo.backend.rollout_backend_args``.
+        agent: Your own agent code as the rollout (docs/agents.md, "Your own agent code").
 
-    Example::
-
-        from lightning import Trainer
-        from lightning_grpo import GRPOModule, GRPOConfig, PromptDataModule
-        from lightning_grpo.config import SamplingConfig
-        from lightning_grpo.rewards import math_answer
-
-        grpo = GRPOConfig(sampling=SamplingConfig(num_generations=8))
-        module = GRPOModule("Qwen/Qwen2.5-0.5B-Instruct", [math_answer], grpo=grpo)
-        Trainer(max_steps=100).fit(module, PromptDataModule("train.jsonl", batch_size=4))
+    Training from Python, step by step: docs/index.md, "Train from Python".
     """
 
     #: FLOPs per ``training_step``, read by Lightning's ``ThroughputMonitor`` for MFU; ``None``: not measured.
@@ -121,73 +103,55 @@ class GRPOModule(LightningModule):
         super().__init__()
         self.automatic_optimization = False
         self.strict_loading = False  # checkpoints hold the adapter only, not the base weights
-        self.config = cfg = grpo or GRPOConfig()
-        self.policy_config = policy or PolicyConfig()
-        self.agent_fn = agent_wiring.agent_code(
-            agent, tools, environment_factory, dynamic_sampling=cfg.advantages.dynamic_sampling
-        )
-        factory, self.rewards = agent_wiring.agent_rewards(
-            self.agent_fn, environment_factory, reward_funcs, reward_weights, timeout=cfg.faults.reward_timeout
-        )
-        check_function_rewards(cfg, self.rewards, agent=self.agent_fn is not None)  # gdpo: two functions or more
-        name = model if isinstance(model, str | Path) else None
-        self.tokenizer = load_tokenizer(tokenizer, name, trust_remote_code=self.policy_config.trust_remote_code)
-        self.policy = load_policy(model, self.policy_config, seed=seed).train()
-        self._trained_on = describe_policy(self.policy, self.tokenizer, model)  # checked on resume
-        self.agent = AgentSettings.build(
-            self.tokenizer,
+        parts = build_parts(
+            model,
+            reward_funcs,
+            reward_weights=reward_weights,
+            tokenizer=tokenizer,
+            policy=policy,
+            grpo=grpo,
+            seed=seed,
             tools=tools,
+            environment_factory=environment_factory,
             tool_parser=tool_parser,
-            environment_factory=factory,
-            max_turns=cfg.agents.max_turns,
-            tool_timeout=cfg.agents.tool_timeout,
-            env_reward=cfg.agents.env_reward,
-        )
-        self.agent_limits = agent_client.AgentLimits.of(cfg)  # agent code's (agent=): time limits, transport
-        self.optimizer_factory, self.scheduler_factory, self.seed = optimizer, lr_scheduler, seed
-        self.use_default_callbacks = default_callbacks
-        spec = BackendSpec(
-            cfg,
-            self.policy_config,
-            None if name is None else str(name),
+            vllm=vllm,
+            agent=agent,
             generate_overridden=type(self).generate is not GRPOModule.generate,
-            multi_turn=(self.agent.multi_turn and cfg.agents.max_turns > 1) or bool(self.agent_fn),
         )
-        backend = build_backend(spec, vllm)  # always one; with async_rollout, one that also samples ahead
-        self.rollout_backend: RolloutBackend = ahead_of(backend, cfg, self.tokenizer, self.agent, self.agent_limits)
-        self.timer, self._warned = (
-            PhaseTimer(),
-            set[str](),
-        )  # the run's warnings given: shared by every iteration's context
+        self.config = parts.config
+        self.policy_config = parts.policy_config
+        self.agent_fn = parts.agent_fn
+        self.rewards = parts.rewards
+        self.tokenizer = parts.tokenizer
+        self.policy = parts.policy
+        self._trained_on = parts.trained_on  # checked on resume
+        self.agent = parts.agent
+        self.agent_limits = parts.agent_limits  # agent code's (agent=): time limits, transport
+        self.optimizer_factory = optimizer
+        self.scheduler_factory = lr_scheduler
+        self.seed = seed
+        self.use_default_callbacks = default_callbacks
+        self.rollout_backend: RolloutBackend = parts.rollout_backend
+        self.timer = PhaseTimer()
+        self._warned: set[str] = set()  # the run's warnings given: shared by every iteration's context
         self._context: IterationContext | None = None  # the running training_step's context
         self._packing: bool | str | None = None  # the packing of this iteration's log-prob passes (packing_for)
-        self.skipped_steps: list[
-            int
-        ] = []  # steps skipped for non-finite values (GRPOConfig.faults.on_nonfinite="skip")
-        self.entropy_control = entropy_controller(
-            cfg.objective.entropy_control, cfg.objective.entropy_control_args, cfg.objective.entropy_coef, shared=False
-        )
+        self.skipped_steps: list[int] = []  # optimizer steps skipped for non-finite values (faults.on_nonfinite)
+        self.entropy_control = parts.entropy_control
         self.entropy_coef = self.entropy_control(None)  # this iteration's; updated from each iteration's global entropy
-        self.val_metrics = ValidationMetrics(
-            self.config.validation.num_generations, self.config.validation.success_threshold
-        )
-        hparams = {"model": str(name), "grpo": asdict(self.config), "policy": asdict(self.policy_config), "seed": seed}
-        self.save_hyperparameters(hparams)  # plain values only: checkpoints load with torch.load(weights_only=True)
+        self.val_metrics = parts.val_metrics
+        self.save_hyperparameters(parts.hparams)  # plain values: checkpoints load with torch.load(weights_only=True)
 
     @property
     def max_prompt_length(self) -> int:
         """Longest prompt in tokens (read by :class:`~lightning_grpo.data.PromptDataModule`)."""
         return self.config.sampling.max_prompt_length
 
-    # ---------------------------------------------------------------- the GRPO iteration
-
     def training_step(self, batch: Mapping[str, Sequence[Any]], batch_idx: int) -> StepOutput:
         """One GRPO iteration: sample, score, advantages, fixed log-probs, then ``ppo_epochs`` of updates."""
         self._context = context = self.iteration_context()  # once per iteration: update_policy reads it
         (timer := context.timer).reset()
-        with seeded(
-            context.seed, self.device
-        ):  # depends only on (seed, global_step, rank): a resumed run samples the same
+        with seeded(context.seed, self.device):  # of (seed, global_step, rank) only: a resumed run samples the same
             with timer("sync"):  # the policy's weights reach the backend (docs/backends.md)
                 self.rollout_backend.sync(self.policy, self.global_step)
             with timer("generate"):  # 1; with async_rollout, the rollout sampled during the last iteration's update
@@ -197,9 +161,7 @@ class GRPOModule(LightningModule):
                 launch_ahead(backend, partial(next_batch, self._trainer), len(rollout), self.sampling_settings, step)
             with timer("score"):
                 scores = self.score(rollout)  # 2
-            if (
-                self.config.advantages.dynamic_sampling
-            ):  # more prompts until groups carry signal (docs/dynamic-sampling.md)
+            if self.config.advantages.dynamic_sampling:  # more prompts until groups carry signal (dynamic-sampling.md)
                 rollout, scores = dynamic_sample(
                     context,
                     rollout,
@@ -217,9 +179,7 @@ class GRPOModule(LightningModule):
             update = self.prepare_update(rollout, advantages)  # 4 (timed inside: old_logprobs, reference)
             with timer("update"):
                 loss, metrics = self.update_policy(update)  # 5
-            if (
-                self.config.objective.entropy_control != "constant" and "entropy" in metrics
-            ):  # one host sync, adaptive only
+            if self.config.objective.entropy_control != "constant" and "entropy" in metrics:  # adaptive: one sync
                 self.entropy_coef = float(self.entropy_control(float(metrics["entropy"])))  # global: alike on all ranks
         self._context = self._packing = None
         self.log_dict({f"train/{name}": value for name, value in {"loss": loss, **metrics}.items()})  # global values
@@ -243,22 +203,11 @@ class GRPOModule(LightningModule):
     ) -> Rollout:
         """Phase 1: G completions (trajectories) per prompt of ``batch["prompt"]``; other keys become row columns."""
         settings = self.sampling_settings(num_generations=num_generations, temperature=temperature)
-        backend, rank = self.rollout_backend, self.global_rank if self._trainer is not None else 0
-        backend.sync(self.policy, self.global_step if self._trainer is not None else 0)  # no-op once synced
-        with nonfinite_sampling(self.global_step), closing(backend.session(self.policy, settings)) as session:
-            rollout, stats = agent_wiring.sample_batch(
-                self.policy,
-                self.tokenizer,
-                batch,
-                settings,
-                self.agent,
-                self.agent_fn,
-                session=session,
-                max_prompt_length=self.config.sampling.max_prompt_length,
-                limits=self.agent_limits,
-                rank=rank,
-                ranks=self._rank_votes(),  # agreed before the ranks' next collective (docs/distributed.md)
-            )
+        agents = (self.agent, self.agent_fn, self.agent_limits)
+        where = (self.global_step, self.global_rank, self._rank_votes())  # the ranks agree on the rollout
+        rollout, stats = sample_with_backend(
+            self.rollout_backend, self.policy, self.tokenizer, batch, settings, agents, where, self.config
+        )
         if stats is not None and self._trainer is not None and self._context is not None:  # agent code's executions
             self.log_dict(stats.metrics(len(rollout)), batch_size=stats.executions)
         return rollout
@@ -272,17 +221,8 @@ class GRPOModule(LightningModule):
 
     def score(self, rollout: Rollout) -> RewardScores:
         """Phase 2: every reward function, weighted; ``NaN`` where every function returned ``None``."""
-        scores = self.rewards(
-            rollout.prompts,
-            rollout.completions,
-            rollout.columns,
-            completion_ids=rollout.completion_token_ids,
-            completion_lengths=rollout.completion_lengths.tolist(),
-            trainer_state=TrainerState.of(self._trainer),
-        )
-        per_function = {k: v.to(self.device) for k, v in scores.per_function.items()}
-        steps = gather_step_rewards(self.config, self.tokenizer, rollout, scores, self.rewards)  # grpo_process only
-        return RewardScores(scores.rewards.to(self.device), per_function, scores.seconds, scores.steps, steps)
+        state = TrainerState.of(self._trainer)  # the reward functions' trainer_state keyword
+        return score_rollout(self.rewards, rollout, self.config, self.tokenizer, state, device=self.device)
 
     def compute_advantages(
         self,
@@ -296,19 +236,9 @@ class GRPOModule(LightningModule):
 
         ``function_rewards`` and ``function_weights`` (each reward function's raw rewards and weight) are given only
         to an estimator that reads them (``gdpo``)."""
-        agents = agent_client.is_agent_rollout(rollout)  # one reward per trajectory (its last branch), shared
-        rewards = agent_client.trajectory_rewards_nan(rewards, rollout) if agents else rewards
-        advantages = compute_advantages(
-            rewards,
-            rollout.group_ids,
-            **self.config.advantages.kwargs,
-            completion_mask=rollout.sampled_mask,
-            sum_across_ranks=self._sum_across_ranks,
-            step_rewards=step_rewards,
-            function_rewards=function_rewards,
-            function_weights=function_weights,  # token-level estimators whiten over rollout.sampled_mask
+        return rollout_advantages(
+            rewards, rollout, self.config, self._sum_across_ranks, step_rewards, function_rewards, function_weights
         )
-        return agent_client.spread_to_branches(advantages, rollout) if agents else advantages
 
     def prepare_update(self, rollout: Rollout, advantages: Tensor) -> UpdateBatch:
         """Phase 4: the loss mask, old log-probs (only if the rollout serves several updates), reference log-probs."""
@@ -316,16 +246,8 @@ class GRPOModule(LightningModule):
             self.config.check_rollout_size(len(rollout))
         self.rollout_backend.release()  # e.g. vllm.sleep_mode: the engine's memory goes to the update
         self._packing = packing_for(rollout, self.config.update.packing)  # once per rollout: every pass takes one path
-        return update_batch(
-            self.compute_logprobs,
-            self.policy,
-            rollout,
-            advantages,
-            self.config,
-            self.timer,
-            self.device,
-            self._sum_across_ranks,
-        )
+        context = self._context or self.iteration_context()
+        return update_batch(self.compute_logprobs, self.policy, rollout, advantages, self.config, context)
 
     def compute_logprobs(
         self, rollout: Rollout, *, reference: bool = False, with_entropy: bool = False
@@ -345,24 +267,8 @@ class GRPOModule(LightningModule):
     def compute_loss(self, batch: UpdateBatch, counts: LossCounts) -> tuple[Tensor, dict[str, Tensor]]:
         """Phase 5 (per micro-batch): ``policy loss + β·KL − c_ent·entropy``, global counts (``grpo_loss``)."""
         current = self.compute_logprobs(batch.rollout, with_entropy=True)
-        aggregate = partial(
-            counts.aggregate, loss_mask=batch.loss_mask, mode=self.config.objective.loss_agg_mode
-        )  # global
-        return grpo_loss(
-            current.logprobs,
-            current.entropy,
-            batch.advantages,
-            batch.loss_mask,
-            self.config.objective,
-            aggregate,
-            corrections=self.config.corrections,
-            old_logprobs=batch.old_logprobs,
-            ref_logprobs=batch.ref_logprobs,
-            behaviour_logprobs=batch.rollout.logprobs,
-            at_sampling_weights=batch.at_sampling_weights,
-            seed=self._iteration_seed(),
-            entropy_coef=self.entropy_coef,
-        )
+        seed = self._iteration_seed()  # of the policy loss's random choices (clip_cov)
+        return batch_loss(current, batch, counts, self.config, seed=seed, entropy_coef=self.entropy_coef)
 
     def update_policy(self, batch: UpdateBatch) -> tuple[Tensor, dict[str, Tensor]]:
         """``ppo_epochs`` passes over shuffled mini-batches, one optimizer step each (``run_updates``)."""
@@ -380,21 +286,18 @@ class GRPOModule(LightningModule):
 
     def iteration_context(self) -> IterationContext:
         """What this iteration's phases take from the module (:class:`~lightning_grpo.iteration.IterationContext`)."""
+        trainer = self._trainer
         return IterationContext(
             device=self.device,
-            global_step=self.global_step if self._trainer is not None else 0,
+            global_step=self.global_step,
             seed=self._iteration_seed(),
             sum_across_ranks=self._sum_across_ranks,
             log=self.log,
             timer=self.timer,
             warned=self._warned,
             skipped=self.skipped_steps,
-            grad_scale=1.0
-            if self._trainer is None
-            else distributed.grad_scale(self.trainer.strategy, self.trainer.world_size),
+            grad_scale=1.0 if trainer is None else distributed.grad_scale(trainer.strategy, trainer.world_size),
         )
-
-    # ---------------------------------------------------------------- validation
 
     def validation_step(self, batch: Mapping[str, Sequence[Any]], batch_idx: int) -> dict[str, Any]:
         """Sample ``val_num_generations`` per prompt; log reward mean, accuracy, pass@k; return rollout and rewards."""
@@ -410,31 +313,24 @@ class GRPOModule(LightningModule):
         self.log_dict(self.val_metrics.update(rewards), batch_size=len(batch["prompt"]))  # exact, all ranks
         return {"rollout": rollout, "rewards": scores}
 
-    # ---------------------------------------------------------------- distributed set-up
-
     def setup(self, stage: str) -> None:
-        """Refuse strategies GRPO cannot run, bound collectives' waits (``distributed.set_up``); on CPU, set threads."""
-        distributed.set_up(self.trainer.strategy, self.config, agents=self.agent_fn is not None)
-        agent_wiring.check_agent_strategy(self.agent_fn, fsdp2=distributed.is_fsdp2(self.trainer.strategy))
-        if distributed.is_fsdp2(self.trainer.strategy):
-            check_shardable(self.policy)  # a bitsandbytes base cannot be sharded: use DDP (docs/quantization.md)
-        install_checked_io(self.trainer.strategy)  # an unreadable checkpoint file gets an error naming it
-        apply_default_cpu_threads(self.trainer.strategy.root_device, self.policy, processes=self.trainer.num_devices)
+        """Check the strategy against the run, bound collectives' waits, check checkpoint files; on CPU, set threads."""
+        trainer = self.trainer
+        set_up_strategy(
+            trainer.strategy, self.config, self.policy, agent_code=self.agent_fn, processes=trainer.num_devices
+        )
 
     def configure_model(self) -> None:
         """Under FSDP2 (``ModelParallelStrategy``) only: shard each decoder layer, then the HF model under PeftModel."""
         strategy = self.trainer.strategy if self._trainer is not None else None
         if distributed.is_fsdp2(strategy) and not distributed.is_sharded(self.policy):
-            distributed.shard_module(
-                self, self.device_mesh["data_parallel"], self.config.sampling.fsdp_gather_for_generation
-            )
+            mesh, gather = self.device_mesh["data_parallel"], self.config.sampling.fsdp_gather_for_generation
+            distributed.shard_module(self, mesh, gather)
 
     @property
     def export_adapter_all_ranks(self) -> bool:
         """Whether every rank must call :meth:`export_adapter` (FSDP2: the adapter is gathered from all ranks)."""
         return distributed.is_sharded(self.policy)
-
-    # ---------------------------------------------------------------- optimizers, checkpoints, export
 
     def configure_optimizers(self) -> Any:
         """AdamW (or the injected optimizer) over adapter parameters only, with the optional scheduler."""
@@ -455,12 +351,9 @@ class GRPOModule(LightningModule):
         self.timer.device = self.device
         self.rewards.to(self.device, getattr(self.policy, "dtype", None))  # reward models are not in the policy
         extra = agent_client.AGENT_COLUMNS if self.agent_fn is not None else ()  # an agent rollout's own columns
+        environment = self.agent.has_environment
         check_fit_inputs(
-            self.config,
-            self.rewards,
-            self.trainer.datamodule,
-            environment=self.agent.has_environment,
-            rollout_columns=extra,
+            self.config, self.rewards, self.trainer.datamodule, environment=environment, rollout_columns=extra
         )
         self.rollout_backend.start(self.policy, self.seed, sharded=distributed.is_sharded(self.policy))
 
@@ -471,24 +364,21 @@ class GRPOModule(LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Keep only the adapter weights in the checkpoint; record what it was trained on (docs/distributed.md)."""
         settings = getattr(self, "_optimizer_settings", None)  # set by configure_optimizers
-        keep_adapter_only(checkpoint, self, {"policy": self._trained_on, "optimizer": settings})
-        checkpoint["entropy_control"] = controller_state(self.entropy_control, self.entropy_coef)  # docs/math.md
+        record = {"policy": self._trained_on, "optimizer": settings}
+        save_module_state(checkpoint, self, record, self.entropy_control, self.entropy_coef)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse a checkpoint of another policy; changed settings take effect (docs/distributed.md, resuming)."""
-        defaults = {"grpo": asdict(GRPOConfig())}  # settings an older checkpoint lacks compare as their defaults
         upgrade_state_keys(checkpoint)  # an older checkpoint's callback states under today's keys, before their restore
-        check_resume(self, checkpoint, self._trained_on, self._build_optimizer, defaults)
-        coef = restore_controller(self.entropy_control, checkpoint.get("entropy_control"))
-        self.entropy_coef = self.entropy_coef if coef is None else coef
+        self.entropy_coef = resume_module_state(
+            checkpoint, self, self._trained_on, self._build_optimizer, self.entropy_control, self.entropy_coef
+        )
 
     def export_adapter(self, path: str | Path) -> Path:
         """Write the adapter in PEFT format (``PeftModel.from_pretrained``, vLLM); under FSDP2 every rank calls it."""
         if self.export_adapter_all_ranks:
             return distributed.export_sharded_adapter(self.policy, path, is_global_zero=self.global_rank == 0)
         return export_adapter(self.policy, path)
-
-    # ---------------------------------------------------------------- helpers
 
     def _build_optimizer(self) -> tuple[torch.optim.Optimizer, Any]:
         """A new optimizer over the adapter's parameters and its scheduler (``None`` without ``lr_scheduler``)."""
@@ -507,5 +397,4 @@ class GRPOModule(LightningModule):
 
     def _iteration_seed(self, offset: int = 0) -> int:
         """The iteration's seed, of (seed, global_step, rank, offset): sampling that a resumed run repeats exactly."""
-        global_step, rank = (self.global_step, self.global_rank) if self._trainer is not None else (0, 0)
-        return iteration_seed(self.seed, global_step, rank, offset)
+        return iteration_seed(self.seed, self.global_step, self.global_rank, offset)

@@ -137,12 +137,11 @@ def update_batch(
     rollout: Rollout,
     advantages: Tensor,
     config: GRPOConfig,
-    timer: PhaseTimer,
-    device: torch.device,
-    sum_across_ranks: Callable[[Tensor], Tensor] | None = None,
+    context: IterationContext,
 ) -> UpdateBatch:
-    """What the updates read (step 4): the loss mask, old log-probs (:func:`sampling_logprobs`) and, with a KL
-    coefficient, the reference's (:func:`fixed_logprobs`, timed as ``reference``).
+    """What the updates read (phase 4): the loss mask, old log-probs (:func:`sampling_logprobs`) and, with a KL
+    coefficient, the reference's (:func:`fixed_logprobs`, timed as ``reference``), with the iteration's ``context``
+    (timer, device, cross-rank sums).
 
     Tool and environment tokens are context, never loss (``rollout.sampled_mask``); ``mask_truncated_completions``
     drops truncated completions from the loss too.
@@ -150,7 +149,8 @@ def update_batch(
     loss_mask = rollout.sampled_mask
     if config.objective.mask_truncated_completions:
         loss_mask = loss_mask * (~rollout.truncated)[:, None]
-    old = sampling_logprobs(compute_logprobs, policy, rollout, config, timer, device, sum_across_ranks)
+    timer, sum_across_ranks = context.timer, context.sum_across_ranks
+    old = sampling_logprobs(compute_logprobs, policy, rollout, config, timer, context.device, sum_across_ranks)
     ref = None
     if config.objective.kl_coef > 0:
         with timer("reference"):
