@@ -30,7 +30,8 @@ from lightning_grpo.algorithms.components import ComponentRole, ComponentSetting
 from lightning_grpo.algorithms.entropy import top_entropy_mask
 from lightning_grpo.algorithms.kl import importance_weighted_kl
 from lightning_grpo.algorithms.off_policy import off_policy_masked
-from lightning_grpo.algorithms.rollout_correction import rollout_correct
+from lightning_grpo.algorithms.rollout_correction import rejection_keep, rollout_correct
+from lightning_grpo.settings_checks import check_choice
 
 __all__ = [
     "KL_WEIGHTING",
@@ -54,6 +55,13 @@ def _number(owner: str, name: str, value: Any, *, allow_none: bool = False, posi
         raise ComponentSettingError(f"{owner}: {name}={value!r} must be a finite number >= 0")
     if positive and value <= 0:
         raise ComponentSettingError(f"{owner}: {name}={value!r} must be > 0")
+
+
+def _choice(owner: str, name: str, value: Any, choices: tuple[str, ...]) -> None:
+    try:
+        check_choice(name, value, choices)
+    except ValueError as error:
+        raise ComponentSettingError(f"{owner}: {error}") from None
 
 
 def _band(owner: str, low: float | None, high: float | None) -> None:
@@ -119,15 +127,23 @@ class Rejection:
     Args:
         min: Lower bound of the statistic (default 0.5).
         max: Upper bound (default 2.0).
+        normalise: The tokens the policy loss's normaliser counts: ``"all"`` (the default: rejected ones too) or
+            ``"kept"`` (verl: only the kept sequences', as its response mask without the rejected ones;
+            :mod:`~lightning_grpo.algorithms.peer_normalisers`).
     """
 
     statistic: ClassVar[str] = "geometric"
 
-    def __init__(self, min: float = 0.5, max: float = 2.0) -> None:  # the YAML keys
+    def __init__(self, min: float = 0.5, max: float = 2.0, normalise: Literal["all", "kept"] = "all") -> None:
         _number(self.statistic, "min", min)
         _number(self.statistic, "max", max, positive=True)
         _band(self.statistic, min, max)
-        self.low, self.high = min, max
+        _choice(self.statistic, "normalise", normalise, ("all", "kept"))
+        self.low, self.high, self.normalise = min, max, normalise
+
+    def keep(self, old_logprobs: Tensor, behaviour_logprobs: Tensor, loss_mask: Tensor) -> Tensor:
+        """``(n, 1)`` float: 1 for the sequences kept, 0 for those rejected (:func:`rejection_keep`)."""
+        return rejection_keep(old_logprobs, behaviour_logprobs, loss_mask, self.statistic, self.low, self.high)
 
     def __call__(
         self, per_token: Tensor, old_logprobs: Tensor, behaviour_logprobs: Tensor | None, loss_mask: Tensor
@@ -198,12 +214,16 @@ class TopEntropy:
 
     Args:
         quantile: ``ρ`` in (0, 1] (default 0.2, the paper's).
+        entropy_over: The tokens the entropy bonus is a mean over: ``"loss_tokens"`` (the default: the selected
+            tokens' entropy over all loss tokens) or ``"selected"`` (TRL: over the selected tokens;
+            :mod:`~lightning_grpo.algorithms.peer_normalisers`).
     """
 
-    def __init__(self, quantile: float = 0.2) -> None:
+    def __init__(self, quantile: float = 0.2, entropy_over: Literal["loss_tokens", "selected"] = "loss_tokens") -> None:
         if isinstance(quantile, bool) or not isinstance(quantile, (int, float)) or not 0.0 < quantile <= 1.0:
             raise ComponentSettingError(f"top_entropy: quantile={quantile!r} must be in (0, 1]; 0.2 is the paper's")
-        self.quantile = float(quantile)
+        _choice("top_entropy", "entropy_over", entropy_over, ("loss_tokens", "selected"))
+        self.quantile, self.entropy_over = float(quantile), entropy_over
 
     def __call__(self, entropy: Tensor, loss_mask: Tensor) -> Tensor:
         return top_entropy_mask(entropy, loss_mask, self.quantile).to(entropy.dtype)

@@ -21,7 +21,8 @@ class whose instances are one; a class with ``state_dict``/``load_state_dict`` h
 **Top-entropy selection** (Wang et al. 2025, "Beyond the 80/20 Rule", arXiv:2506.01939; TRL
 ``top_entropy_quantile``): only the tokens whose entropy is at least the ``1 - ρ`` quantile of the loss tokens keep
 their policy loss (and entropy bonus); the others count in the normalisers but carry no policy gradient. The
-bonus is aggregated like the policy loss, over all loss tokens; TRL divides it by the selected tokens only.
+bonus is aggregated like the policy loss, over all loss tokens; TRL divides it by the selected tokens only
+(``token_selection_args: {entropy_over: selected}``, :mod:`~lightning_grpo.algorithms.peer_normalisers`).
 """
 
 from __future__ import annotations

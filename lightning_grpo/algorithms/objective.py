@@ -17,6 +17,7 @@ from torch import Tensor
 from lightning_grpo.algorithms.corrections import build_correction
 from lightning_grpo.algorithms.importance import rollout_agreement
 from lightning_grpo.algorithms.kl import kl_penalty
+from lightning_grpo.algorithms.peer_normalisers import PeerNormalisers, peer_normalisers, selected_entropy_scale
 from lightning_grpo.algorithms.policy_losses import policy_loss
 from lightning_grpo.algorithms.statistics import masked_mean
 
@@ -28,6 +29,7 @@ class LossSettings(Protocol):
 
     loss_kind: str
     loss_kind_args: dict[str, Any] | None
+    loss_agg_mode: str
     clip_low: float
     clip_high: float
     dual_clip: float | None
@@ -68,6 +70,7 @@ def grpo_loss(
     at_sampling_weights: bool = False,
     seed: int | None = None,
     entropy_coef: float | None = None,
+    normalisers: PeerNormalisers | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The loss of one micro-batch and its metrics (``pg_loss``, the clip fractions, ``entropy``, ``kl``, ...).
 
@@ -89,6 +92,9 @@ def grpo_loss(
         seed: Seed of the policy loss's random choices (``clip_cov``): the step's seed; ``None``: torch's global one.
         entropy_coef: The entropy bonus's coefficient of this step (the module's entropy control); ``None``:
             ``settings.entropy_coef``.
+        normalisers: The mini-batch's peer normalisers over every rank
+            (:func:`~lightning_grpo.algorithms.peer_normalisers.peer_normalisers`); ``None``: counted on this
+            micro-batch when a peer setting is on (exact for one micro-batch on one rank).
     """
     old = old_logprobs if old_logprobs is not None else logprobs.detach()
     per_token, stats = policy_loss(
@@ -112,6 +118,11 @@ def grpo_loss(
     if selected is not None:
         per_token = per_token * selected
     pg_loss = aggregate(per_token)
+    if normalisers is None:
+        sampler = behaviour_logprobs
+        normalisers = peer_normalisers(loss_mask, settings, corrections, old_logprobs=old, behaviour_logprobs=sampler)
+    if normalisers is not None:  # verl's gmpo rows or rejection normaliser
+        pg_loss = pg_loss * normalisers.policy_scale.to(pg_loss.dtype)
     metrics = {"pg_loss": pg_loss, **stats.as_metrics(), **corrected}
     metrics["entropy"] = masked_mean(entropy.detach(), loss_mask)
     if at_sampling_weights:
@@ -126,7 +137,10 @@ def grpo_loss(
         metrics["kl"] = masked_mean(kl.detach(), loss_mask)
     coef = settings.entropy_coef if entropy_coef is None else entropy_coef
     if coef > 0:
-        loss = loss - coef * aggregate(entropy if selected is None else entropy * selected)
+        if selected is None:
+            loss = loss - coef * aggregate(entropy)
+        else:  # the selected tokens' entropy, over all loss tokens or (TRL) over the selected ones
+            loss = loss - coef * aggregate(entropy * selected) * selected_entropy_scale(select, selected, loss_mask)
     if entropy_coef is not None or coef > 0:
         metrics["entropy_coef"] = loss.new_tensor(float(coef)).detach()
     if selected is not None:

@@ -4,7 +4,8 @@ With ``d_t = log π_old(y_t) - log π_behaviour(y_t)`` over the loss tokens of a
 sampler, ``Rollout.logprobs``), every piece here is detached and multiplies the per-token policy loss. The
 normalisers of the loss aggregation are unchanged: a zero weight or a rejected sequence still counts in them (as
 TRL's ``*_mask`` modes do). verl's rejection instead removes the rejected tokens from ``response_mask``, so from the
-``token-mean`` normaliser: ours = verl × kept tokens / all tokens (tests/algorithms/test_verl_claims.py).
+``token-mean`` normaliser: ours = verl × kept tokens / all tokens (tests/algorithms/test_verl_claims.py);
+``rollout_rejection_args: {normalise: kept}`` is verl's (:mod:`~lightning_grpo.algorithms.peer_normalisers`).
 
 **Importance weights** (``GRPOConfig.corrections.rollout_correction``, TRL ``vllm_importance_sampling_mode``; verl
 ``rollout_is``), bounds ``[C_min, C_max]`` (``rollout_correction_args: {min, max}``; either may be ``None``):

@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 from torch import Tensor
 
@@ -19,7 +21,7 @@ from lightning_grpo.algorithms.policy_loss_terms import (
     log_ratio,
     with_settings_check,
 )
-from lightning_grpo.settings_checks import check_number
+from lightning_grpo.settings_checks import check_choice, check_number
 
 __all__: list[str] = []  # the losses are reached through POLICY_LOSSES
 
@@ -49,9 +51,12 @@ def sapo(
     return PolicyLossTerms(loss, ratio, metrics={"sapo_gate_mean": weight})
 
 
-def _check_gmpo(*, log_clip_low: float = 0.4, log_clip_high: float = 0.4, **_: object) -> None:
+def _check_gmpo(
+    *, log_clip_low: float = 0.4, log_clip_high: float = 0.4, rows: str = "with_tokens", **_: object
+) -> None:
     check_number("log_clip_low", log_clip_low, minimum=0.0)
     check_number("log_clip_high", log_clip_high, minimum=0.0)
+    check_choice("rows", rows, ("with_tokens", "all"))
 
 
 @with_settings_check(_check_gmpo)
@@ -64,11 +69,15 @@ def gmpo(
     *,
     log_clip_low: float = 0.4,
     log_clip_high: float = 0.4,
+    rows: Literal["with_tokens", "all"] = "with_tokens",
 ) -> PolicyLossTerms:
     """GMPO: ``-A_i · exp(mean_t sgn(A)·min(sgn(A)·ρ_t, sgn(A)·clip(ρ_t, -ε_low, ε_high)))``, ρ the log-ratio.
 
     Per-token advantages are averaged over the sequence's valid tokens (verl's ``geo_mean``); the sign is the
     token's. ``gmpo_seq_ratio_mean`` is the mean geometric-mean ratio, each sequence weighted by its tokens.
+    ``rows`` is the rows the ``seq-mean-*`` aggregations count: ``"with_tokens"`` (as every aggregation here) or
+    ``"all"`` (verl's ``geo_mean``: fully masked rows too); the objective applies it
+    (:mod:`~lightning_grpo.algorithms.peer_normalisers`).
     """
     valid = mask.bool()
     rho = log_ratio(logprobs, old_logprobs)  # (N, T)

@@ -81,7 +81,8 @@ class ObjectiveConfig:
     """Which loss tokens keep their policy loss and entropy bonus: ``"top_entropy"`` ("Beyond the 80/20 Rule"; TRL
     ``top_entropy_quantile``), your own by import path, or ``None``: all."""
     token_selection_args: dict[str, Any] | None = None
-    """Its settings; ``"top_entropy"``: ``quantile`` in (0, 1] (0.2, per micro-batch)."""
+    """Its settings; ``"top_entropy"``: ``quantile`` in (0, 1] (0.2, per micro-batch) and ``entropy_over``, the
+    tokens the entropy bonus is a mean over: ``"loss_tokens"`` (the default) or ``"selected"`` (TRL's)."""
     mask_truncated_completions: bool = False
     """Leave completions that hit ``sampling.max_new_tokens`` out of the loss (DAPO)."""
 
@@ -178,7 +179,8 @@ class CorrectionConfig:
     """Drop the policy loss of sequences whose ``"token_mean"`` or ``"geometric"`` mean ratio is outside
     ``[min, max]`` (verl ``rollout_rs``); ``None``: off. Needs the behaviour log-probs."""
     rollout_rejection_args: dict[str, Any] | None = None
-    """Its settings: ``min`` (0.5) and ``max`` (2.0)."""
+    """Its settings: ``min`` (0.5), ``max`` (2.0) and ``normalise``, the tokens the policy loss's normaliser counts:
+    ``"all"`` (the default, rejected ones too) or ``"kept"`` (verl's)."""
     off_policy_mask: Literal["opsm"] | ImportPath | None = None
     """DeepSeek-V3.2's OPSM (TRL ``off_policy_mask_threshold``): negative-advantage sequences whose mean KL from the
     sampler exceeds ``threshold`` lose their policy loss; ``None``: off."""

@@ -55,4 +55,5 @@ def batch_loss(
         at_sampling_weights=batch.at_sampling_weights,
         seed=seed,
         entropy_coef=entropy_coef,
+        normalisers=counts.peer,
     )

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from lightning_grpo.algorithms import LossAggMode, aggregate_loss, count_sequences
+from lightning_grpo.algorithms.peer_normalisers import PeerNormalisers
 from lightning_grpo.algorithms.statistics import SumAcrossRanks
 from lightning_grpo.rewards import RewardScores
 from lightning_grpo.rollout import Rollout
@@ -85,6 +86,9 @@ class LossCounts:
         num_tokens: 0-dim, tokens of the loss mask over the whole mini-batch on every rank.
         num_sequences: 0-dim, sequences with at least one such token.
         norm: Divisor of ``seq-mean-token-sum-norm`` (``loss_agg_norm``, or ``max_new_tokens``).
+        peer: The peers' normalisers of the mini-batch when a setting asks for one (gmpo ``rows: all``, the
+            rejection's ``normalise: kept``; :mod:`~lightning_grpo.algorithms.peer_normalisers`); ``None``: none,
+            or counted per micro-batch.
 
     Example::
 
@@ -97,13 +101,16 @@ class LossCounts:
     num_tokens: Tensor
     num_sequences: Tensor
     norm: float
+    peer: PeerNormalisers | None = None
 
     @classmethod
-    def of(cls, loss_mask: Tensor, norm: float, sum_across_ranks: SumAcrossRanks) -> LossCounts:
+    def of(
+        cls, loss_mask: Tensor, norm: float, sum_across_ranks: SumAcrossRanks, peer: PeerNormalisers | None = None
+    ) -> LossCounts:
         """Count ``loss_mask`` (the whole mini-batch on this rank) and sum the counts over ranks in one reduce."""
         local = torch.stack([loss_mask.sum(), count_sequences(loss_mask)]).float()
         num_tokens, num_sequences = sum_across_ranks(local).unbind()
-        return cls(num_tokens, num_sequences, norm)
+        return cls(num_tokens, num_sequences, norm, peer)
 
     def aggregate(self, values: Tensor, loss_mask: Tensor, mode: LossAggMode) -> Tensor:
         """Aggregate a micro-batch's ``(n, T)`` per-token ``values`` over ``loss_mask`` with these global counts.

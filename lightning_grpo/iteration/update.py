@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_grpo import distributed
+from lightning_grpo.algorithms.peer_normalisers import peer_normalisers
 from lightning_grpo.config import GRPOConfig
 from lightning_grpo.iteration.context import IterationContext
 from lightning_grpo.iteration.micro_batches import micro_batch_rows
@@ -211,7 +212,15 @@ def run_updates(
     for index, rows in enumerate(epochs):  # the mini-batches of every pass, each pass a fresh permutation
         selected = batch.select(rows) if len(rows) else idle_minibatch(batch)  # an idle one: rows vary by rank
         minibatch = replace(selected, at_sampling_weights=index == 0)  # rows on the host: no sync
-        counts = LossCounts.of(minibatch.loss_mask, norm, context.sum_across_ranks)
+        peer = peer_normalisers(
+            minibatch.loss_mask,
+            config.objective,
+            config.corrections,
+            old_logprobs=minibatch.old_logprobs,
+            behaviour_logprobs=minibatch.rollout.logprobs,
+            sum_across_ranks=context.sum_across_ranks,
+        )
+        counts = LossCounts.of(minibatch.loss_mask, norm, context.sum_across_ranks, peer)
         sizes = (micro, config.update.micro_batch_tokens)
         part, flags = _accumulate(minibatch, counts, sizes, sums, context, policy, compute_loss, backward, optimizer)
         shares.append(part)
