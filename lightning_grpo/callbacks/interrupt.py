@@ -16,6 +16,8 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
 
+from lightning_grpo.checkpoint.loop_state import align_logger_step
+
 __all__ = ["SIGTERM_EXIT_CODE", "SaveOnInterrupt"]
 
 #: The exit status of a run stopped by SIGTERM (128 + 15, as a shell reports it): never 0, so a scheduler does not
@@ -28,9 +30,9 @@ class SaveOnInterrupt(Callback):
 
     **SIGTERM** (a cluster scheduler's preemption, ``kill``): the signal is only noted (this callback's handler
     replaces Lightning's for the training loop: Lightning 2.6's runs a collective inside the signal handler and lets
-    each rank stop on its own, which can deadlock DDP), and the current GRPO iteration finishes; at its end every rank
-    agrees whether any rank received it (one small all-reduce per iteration), so under DDP and FSDP2 all ranks stop
-    after the same step. The checkpoint of that step and the
+    each rank stop on its own, which can deadlock DDP), and the current GRPO iteration finishes and writes its
+    metrics; when the next iteration starts every rank agrees whether any rank received it (one small all-reduce per
+    iteration), so under DDP and FSDP2 all ranks stop after the same step. The checkpoint of that step and the
     adapter are saved (by every rank together), the resume command is printed, and the process exits with status
     :data:`SIGTERM_EXIT_CODE` (143), not 0 as Lightning alone would.
 
@@ -39,13 +41,19 @@ class SaveOnInterrupt(Callback):
     ``ModelCheckpoint``'s folder (or ``dirpath``), and the adapter in PEFT format beside the
     :class:`~lightning_grpo.callbacks.AdapterExport` exports (or beside the checkpoint). Stopped while sampling or
     scoring, the module still holds the last completed iteration, which is what is saved: resuming from the file
-    repeats the interrupted iteration exactly. Once an iteration's first optimizer step has begun, Ctrl-C is only
-    noted (one line says so) and the iteration's update finishes first, then it is saved: an interrupt never loses
-    more than the current iteration. A second Ctrl-C stops at once; nothing is saved from a half-updated adapter
-    then, and the message names the newest checkpoint on disk and the command that resumes from it.
+    repeats the interrupted iteration exactly. Once an iteration's first optimizer step has begun (or its
+    ``training_step`` has returned), Ctrl-C is only noted (one line says so) and the iteration finishes first, its
+    metrics written, then it is saved: an interrupt never loses more than the current iteration. A second Ctrl-C
+    stops at once; nothing is saved from a half-updated adapter then, and the message names the newest checkpoint on
+    disk and the command that resumes from it.
     Runs of several processes (DDP, FSDP2) are not saved on Ctrl-C: each rank stops at its own point, possibly inside
     a collective; the message names the last checkpoint and the command (SIGTERM is saved: the ranks agree first).
     Resume with ``--ckpt_path <the file>`` (docs/distributed.md).
+
+    **The metrics of a resumed run** continue those written before the stop, each step once: a checkpoint is saved
+    only where every finished iteration has written its metrics and none other has, and Lightning resumes its logger
+    step at the first iteration not written (:func:`~lightning_grpo.checkpoint.loop_state.align_logger_step`). A
+    signal that comes during the last iteration of the run stops nothing: the run ends as usual.
 
     Args:
         dirpath: Folder of the checkpoint; ``None`` uses the ``ModelCheckpoint``'s folder, or ``checkpoints`` in the
@@ -63,17 +71,20 @@ class SaveOnInterrupt(Callback):
     def __init__(self, dirpath: str | Path | None = None, export_adapter: bool = True) -> None:
         self.dirpath = dirpath
         self.export_adapter = export_adapter
-        self._step_at_batch_start: int | None = None  # set while an iteration runs
-        self._stopped = False  # SIGTERM handled at an iteration's end
+        self._step_at_batch_start: int | None = None  # set from an iteration's start to its on_train_batch_end
+        self._processed_at_start: int | None = None  # the loop's processed batches when the iteration started
+        self._stopped = False  # stopped by a signal, checkpoint saved
         self._sigterm = False  # SIGTERM received, not yet acted on
         self._fallback: Path | None = None  # the checkpoint folder when no run folder is known
         self._updating = False  # an optimizer step of the current iteration has begun
-        self._sigint = False  # Ctrl-C received during an update, acted on at the iteration's end
+        self._sigint = False  # Ctrl-C received while an iteration finished, acted on when the next one starts
+        self._trainer: Trainer | None = None  # read by the Ctrl-C handler
 
     @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Note SIGTERM only; Lightning restores the handlers it found when fit ends."""
         self._sigterm = self._sigint = self._updating = False
+        self._trainer, self._processed_at_start = trainer, _processed(trainer)
         if threading.current_thread() is threading.main_thread():  # signal handlers live in the main thread
             signal.signal(signal.SIGTERM, self._note_sigterm)
             if trainer.world_size == 1:  # several ranks each stop at their own point: no deferral there
@@ -83,8 +94,8 @@ class SaveOnInterrupt(Callback):
         self._sigterm = True
 
     def _on_sigint(self, signum: int, frame: Any) -> None:
-        """Ctrl-C: stop now, unless an update is under way (then once: finish the iteration, then save and stop)."""
-        if not self._updating or self._sigint:
+        """Ctrl-C: stop now, unless an iteration is finishing (then once: finish it, then save and stop)."""
+        if self._sigint or not self._finishing(self._trainer):
             raise KeyboardInterrupt
         self._sigint = True
         print(
@@ -94,31 +105,43 @@ class SaveOnInterrupt(Callback):
             flush=True,
         )
 
+    def _finishing(self, trainer: Trainer | None) -> bool:
+        """Whether the current iteration has changed the adapter or ended its ``training_step``: saved only once its
+        metrics are written, when the next iteration starts."""
+        return self._updating or (trainer is not None and _processed(trainer) != self._processed_at_start)
+
     @override
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
         self._updating = True
 
     @override
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
-        self._step_at_batch_start = trainer.global_step
+        """Stop if a signal came during the previous iteration (its metrics are written now); else note the start."""
+        if self._sigint:  # Ctrl-C came while the previous iteration finished
+            self._stop(trainer, pl_module, "Interrupted", KeyboardInterrupt())
+        received = self._sigterm or trainer.received_sigterm
+        if trainer.world_size > 1:  # a collective at the same point on every rank: they stop after the same step
+            received = trainer.strategy.reduce_boolean_decision(received, all=False)
+        if received:
+            self._stop(trainer, pl_module, "Stopped by SIGTERM", SIGTERMException(SIGTERM_EXIT_CODE))
+        self._step_at_batch_start, self._processed_at_start = trainer.global_step, _processed(trainer)
+        self._updating = False
 
     @override
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         self._step_at_batch_start = None
-        self._updating = False
-        if self._sigint:  # Ctrl-C came during the update, which has now finished
-            self._stopped = True
-            self._save(trainer, pl_module, "Interrupted")
-            raise KeyboardInterrupt
-        received = self._sigterm or trainer.received_sigterm
-        if trainer.world_size > 1:  # a collective at the same point on every rank: they stop after the same step
-            received = trainer.strategy.reduce_boolean_decision(received, all=False)
-        if received:
-            self._stopped = True
-            self._save(trainer, pl_module, "Stopped by SIGTERM")
-            raise SIGTERMException(SIGTERM_EXIT_CODE)
+
+    @override
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._sigint or self._sigterm:
+            rank_zero_info("The signal came during the run's last iteration: the run has ended as usual.")
+
+    @override
+    def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        """A checkpoint saved inside an iteration (this callback's, on a signal) resumes the logger at its step."""
+        align_logger_step(checkpoint)
 
     @override
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
@@ -133,13 +156,26 @@ class SaveOnInterrupt(Callback):
             )
             return
         started = self._step_at_batch_start
-        if started is not None and (self._updating or trainer.global_step != started):
+        in_step = started is not None and _processed(trainer) == self._processed_at_start  # training_step runs
+        if in_step and (self._updating or trainer.global_step != started):
             rank_zero_warn(
                 f"Interrupted inside the update of one GRPO iteration (from step {started}): the adapter is partly "
                 f"updated, so it was not saved. {self._last_saved(trainer)}"
             )
             return
+        if self._finishing(trainer):
+            rank_zero_warn(
+                f"Interrupted after the update of one GRPO iteration (step {trainer.global_step}), before its metrics "
+                f"were written, so it was not saved. {self._last_saved(trainer)}"
+            )
+            return
         self._save(trainer, pl_module, "Interrupted")
+
+    def _stop(self, trainer: Trainer, pl_module: LightningModule, why: str, exception: BaseException) -> None:
+        """Save (every rank), then raise ``exception``: Lightning's graceful shutdown follows."""
+        self._stopped = True
+        self._save(trainer, pl_module, why)
+        raise exception
 
     def _last_saved(self, trainer: Trainer) -> str:
         """The newest checkpoint in the run's checkpoint folder and the command that resumes from it."""
@@ -150,7 +186,7 @@ class SaveOnInterrupt(Callback):
         return f"The last checkpoint is {found[-1]}; resume with: {resume_command(found[-1])}"
 
     def _on_sigterm(self, trainer: Trainer, pl_module: LightningModule, exception: SIGTERMException) -> None:
-        """Lightning's own SIGTERM stop (the signal came after this iteration's check): exit non-zero all the same."""
+        """Lightning's own SIGTERM stop (its handler got the signal, not this one's): exit non-zero all the same."""
         if exception.code in (None, 0):
             exception.code = SIGTERM_EXIT_CODE
         if self._stopped or not trainer.training:
@@ -186,9 +222,8 @@ class SaveOnInterrupt(Callback):
         """``~/.cache/lightning_grpo/interrupted/<date>-<time>-<pid>`` (``XDG_CACHE_HOME`` honoured), chosen once."""
         if self._fallback is None:
             cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-            self._fallback = (
-                cache / "lightning_grpo" / "interrupted" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
-            )
+            run = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+            self._fallback = cache / "lightning_grpo" / "interrupted" / run
         return self._fallback
 
     def _adapter_path(self, trainer: Trainer) -> Path:
@@ -197,6 +232,12 @@ class SaveOnInterrupt(Callback):
             if callable(getattr(callback, "path_for", None)):  # AdapterExport: beside its exports
                 return callback.path_for(trainer, name)
         return self.checkpoint_path(trainer).with_name(name)
+
+
+def _processed(trainer: Trainer) -> int | None:
+    """Batches whose ``training_step`` has returned, in the whole run (Lightning's fit loop counts them)."""
+    fit_loop = getattr(trainer, "fit_loop", None)
+    return None if fit_loop is None else fit_loop.epoch_loop.batch_progress.total.processed
 
 
 def resume_command(checkpoint: Path | None, argv: list[str] | None = None) -> str:

@@ -20,7 +20,8 @@ class ReplayMetrics(Callback):
     """Write the resumed run's earlier ``metrics.csv`` rows (before its first step now) into the logger again.
 
     Lightning's CSV writer empties a version folder's ``metrics.csv`` when it opens it; the rows read before are
-    logged again at the start of training, so the file holds the whole curve, each step once.
+    logged again at the start of training, as they were written (the ``epoch`` column a whole number), so the file
+    holds the whole curve, each step once.
 
     Args:
         rows: The rows of the earlier ``metrics.csv`` (:func:`earlier_rows`).
@@ -30,14 +31,28 @@ class ReplayMetrics(Callback):
         self.rows = rows
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        """Log the rows of the steps before the restored ``global_step``, on rank zero."""
+        """Log the rows of the iterations the checkpoint holds, on rank zero.
+
+        The ``step`` column is Lightning's logger step, one per iteration (``training_step``), not ``global_step``
+        (optimizer steps, several per iteration with mini-batches): the resumed run writes from the number of
+        iterations the checkpoint holds, and a row written after the checkpoint was saved is left to it.
+        """
         if not trainer.is_global_zero or trainer.logger is None:
             return
+        iterations = trainer.fit_loop.epoch_loop.batch_progress.total.processed  # restored from the checkpoint
         for row in self.rows:
             step = int(row.get("step") or 0)
-            values: dict[str, Any] = {k: float(v) for k, v in row.items() if k != "step" and v not in ("", None)}
-            if step < trainer.global_step and values:
+            values: dict[str, Any] = {k: _number(v) for k, v in row.items() if k != "step" and v not in ("", None)}
+            if step < iterations and values:
                 trainer.logger.log_metrics(values, step=step)
+
+
+def _number(text: str) -> int | float:
+    """A ``metrics.csv`` value as Lightning logged it: ``"1"`` (the ``epoch`` column) an int, others floats."""
+    try:
+        return int(text)
+    except ValueError:
+        return float(text)
 
 
 def earlier_rows(version_folder: Path) -> list[dict[str, str]]:
