@@ -315,10 +315,7 @@ class GRPOModule(LightningModule):
 
     def setup(self, stage: str) -> None:
         """Check the strategy against the run, bound collectives' waits, check checkpoint files; on CPU, set threads."""
-        trainer = self.trainer
-        set_up_strategy(
-            trainer.strategy, self.config, self.policy, agent_code=self.agent_fn, processes=trainer.num_devices
-        )
+        set_up_strategy(self.trainer, self.config, self.policy, agent_code=self.agent_fn)
 
     def configure_model(self) -> None:
         """Under FSDP2 (``ModelParallelStrategy``) only: shard each decoder layer, then the HF model under PeftModel."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from lightning.pytorch.strategies import Strategy
+from lightning.pytorch import Trainer
 from torch import nn
 
 from lightning_grpo import distributed
@@ -25,29 +25,25 @@ __all__ = ["set_up_strategy"]
 
 
 def set_up_strategy(
-    strategy: Strategy,
-    config: GRPOConfig,
-    policy: nn.Module,
-    *,
-    agent_code: Callable[..., Any] | None,
-    processes: int,
+    trainer: Trainer, config: GRPOConfig, policy: nn.Module, *, agent_code: Callable[..., Any] | None
 ) -> None:
-    """Check ``strategy`` against the run and set it up for a fit.
+    """Check the trainer's strategy against the run and set it up for a fit; on CPU, set the threads.
 
     Args:
-        strategy: The trainer's strategy (its process groups already made).
+        trainer: The trainer (its strategy's process groups already made); its ``num_devices`` training processes on
+            this node share its CPU cores, read only once the checks have passed.
         config: The module's settings.
         policy: The module's policy.
         agent_code: The module's agent code (``agent=``), or ``None``.
-        processes: The training processes on this node (``trainer.num_devices``), who share its CPU cores.
 
     Raises:
         ValueError: A strategy GRPO cannot run (FSDP1, tensor parallelism), or under FSDP2 agent code or a quantized
             base (each message names what to run instead).
     """
+    strategy = trainer.strategy
     distributed.set_up(strategy, config, agents=agent_code is not None)
     check_agent_strategy(agent_code, fsdp2=distributed.is_fsdp2(strategy))
     if distributed.is_fsdp2(strategy):
         check_shardable(policy)  # a bitsandbytes base cannot be sharded: use DDP (docs/quantization.md)
     install_checked_io(strategy)  # an unreadable checkpoint file gets an error naming it
-    apply_default_cpu_threads(strategy.root_device, policy, processes=processes)
+    apply_default_cpu_threads(strategy.root_device, policy, processes=trainer.num_devices)
