@@ -29,6 +29,7 @@ class SamplingConfig:
         "temperature": POSITIVE,
         "top_p": {"minimum": 0.0, "maximum": 1.0, "exclusive_minimum": True},
         "top_k": {"integer": True, "minimum": 0},
+        "min_p": {"minimum": 0.0, "maximum": 1.0, "exclusive_maximum": True},
     }
 
     num_generations: int = 8
@@ -43,6 +44,9 @@ class SamplingConfig:
     """Nucleus sampling threshold in (0, 1]; 1.0 disables it."""
     top_k: int = 0
     """Sample among the k most likely tokens (a count); 0 disables it."""
+    min_p: float = 0.0
+    """Sample among the tokens at least ``min_p`` times as likely as the most likely one (a fraction in [0, 1)); 0
+    disables it. With top-k, top-p or min-p, behaviour log-probs are over the kept tokens (docs/math.md)."""
     sampler: Sampler = "multinomial"
     """``"multinomial"`` (Hugging Face ``generate``'s draws) or ``"inverse_cdf"`` (same distribution, other draws,
     much cheaper on CPU; our own decoding loop)."""
@@ -88,7 +92,7 @@ class SamplingConfig:
         self, num_generations: int | None = None, temperature: float | None = None, *, synced_gpus: bool = False
     ) -> SamplingSettings:
         """The sampling settings of training (``None`` arguments take this group's), or of validation."""
-        names = ("max_new_tokens", "top_p", "top_k", "share_prompt", "sampler", "drop_finished", "static_cache")
+        names = ("max_new_tokens", "top_p", "top_k", "min_p", "share_prompt", "sampler", "drop_finished", "static_cache")
         return SamplingSettings(
             num_generations=num_generations or self.num_generations,
             temperature=temperature or self.temperature,

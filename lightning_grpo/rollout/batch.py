@@ -103,8 +103,13 @@ class Rollout:
             token was sampled and takes ``completion_mask``.
         turns: Multi-turn counts (turns, tool calls, errors, per-turn rewards); ``None`` for single-turn rollouts.
         logprobs: ``(N, T)`` float32 behaviour log-probs: each sampled token's log-probability when it was drawn,
-            under ``softmax(logits / temperature)`` (0 on inserted tokens and padding); ``None`` for a rollout not
-            built by sampling. ``GRPOConfig.corrections.old_logprobs="rollout"`` trains with them as old log-probs.
+            under the distribution it was drawn from (``softmax(logits / temperature)`` over the kept set of top-k,
+            top-p and min-p; 0 on inserted tokens and padding); ``None`` for a rollout not built by sampling.
+            ``GRPOConfig.corrections.old_logprobs="rollout"`` trains with them as old log-probs.
+        kept_margins: ``(N, T)`` float32 kept set of each sampled token as a margin below its temperature-scaled
+            logit (:attr:`Sampled.margins <lightning_grpo.rollout.sampling_settings.Sampled.margins>`; 0 on inserted
+            tokens and padding); ``None`` when sampling truncated nothing: every comparison of the trainer with the
+            sampler then takes the whole vocabulary.
     """
 
     prompt_ids: Tensor
@@ -119,6 +124,7 @@ class Rollout:
     sampled_mask: Tensor = None  # type: ignore[assignment]  # filled from completion_mask in __post_init__
     turns: TurnStats | None = None
     logprobs: Tensor | None = None
+    kept_margins: Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.sampled_mask is None:
@@ -201,10 +207,14 @@ class Rollout:
             columns={k: [v for r in rollouts for v in r.columns[k]] for k in rollouts[0].columns},
             sampled_mask=torch.cat([right(r.sampled_mask, 0) for r in rollouts]),
             turns=_cat_turns(with_turns) if len(with_turns) == len(rollouts) else None,
-            logprobs=None
-            if any(r.logprobs is None for r in rollouts)
-            else torch.cat([right(r.logprobs, 0) for r in rollouts]),
+            logprobs=_cat_optional([r.logprobs for r in rollouts], right),
+            kept_margins=_cat_optional([r.kept_margins for r in rollouts], right),
         )
+
+
+def _cat_optional(values: Sequence[Tensor | None], right: Any) -> Tensor | None:
+    """Per-token tensors of several rollouts, right-padded with 0 and stacked; ``None`` if any rollout has none."""
+    return None if any(v is None for v in values) else torch.cat([right(v, 0) for v in values])
 
 
 def _pick(value: Any, index: Tensor, rows: list[int]) -> Any:

@@ -45,10 +45,16 @@ __all__ = [
 
 @dataclass(frozen=True)
 class TokenLogProbs:
-    """Log-probs ``(N, T)`` of the completion tokens and, when asked, the entropy ``(N, T)`` at those positions."""
+    """Log-probs ``(N, T)`` of the completion tokens and, when asked, the entropy ``(N, T)`` at those positions.
+
+    ``kept_log_mass`` ``(N, T)``, detached, is ``log Σ_{v ∈ S} p(v)`` under this model, with ``S`` the sampler's kept
+    set replayed from ``Rollout.kept_margins``: the log-prob over the kept set is ``logprobs - kept_log_mass``.
+    ``None`` when the rollout has no margins (nothing was truncated).
+    """
 
     logprobs: Tensor
     entropy: Tensor | None = None
+    kept_log_mass: Tensor | None = None
 
 
 def position_ids_from_mask(attention_mask: Tensor) -> Tensor:

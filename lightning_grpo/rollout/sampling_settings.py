@@ -30,13 +30,20 @@ class Sampled:
 
     Attributes:
         sequences: ``(N, P+T)`` prompt and sampled tokens.
-        logprobs: ``(N, T)`` float32 log-probability of each sampled token under ``softmax(logits / temperature)``
-            (the distribution training scores, before top-k/top-p truncation and ``min_new_tokens``); values after a
-            row's end are meaningless (masked by the caller).
+        logprobs: ``(N, T)`` float32 log-probability of each sampled token under the distribution it was drawn
+            from: ``softmax(logits / temperature)`` renormalised over the kept set (the tokens top-k, top-p and
+            min-p leave; the whole vocabulary when nothing truncates), ``min_new_tokens`` aside; values after a row's
+            end are meaningless (masked by the caller).
+        margins: ``(N, T)`` float32 kept set of each sampled token, as a margin: with ``z = logits / temperature``,
+            ``z[token] - min(z[v] for v in the kept set)`` (>= 0; ``inf`` where the whole vocabulary is kept). The
+            trainer replays the kept set as ``{v: z'[v] >= z'[token] - margin}`` on its own logits ``z'``: one
+            number per token, however many tokens top-p keeps. ``None`` when the settings truncate nothing
+            (:attr:`SamplingSettings.truncates`).
     """
 
     sequences: torch.Tensor
     logprobs: torch.Tensor
+    margins: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -49,6 +56,7 @@ class SamplingSettings:
         temperature: Softmax temperature (log-probs are computed at the same temperature).
         top_p: Nucleus sampling threshold; 1.0 disables it.
         top_k: Keep the k most likely tokens; 0 disables it.
+        min_p: Keep the tokens whose probability is at least ``min_p`` times the most likely one's; 0 disables it.
         synced_gpus: Keep every rank stepping until all finish (required under FSDP).
         min_new_tokens: Forbid EOS before this many tokens. This changes the sampling distribution (EOS masked),
             which the training log-probs do not model: meant for benchmarks that need fixed-length completions.
@@ -69,12 +77,18 @@ class SamplingSettings:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    min_p: float = 0.0
     synced_gpus: bool = False
     min_new_tokens: int = 0
     share_prompt: bool = True
     static_cache: bool = False
     sampler: Sampler = "multinomial"
     drop_finished: bool = False
+
+    @property
+    def truncates(self) -> bool:
+        """Whether top-k, top-p or min-p leave out part of the vocabulary (the sampler then records margins)."""
+        return self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0.0
 
     @property
     def own_loop(self) -> bool:
@@ -90,7 +104,7 @@ class SamplingSettings:
             temperature=self.temperature,
             top_p=self.top_p,
             top_k=self.top_k,
-            min_p=0.0,
+            min_p=self.min_p,
             repetition_penalty=1.0,
             max_new_tokens=self.max_new_tokens,
             min_new_tokens=self.min_new_tokens or None,
