@@ -257,7 +257,8 @@ class GRPOModule(LightningModule):
         if distributed.is_sharded(self.policy):  # every pass (old, reference, current) takes the same path
             settings = sharded_logprob_settings(self.policy, settings)
         with reference_mode(self.policy) if reference else nullcontext():
-            return completion_logprobs(self.policy, rollout, with_entropy=with_entropy, **settings)
+            kept = not reference  # the reference is never compared with the sampler
+            return completion_logprobs(self.policy, rollout, with_entropy=with_entropy, with_kept_mass=kept, **settings)
 
     def logprob_settings(self) -> dict[str, Any]:
         """Keyword settings of :func:`~lightning_grpo.rollout.completion_logprobs`, from :attr:`config`."""

@@ -5,12 +5,18 @@ projected, scaled and folded into an online log-sum-exp, and recomputed in the b
 log-prob, entropy and loss is then the gradient of the hidden states plus tiles sized from a fraction of them, instead
 of a ``(N, T, V)`` logits tensor and its gradient. Pure torch; :mod:`lightning_grpo.rollout.logprobs` swaps it into a
 Hugging Face model's output head.
+
+Given the sampler's margins, the forward also folds a masked online log-sum-exp over the kept set (the tokens whose
+scaled logit is at least the sampled token's minus its margin, :func:`~lightning_grpo.algorithms.logprob_kernels.
+kept_threshold`) in the same tiles: the log of the kept set's probability mass, detached.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+from lightning_grpo.algorithms.logprob_kernels import kept_threshold
 
 __all__ = ["ACCELERATOR_TILE_BYTES", "FusedHeadLogProbs", "fused_head_logprobs", "tile_shape"]
 
@@ -30,7 +36,8 @@ def fused_head_logprobs(
     chunk_size: int = 1024,
     with_entropy: bool = False,
     tile_bytes: int | None = None,
-) -> tuple[Tensor, Tensor]:
+    margins: Tensor | None = None,
+) -> tuple[Tensor, ...]:
     """Log-probs ``(N, T)`` of ``targets`` and the entropy under ``(hidden @ weight.T + bias) / temperature``.
 
     Equal to :func:`~lightning_grpo.algorithms.selective_logprobs` and
@@ -47,9 +54,13 @@ def fused_head_logprobs(
         with_entropy: Compute the entropy; otherwise the second tensor is zeros.
         tile_bytes: Float32 bytes of one tile; ``None``: :data:`ACCELERATOR_TILE_BYTES` off the CPU, and on the CPU
             about an eighth of the hidden states' bytes (see :func:`tile_shape`).
+        margins: ``(N, T)`` the sampler's kept-set margins (``Rollout.kept_margins``); with them a third tensor is
+            returned, equal to :func:`~lightning_grpo.algorithms.logprob_kernels.kept_log_mass` of the explicit
+            logits.
 
     Returns:
-        ``(logprobs, entropy)``, float32.
+        ``(logprobs, entropy)``, float32; ``(logprobs, entropy, kept_log_mass)`` with ``margins`` (the last one
+        detached: ``<= 0``, exactly 0 where the margin is ``inf``).
 
     Example::
 
@@ -71,7 +82,10 @@ def fused_head_logprobs(
             f"need hidden (N, T, H), weight (V, H) and targets (N, T); got hidden {tuple(hidden.shape)}, "
             f"weight {tuple(weight.shape)}, targets {tuple(targets.shape)}"
         )
-    return FusedHeadLogProbs.apply(hidden, weight, bias, targets, temperature, chunk_size, with_entropy, tile_bytes)
+    if margins is not None and margins.shape != targets.shape:
+        raise ValueError(f"margins {tuple(margins.shape)} must have the shape of targets {tuple(targets.shape)}")
+    settings = (temperature, chunk_size, with_entropy, tile_bytes, margins)
+    return FusedHeadLogProbs.apply(hidden, weight, bias, targets, *settings)
 
 
 def _blocks(n: int, t: int, rows: int) -> list[tuple[slice, slice]]:
@@ -120,29 +134,40 @@ class FusedHeadLogProbs(torch.autograd.Function):
     the target's logit is read in the tile that holds it. Backward: recompute each tile, form
     ``∂/∂x = g_lp·(onehot − p) − g_H·p·(x − E_p[x])`` and multiply back through ``W`` (and into ``W``, ``b`` only if
     they require grad). The hidden states' gradient is accumulated in float32 per block of rows.
+
+    With ``margins`` (a ninth input, ``(N, T)``) the forward returns a third, non-differentiable output: the kept
+    set's log mass (see :func:`fused_head_logprobs`); the backward is the same.
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, temperature, chunk_size, with_entropy, tile_bytes=None):  # type: ignore[override]
+    def forward(  # type: ignore[override]
+        ctx, hidden, weight, bias, targets, temperature, chunk_size, with_entropy, tile_bytes=None, margins=None
+    ):
         n, t, h = hidden.shape
         tile_bytes = tile_bytes if tile_bytes is not None or hidden.device.type == "cpu" else ACCELERATOR_TILE_BYTES
         rows, width = tile_shape(n * t, h, weight.shape[0], hidden.element_size(), chunk_size, tile_bytes)
         lse = torch.empty(n, t, device=hidden.device, dtype=torch.float32)
         target, mean_x = torch.empty_like(lse), torch.empty_like(lse)
+        kept = None if margins is None else torch.empty_like(lse)
         for seqs, pos in _blocks(n, t, rows):
             x_rows = hidden[seqs, pos].reshape(-1, h)
             ids = targets[seqs, pos].reshape(-1)
-            folded = _fold(x_rows, weight, bias, ids, temperature, width)
-            for out, value in zip((lse, target, mean_x), folded, strict=True):
-                out[seqs, pos] = value.view(out[seqs, pos].shape)
+            block_margins = None if margins is None else margins[seqs, pos].reshape(-1)
+            folded = _fold(x_rows, weight, bias, ids, temperature, width, block_margins)
+            for out, value in zip((lse, target, mean_x, kept), folded, strict=True):
+                if out is not None:
+                    out[seqs, pos] = value.view(out[seqs, pos].shape)
         ctx.save_for_backward(hidden, weight, bias, targets, lse, mean_x)
         ctx.settings = (temperature, rows, width)
         ctx.set_materialize_grads(False)
         entropy = lse - mean_x if with_entropy else torch.zeros_like(lse)
-        return target - lse, entropy
+        if kept is None:
+            return target - lse, entropy
+        ctx.mark_non_differentiable(kept)
+        return target - lse, entropy, kept
 
     @staticmethod
-    def backward(ctx, grad_logprobs, grad_entropy):  # type: ignore[override]
+    def backward(ctx, grad_logprobs, grad_entropy, grad_kept=None):  # type: ignore[override]
         hidden, weight, bias, targets, lse, mean_x = ctx.saved_tensors
         temperature, rows, width = ctx.settings
         n, t, h = hidden.shape
@@ -162,7 +187,7 @@ class FusedHeadLogProbs(torch.autograd.Function):
             if grad_h is not None:
                 grad_h[seqs, pos] = acc.to(hidden.dtype).view(grad_h[seqs, pos].shape)
         cast = lambda g, like: None if g is None else g.to(like.dtype)  # noqa: E731
-        return grad_h, cast(grads["weight"], weight), cast(grads["bias"], bias), None, None, None, None, None
+        return grad_h, cast(grads["weight"], weight), cast(grads["bias"], bias), *(None,) * 6
 
 
 def _logits(x_rows: Tensor, weight: Tensor, bias: Tensor | None, v0: int, width: int, temperature: float) -> Tensor:
@@ -174,24 +199,69 @@ def _logits(x_rows: Tensor, weight: Tensor, bias: Tensor | None, v0: int, width:
 
 
 def _fold(
-    x_rows: Tensor, weight: Tensor, bias: Tensor | None, ids: Tensor, temperature: float, width: int
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Online log-sum-exp over vocabulary slices: ``(lse, target logit, E_p[x])`` per row, float32."""
+    x_rows: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    ids: Tensor,
+    temperature: float,
+    width: int,
+    margins: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """Online log-sum-exp over vocabulary slices: ``(lse, target logit, E_p[x], kept log mass)`` per row, float32.
+
+    The kept log mass (``None`` without ``margins``) comes from a second, masked online log-sum-exp over the kept set
+    ``{v : x[v] >= kept_threshold(z[t], m)} ∪ {t}``, whose threshold needs the target's logit before the first
+    tile (:func:`_target_logits`). Its running max starts there, so it is finite from the first tile on.
+    """
     r, device = len(x_rows), x_rows.device
     peak = torch.full((r,), float("-inf"), device=device)
     total, weighted, target = (torch.zeros(r, device=device) for _ in range(3))
+    if margins is not None:
+        kept_peak = _target_logits(x_rows, weight, bias, ids, temperature)
+        kept = (kept_threshold(kept_peak, margins), kept_peak, torch.zeros(r, device=device))
     for v0 in range(0, weight.shape[0], width):
         x = _logits(x_rows, weight, bias, v0, width, temperature)  # (r, w)
         inside = (ids >= v0) & (ids < v0 + x.shape[1])
-        picked = x.gather(-1, (ids - v0).clamp(0, x.shape[1] - 1)[:, None]).squeeze(-1)
-        target = torch.where(inside, picked, target)
+        local = (ids - v0).clamp(0, x.shape[1] - 1)[:, None]
+        target = torch.where(inside, x.gather(-1, local).squeeze(-1), target)
         new_peak = torch.maximum(peak, x.amax(-1))
         scale = torch.exp(peak - new_peak)
         e = (x - new_peak[:, None]).exp_()
         total = total * scale + e.sum(-1)
         weighted = weighted * scale + e.mul_(x).sum(-1)
         peak = new_peak
-    return peak + total.log(), target, weighted / total
+        if margins is not None:
+            kept = _fold_kept(x, e, inside, local, kept)
+    lse = peak + total.log()
+    if margins is None:
+        return lse, target, weighted / total, None
+    _, kept_peak, kept_total = kept
+    kept_mass = (kept_peak + kept_total.log() - lse).clamp(max=0.0)
+    return lse, target, weighted / total, torch.where(margins.isinf(), 0.0, kept_mass)
+
+
+def _target_logits(x_rows: Tensor, weight: Tensor, bias: Tensor | None, ids: Tensor, temperature: float) -> Tensor:
+    """``(x · W[t] + b[t]) / T`` per row, float32, projected in the model's dtype as a tile is (a gather of rows)."""
+    z = torch.bmm(x_rows[:, None, :], weight[ids][:, :, None]).view(-1)  # (r,)
+    if bias is not None:
+        z = z + bias[ids]
+    return z.float() / temperature
+
+
+def _fold_kept(
+    x: Tensor, buffer: Tensor, inside: Tensor, local: Tensor, kept: tuple[Tensor, Tensor, Tensor]
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Fold one tile ``x`` into the kept set's online log-sum-exp ``(threshold, running max, Σ exp)``.
+
+    ``buffer`` is a spent tile-sized float32 temporary (overwritten); the target is kept where its slice is this one.
+    """
+    threshold, peak, total = kept
+    keep = x >= threshold[:, None]
+    keep.scatter_(1, local, keep.gather(1, local) | inside[:, None])
+    masked = torch.where(keep, x, torch.full((), float("-inf"), device=x.device), out=buffer)
+    new_peak = torch.maximum(peak, masked.amax(-1))
+    total = total * torch.exp(peak - new_peak) + masked.sub_(new_peak[:, None]).exp_().sum(-1)
+    return threshold, new_peak, total
 
 
 def _unfold(

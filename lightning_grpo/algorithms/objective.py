@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from torch import Tensor
 
 from lightning_grpo.algorithms.corrections import build_correction
-from lightning_grpo.algorithms.importance import rollout_agreement
+from lightning_grpo.algorithms.importance import lifted_behaviour, rollout_agreement
 from lightning_grpo.algorithms.kl import kl_penalty
 from lightning_grpo.algorithms.peer_normalisers import PeerNormalisers, peer_normalisers, selected_entropy_scale
 from lightning_grpo.algorithms.policy_losses import policy_loss
@@ -71,6 +71,8 @@ def grpo_loss(
     seed: int | None = None,
     entropy_coef: float | None = None,
     normalisers: PeerNormalisers | None = None,
+    kept_log_mass: Tensor | None = None,
+    old_kept_log_mass: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The loss of one micro-batch and its metrics (``pg_loss``, the clip fractions, ``entropy``, ``kl``, ...).
 
@@ -95,8 +97,16 @@ def grpo_loss(
         normalisers: The mini-batch's peer normalisers over every rank
             (:func:`~lightning_grpo.algorithms.peer_normalisers.peer_normalisers`); ``None``: counted on this
             micro-batch when a peer setting is on (exact for one micro-batch on one rank).
+        kept_log_mass: ``(n, T)`` the current policy's log mass on the sampler's kept sets (detached;
+            ``TokenLogProbs.kept_log_mass``); ``None``: nothing was truncated. Every comparison with
+            ``behaviour_logprobs`` is then on the kept set
+            (:func:`~lightning_grpo.algorithms.importance.lifted_behaviour`).
+        old_kept_log_mass: The same for ``old_logprobs`` (``None`` with ``old_logprobs=None``: the current one).
     """
     old = old_logprobs if old_logprobs is not None else logprobs.detach()
+    old_mass = old_kept_log_mass if old_logprobs is not None else kept_log_mass
+    sampler_vs_old = lifted_behaviour(behaviour_logprobs, old_mass)
+    sampler_vs_current = lifted_behaviour(behaviour_logprobs, kept_log_mass)
     per_token, stats = policy_loss(
         logprobs,
         old,
@@ -110,23 +120,22 @@ def grpo_loss(
         delta=settings.delta,
         seed=seed,
     )
-    per_token, corrected = _off_policy_terms(
-        per_token, logprobs, old, advantages, loss_mask, corrections, behaviour_logprobs
-    )
+    samplers = (sampler_vs_old, sampler_vs_current)
+    per_token, corrected = _off_policy_terms(per_token, logprobs, old, advantages, loss_mask, corrections, samplers)
     select = _component(settings, "token_selection")
     selected = None if select is None else select(entropy, loss_mask)
     if selected is not None:
         per_token = per_token * selected
     pg_loss = aggregate(per_token)
     if normalisers is None:
-        sampler = behaviour_logprobs
+        sampler = sampler_vs_old
         normalisers = peer_normalisers(loss_mask, settings, corrections, old_logprobs=old, behaviour_logprobs=sampler)
     if normalisers is not None:  # verl's gmpo rows or rejection normaliser
         pg_loss = pg_loss * normalisers.policy_scale.to(pg_loss.dtype)
     metrics = {"pg_loss": pg_loss, **stats.as_metrics(), **corrected}
     metrics["entropy"] = masked_mean(entropy.detach(), loss_mask)
     if at_sampling_weights:
-        metrics.update(rollout_agreement(logprobs, behaviour_logprobs, loss_mask))
+        metrics.update(rollout_agreement(logprobs, sampler_vs_current, loss_mask))
     loss = pg_loss
     if ref_logprobs is not None:
         kl = kl_penalty(logprobs, ref_logprobs, settings.kl_estimator, settings.kl_estimator_args)  # (n, T)
@@ -162,18 +171,22 @@ def _off_policy_terms(
     advantages: Tensor,
     loss_mask: Tensor,
     settings: CorrectionSettings | None,
-    behaviour_logprobs: Tensor | None,
+    samplers: tuple[Tensor | None, Tensor | None],
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Rollout correction, rejection (``rollout_correction.py``), then OPSM (``off_policy.py``)."""
+    """Rollout correction, rejection (``rollout_correction.py``), then OPSM (``off_policy.py``).
+
+    ``samplers``: the sampler's log-probs lifted for comparison with ``old`` and with ``logprobs``.
+    """
     metrics: dict[str, Tensor] = {}
+    vs_old, vs_current = samplers
     for setting in ("rollout_correction", "rollout_rejection"):
         component = _component(settings, setting)
         if component is not None:
-            per_token, found = component(per_token, old.detach(), behaviour_logprobs, loss_mask)
+            per_token, found = component(per_token, old.detach(), vs_old, loss_mask)
             metrics.update(found)
     mask = _component(settings, "off_policy_mask")
     if mask is not None:
-        sampler = behaviour_logprobs if behaviour_logprobs is not None else old  # TRL's rule
+        sampler = vs_current if vs_current is not None else old  # TRL's rule
         per_token, found = mask(per_token, advantages, logprobs, sampler, loss_mask)
         metrics.update(found)
     return per_token, metrics

@@ -30,7 +30,7 @@ from torch import Tensor
 from lightning_grpo.algorithms.aggregation import count_sequences
 from lightning_grpo.algorithms.corrections import build_correction
 
-__all__ = ["PeerNormalisers", "peer_normalisers", "selected_entropy_scale"]
+__all__ = ["PeerNormalisers", "kept_rejection", "peer_normalisers", "selected_entropy_scale"]
 
 Normaliser = Literal["tokens", "sequences", "none"]
 
@@ -76,7 +76,7 @@ def peer_normalisers(
         tensor(0.7500, dtype=torch.float64)
     """
     all_rows = settings.loss_kind == "gmpo" and (settings.loss_kind_args or {}).get("rows") == "all"
-    rejection = _kept_rejection(corrections)
+    rejection = kept_rejection(corrections)
     if not all_rows and rejection is None:
         return None
     mode = _normaliser(settings.loss_agg_mode)
@@ -125,7 +125,12 @@ def selected_entropy_scale(selection: Any, selected: Tensor, loss_mask: Tensor) 
     return loss_mask.to(selected.dtype).sum() / selected.sum().clamp(min=1)
 
 
-def _kept_rejection(corrections: Any) -> Any:
+def kept_rejection(corrections: Any) -> Any:
+    """The rollout rejection of ``corrections`` when it counts the kept sequences (``normalise: kept``), else ``None``.
+
+    It needs the old log-probs of the whole mini-batch before its first micro-batch: the old pass runs even for a
+    rollout that serves one update (:func:`~lightning_grpo.iteration.update.sampling_logprobs`).
+    """
     if corrections is None or corrections.rollout_rejection is None:
         return None
     rejection = build_correction("rollout_rejection", corrections.rollout_rejection, corrections.rollout_rejection_args)

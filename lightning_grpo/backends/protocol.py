@@ -25,6 +25,7 @@ __all__ = ["OPTIONAL_SETTINGS", "BackendSpec", "RolloutBackend", "RolloutSession
 OPTIONAL_SETTINGS: dict[str, Any] = {
     "top_p": 1.0,
     "top_k": 0,
+    "min_p": 0.0,
     "sampler": "multinomial",
     "drop_finished": False,
     "static_cache": False,

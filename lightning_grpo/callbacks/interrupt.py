@@ -16,7 +16,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
 
-from lightning_grpo.checkpoint.loop_state import align_logger_step
+from lightning_grpo.checkpoint.loop_state import align_logger_step, resume_after_epoch_end
 
 __all__ = ["SIGTERM_EXIT_CODE", "SaveOnInterrupt"]
 
@@ -52,8 +52,10 @@ class SaveOnInterrupt(Callback):
 
     **The metrics of a resumed run** continue those written before the stop, each step once: a checkpoint is saved
     only where every finished iteration has written its metrics and none other has, and Lightning resumes its logger
-    step at the first iteration not written (:func:`~lightning_grpo.checkpoint.loop_state.align_logger_step`). A
-    signal that comes during the last iteration of the run stops nothing: the run ends as usual.
+    step at the first iteration not written (:func:`~lightning_grpo.checkpoint.loop_state.align_logger_step`). So
+    does a checkpoint ``ModelCheckpoint`` saves at an epoch's end, its epoch counted as the uninterrupted run's
+    (:func:`~lightning_grpo.checkpoint.loop_state.resume_after_epoch_end`, on saving and on loading). A signal that
+    comes during the last iteration of the run stops nothing: the run ends as usual.
 
     Args:
         dirpath: Folder of the checkpoint; ``None`` uses the ``ModelCheckpoint``'s folder, or ``checkpoints`` in the
@@ -140,8 +142,15 @@ class SaveOnInterrupt(Callback):
 
     @override
     def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
-        """A checkpoint saved inside an iteration (this callback's, on a signal) resumes the logger at its step."""
-        align_logger_step(checkpoint)
+        """A checkpoint saved inside an iteration (this callback's, on a signal) or at an epoch's end
+        (``ModelCheckpoint``'s) resumes the logger at the next iteration's step, and the epoch as it goes on."""
+        align_logger_step(checkpoint, num_batches=trainer.num_training_batches)
+
+    @override
+    def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        """A checkpoint saved at an epoch's end without this callback resumes as one saved with it (before Lightning
+        restores its loops from it)."""
+        resume_after_epoch_end(checkpoint)
 
     @override
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:

@@ -1,7 +1,8 @@
 """Phase 5 of a GRPO iteration, ``GRPOModule.compute_loss``: the loss of one micro-batch (:func:`batch_loss`).
 
-The micro-batch's current log-probs and entropy, its :class:`~lightning_grpo.iteration.types.UpdateBatch` (advantages,
-loss mask, old, reference and behaviour log-probs) and the mini-batch's global counts
+The micro-batch's current log-probs, entropy and kept log mass, its
+:class:`~lightning_grpo.iteration.types.UpdateBatch` (advantages, loss mask, old, reference and behaviour log-probs;
+with ``old_logprobs: rollout`` the behaviour's lifted by the current kept log mass) and the mini-batch's global counts
 (:class:`~lightning_grpo.iteration.types.LossCounts`) go to the pure
 :func:`~lightning_grpo.algorithms.objective.grpo_loss`: ``policy loss + β·KL − c_ent·entropy``, each aggregated over
 the global counts, so the loss depends on neither the micro-batch size nor the world size.
@@ -13,6 +14,7 @@ from functools import partial
 
 from torch import Tensor
 
+from lightning_grpo.algorithms.importance import lifted_behaviour
 from lightning_grpo.algorithms.objective import grpo_loss
 from lightning_grpo.config import GRPOConfig
 from lightning_grpo.iteration.types import LossCounts, UpdateBatch
@@ -41,6 +43,10 @@ def batch_loss(
         entropy_coef: This iteration's entropy coefficient.
     """
     aggregate = partial(counts.aggregate, loss_mask=batch.loss_mask, mode=config.objective.loss_agg_mode)  # global
+    old, old_mass, mass = batch.old_logprobs, batch.old_kept_log_mass, current.kept_log_mass
+    if config.corrections.old_logprobs == "rollout" and old is not None:  # π_old = μ: lifted by the current mass
+        old = lifted_behaviour(old, mass)
+        old_mass = mass
     return grpo_loss(
         current.logprobs,
         current.entropy,
@@ -49,11 +55,13 @@ def batch_loss(
         config.objective,
         aggregate,
         corrections=config.corrections,
-        old_logprobs=batch.old_logprobs,
+        old_logprobs=old,
         ref_logprobs=batch.ref_logprobs,
         behaviour_logprobs=batch.rollout.logprobs,
         at_sampling_weights=batch.at_sampling_weights,
         seed=seed,
         entropy_coef=entropy_coef,
         normalisers=counts.peer,
+        kept_log_mass=mass,
+        old_kept_log_mass=old_mass,
     )

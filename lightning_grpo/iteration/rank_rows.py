@@ -59,6 +59,7 @@ def idle_rollout(rollout: Rollout) -> Rollout:
         columns={key: [None] for key in rollout.columns},
         turns=None,
         logprobs=None if rollout.logprobs is None else _zero_row(rollout.logprobs, device),
+        kept_margins=None if rollout.kept_margins is None else _zero_row(rollout.kept_margins, device),
     )
 
 

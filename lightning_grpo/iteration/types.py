@@ -49,6 +49,9 @@ class UpdateBatch:
         ref_logprobs: ``(N, T)`` reference log-probs, or ``None`` when the KL coefficient is 0.
         at_sampling_weights: The policy still has the weights that sampled the rollout (the first mini-batch of an
             iteration, before its optimizer step): ``compute_loss`` then logs the sampling/training agreement.
+        old_kept_log_mass: ``(N, T)`` the old policy's log-probability mass on the sampler's kept sets
+            (``TokenLogProbs.kept_log_mass`` of the recomputed old log-probs); ``None`` when the old log-probs are
+            not recomputed or nothing was truncated.
     """
 
     rollout: Rollout
@@ -57,6 +60,7 @@ class UpdateBatch:
     old_logprobs: Tensor | None = None
     ref_logprobs: Tensor | None = None
     at_sampling_weights: bool = False
+    old_kept_log_mass: Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.rollout)
@@ -72,6 +76,7 @@ class UpdateBatch:
             loss_mask=self.loss_mask[index],
             old_logprobs=pick(self.old_logprobs),
             ref_logprobs=pick(self.ref_logprobs),
+            old_kept_log_mass=pick(self.old_kept_log_mass),
         )
 
 

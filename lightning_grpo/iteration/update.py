@@ -18,7 +18,8 @@ import torch
 from torch import Tensor, nn
 
 from lightning_grpo import distributed
-from lightning_grpo.algorithms.peer_normalisers import peer_normalisers
+from lightning_grpo.algorithms.importance import lifted_behaviour
+from lightning_grpo.algorithms.peer_normalisers import kept_rejection, peer_normalisers
 from lightning_grpo.config import GRPOConfig
 from lightning_grpo.iteration.context import IterationContext
 from lightning_grpo.iteration.micro_batches import micro_batch_rows
@@ -57,8 +58,11 @@ def fixed_logprobs(
     reference: bool,
     micro_batch_tokens: int | None = None,
     sum_across_ranks: Callable[[Tensor], Tensor] | None = None,
-) -> Tensor:
+) -> TokenLogProbs:
     """``(N, T)`` log-probs without gradient (old or, with ``reference``, reference ones): eval mode, by micro-batch.
+
+    The old pass keeps the log kept mass too (``TokenLogProbs.kept_log_mass``, for the comparisons with the sampler;
+    ``None`` when nothing was truncated or ``compute_logprobs`` gives none).
 
     Args:
         compute_logprobs: The module's ``compute_logprobs`` (an override of it serves these passes too).
@@ -78,11 +82,15 @@ def fixed_logprobs(
     with torch.no_grad(), eval_mode(policy):
         for rows in chunks:  # an empty micro-batch (a rank with fewer tokens) runs one row, for the collectives
             part = rollout.select(rows) if len(rows) else idle_rollout(rollout)
-            logprobs = compute_logprobs(part, reference=reference).logprobs
-            parts += [logprobs] if len(rows) else []
+            found = compute_logprobs(part, reference=reference)
+            parts += [found] if len(rows) else []
     if not parts:  # a rank without rows (its agents made no chat call)
-        return torch.zeros(rollout.completion_ids.shape, device=device)
-    return torch.cat(parts)[torch.argsort(order).to(device)]
+        zeros = torch.zeros(rollout.completion_ids.shape, device=device)
+        return TokenLogProbs(zeros, kept_log_mass=None if rollout.kept_margins is None else zeros)
+    inverse = torch.argsort(order).to(device)
+    masses = [part.kept_log_mass for part in parts]
+    mass = None if any(m is None for m in masses) else torch.cat(masses)[inverse]  # type: ignore[arg-type]
+    return TokenLogProbs(torch.cat([part.logprobs for part in parts])[inverse], kept_log_mass=mass)
 
 
 def sampling_logprobs(
@@ -93,13 +101,16 @@ def sampling_logprobs(
     timer: PhaseTimer,
     device: torch.device,
     sum_across_ranks: Callable[[Tensor], Tensor] | None = None,
-) -> Tensor | None:
-    """``(N, T)`` old log-probs of the rollout; ``None`` (the detached current ones) when it serves one update.
+) -> TokenLogProbs | None:
+    """``(N, T)`` old log-probs of the rollout (with their log kept mass when recomputed); ``None`` (the detached
+    current ones) when it serves one update.
 
     ``config.corrections.old_logprobs`` chooses: ``"recompute"`` runs :func:`fixed_logprobs` (timed as ``old_logprobs``)
-    for a rollout that serves several updates; ``"rollout"`` takes the behaviour log-probs the sampler recorded
-    (``rollout.logprobs``), moved to ``device``, whatever the number of updates (verl's bypass mode: the ratio is
-    ``π/μ`` from the first update on, so the clip, DPPO's trust region and OPSM see the sampler mismatch).
+    for a rollout that serves several updates, or one when the rollout rejection counts the mini-batch's kept
+    sequences (``normalise: kept`` needs every row's old log-probs before the first micro-batch); ``"rollout"`` takes
+    the behaviour log-probs the sampler recorded (``rollout.logprobs``), moved to ``device``, whatever the number of
+    updates (verl's bypass mode: the ratio is ``π/μ`` from the first update on, so the clip, DPPO's trust region and
+    OPSM see the sampler mismatch).
     ``compute_logprobs``, ``policy`` and ``sum_across_ranks`` are as for :func:`fixed_logprobs`.
 
     Raises:
@@ -112,14 +123,14 @@ def sampling_logprobs(
                 "old_logprobs='rollout' needs the sampled log-probs (Rollout.logprobs), but this rollout has none: "
                 "fill Rollout.logprobs in your generate override, or use old_logprobs='recompute'"
             )
-        return rollout.logprobs.to(device)
+        return TokenLogProbs(rollout.logprobs.to(device))  # on the sampler's kept set: batch_loss lifts it
     if ranks_differ(is_agent_rollout(rollout)):  # the ranks decide alike (fixed_logprobs may hold collectives)
         sums = sum_across_ranks or (lambda tensor: tensor)
         minibatches = agreed_minibatches(config.update.minibatches(len(rollout)), sums, device)
-        if config.update.ppo_epochs * minibatches <= 1:
+        if config.update.ppo_epochs * minibatches <= 1 and kept_rejection(config.corrections) is None:
             return None
-    elif config.update.updates(len(rollout)) <= 1:  # one optimizer step: the detached current log-probs are π_old
-        return None
+    elif config.update.updates(len(rollout)) <= 1 and kept_rejection(config.corrections) is None:
+        return None  # one optimizer step: the detached current log-probs are π_old
     with timer("old_logprobs"):
         return fixed_logprobs(
             compute_logprobs,
@@ -163,8 +174,10 @@ def update_batch(
                 reference=True,
                 micro_batch_tokens=config.update.micro_batch_tokens,
                 sum_across_ranks=sum_across_ranks,
-            )
-    return UpdateBatch(rollout, advantages, loss_mask, old, ref)
+            ).logprobs
+    if old is None:
+        return UpdateBatch(rollout, advantages, loss_mask, None, ref)
+    return UpdateBatch(rollout, advantages, loss_mask, old.logprobs, ref, old_kept_log_mass=old.kept_log_mass)
 
 
 def minibatch_indices(num_samples: int, mini_batch_size: int, generator: torch.Generator) -> Iterator[Tensor]:
@@ -217,7 +230,7 @@ def run_updates(
             config.objective,
             config.corrections,
             old_logprobs=minibatch.old_logprobs,
-            behaviour_logprobs=minibatch.rollout.logprobs,
+            behaviour_logprobs=lifted_behaviour(minibatch.rollout.logprobs, minibatch.old_kept_log_mass),
             sum_across_ranks=context.sum_across_ranks,
         )
         counts = LossCounts.of(minibatch.loss_mask, norm, context.sum_across_ranks, peer)

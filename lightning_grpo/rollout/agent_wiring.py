@@ -200,12 +200,15 @@ def _agent_rollout(
     except agent_client.NoAgentCallError as error:
         if ranks is None or error.stats.failures:  # one process has nothing to train on; a failure is a cause
             raise
-        return empty_agent_rollout(rows, next(policy.parameters()).device), error.stats
+        device = next(policy.parameters()).device
+        return empty_agent_rollout(rows, device, truncates=settings.truncates), error.stats
 
 
-def empty_agent_rollout(rows: Sequence[Mapping[str, Any]], device: torch.device | str = "cpu") -> Rollout:
+def empty_agent_rollout(
+    rows: Sequence[Mapping[str, Any]], device: torch.device | str = "cpu", *, truncates: bool = False
+) -> Rollout:
     """An agent rollout without rows (tensors of width 1, on ``device``), with the columns of ``rows`` and the agent
-    columns."""
+    columns; ``kept_margins`` too (no row) when the sampling ``truncates``, as the other ranks' rollouts have them."""
     none = torch.zeros((0, 1), dtype=torch.long, device=device)
     columns: dict[str, list[Any]] = {key: [] for key in (rows[0] if rows else {}) if key != "prompt"}
     columns.update({key: [] for key in agent_client.AGENT_COLUMNS})
@@ -221,6 +224,7 @@ def empty_agent_rollout(rows: Sequence[Mapping[str, Any]], device: torch.device 
         group_ids=torch.zeros(0, dtype=torch.long, device=device),
         sampled_mask=none.clone(),
         logprobs=torch.zeros((0, 1), device=device),
+        kept_margins=torch.zeros((0, 1), device=device) if truncates else None,
     )
 
 

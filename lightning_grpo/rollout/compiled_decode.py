@@ -2,15 +2,17 @@
 recompiles.
 
 Each sampling call is rounded up to a shape bucket (:mod:`lightning_grpo.rollout.buckets`). A bucket owns a static KV
-cache (transformers' ``StaticCache``) and fixed buffers (attention mask, tokens fed, tokens and log-probs drawn, the
-finished flags, the random draws), allocated on its first call and reused by every later one. A call:
+cache (transformers' ``StaticCache``) and fixed buffers (attention mask, tokens fed, tokens drawn with their log-probs
+and kept-set margins, the finished flags, the random draws), allocated on its first call and reused by every later
+one. A call:
 
 1. prefills its ``B`` distinct prompts once, eagerly (prompt lengths vary), and copies the keys and values into the
    bucket's static cache repeated to ``B * G`` rows (the rows past them copy row 0 and are finished from the start);
 2. draws the first token from the prefill's logits (eager: the same code as the compiled step's draw);
 3. runs the compiled step until every row has finished or ``max_new_tokens`` is reached: the model's forward over the
-   static cache, ``generate``'s processors (EOS barred before ``min_new_tokens``, temperature, top-k, top-p), the
-   draw, and the drawn token's log-prob, written into the bucket's buffers in place. A finished row keeps stepping
+   static cache, ``generate``'s processors (EOS barred before ``min_new_tokens``, temperature, top-k, top-p, min-p),
+   the draw, and the drawn token's log-prob and margin (:func:`~lightning_grpo.rollout.truncation.behaviour`, as the
+   eager loop records them), written into the bucket's buffers in place. A finished row keeps stepping
    with its token masked out of attention: no shape inside the step depends on the data.
 
 The random numbers are drawn outside the graph, on the call's real rows only and in the order the eager loop draws
@@ -37,9 +39,10 @@ from transformers import PreTrainedTokenizerBase, StaticCache
 
 from lightning_grpo.rollout.buckets import DecodeBuckets
 from lightning_grpo.rollout.cache_keyword import cache_of, with_cache
-from lightning_grpo.rollout.decode import _warpers, prefill, token_logprobs
+from lightning_grpo.rollout.decode import prefill
 from lightning_grpo.rollout.generation import sample_tokens
 from lightning_grpo.rollout.sampling_settings import Sampled, SampleRequest, SamplingSettings, eos_token_ids
+from lightning_grpo.rollout.truncation import behaviour, warp
 
 __all__ = ["COMPILE_BACKEND", "CompiledDecoder", "compile_blocker"]
 
@@ -78,14 +81,17 @@ class _Spec:
     temperature: float
     top_k: int
     top_p: float
+    min_p: float
     min_new_tokens: int
     sampler: str
     pad_id: int
 
     @property
     def settings(self) -> SamplingSettings:
-        """Settings carrying the processors' values (for :func:`~lightning_grpo.rollout.decode._warpers`)."""
-        return SamplingSettings(1, 1, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
+        """Settings carrying the processors' values (for :mod:`~lightning_grpo.rollout.truncation`)."""
+        return SamplingSettings(
+            1, 1, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p
+        )
 
 
 @dataclass
@@ -97,6 +103,7 @@ class _Bucket:
     last: torch.Tensor  # (R,) long: the tokens fed at the next step
     tokens: torch.Tensor  # (R, L) long: drawn tokens, step by step
     logprobs: torch.Tensor  # (R, L) float32: their log-probs
+    margins: torch.Tensor  # (R, L) float32: their kept-set margins (0 when nothing truncates)
     finished: torch.Tensor  # (R,) bool
     step: torch.Tensor  # () long: tokens drawn so far
     slot: torch.Tensor  # () long: the cache position of the next token fed
@@ -105,14 +112,13 @@ class _Bucket:
 
 
 def _choose(logits: torch.Tensor, b: _Bucket, spec: _Spec) -> None:
-    """Draw each row's token from float32 ``logits`` ``(R, V)`` with ``b.noise``; record it and its log-prob."""
-    scores = logits
+    """Draw each row's token from float32 ``logits`` ``(R, V)`` with ``b.noise``; record it, its log-prob and margin."""
+    scores, settings = logits, spec.settings
     if spec.min_new_tokens:
         barred = logits.index_fill(-1, b.eos, float("-inf"))
         scores = torch.where(b.step < spec.min_new_tokens, barred, logits)
-    for warper in _warpers(spec.settings):  # one by one: the list's own call inspects signatures, untraceable
-        scores = warper(None, scores)
-    probs = torch.softmax(scores, dim=-1)
+    warped = warp(scores, settings)
+    probs = torch.softmax(warped, dim=-1)
     if spec.sampler == "multinomial":  # torch.multinomial's own algorithm, its exponentials drawn outside
         chosen = torch.argmax(probs / b.noise, dim=-1)
     else:
@@ -120,8 +126,11 @@ def _choose(logits: torch.Tensor, b: _Bucket, spec: _Spec) -> None:
         chosen = torch.searchsorted(cdf, b.noise * cdf[:, -1:], right=True).squeeze(-1).clamp(max=cdf.shape[-1] - 1)
     chosen = chosen.masked_fill(b.finished, spec.pad_id)
     column = b.step.expand(len(chosen), 1)
+    logprobs, margins = behaviour(logits, warped, chosen, settings, b.finished)
     b.tokens.scatter_(1, column, chosen[:, None])
-    b.logprobs.scatter_(1, column, token_logprobs(logits, chosen, spec.temperature)[:, None])
+    b.logprobs.scatter_(1, column, logprobs[:, None])
+    if margins is not None:  # a constant of the graph (the settings truncate or not)
+        b.margins.scatter_(1, column, margins[:, None])
     b.finished.logical_or_(chosen[:, None].eq(b.eos).any(-1))
     b.last.copy_(chosen)
     b.step.add_(1)
@@ -189,6 +198,7 @@ class CompiledDecoder:
             settings.temperature,
             settings.top_k,
             settings.top_p,
+            settings.min_p,
             settings.min_new_tokens,
             settings.sampler,
             tokenizer.pad_token_id,
@@ -206,7 +216,8 @@ class CompiledDecoder:
             step(model, b, spec)
         width = settings.max_new_tokens
         tokens, logprobs = b.tokens[:n, :width].clone(), b.logprobs[:n, :width].clone()
-        return Sampled(torch.cat([prompt_ids.repeat_interleave(g, dim=0), tokens], dim=1), logprobs)
+        margins = b.margins[:n, :width].clone() if settings.truncates else None
+        return Sampled(torch.cat([prompt_ids.repeat_interleave(g, dim=0), tokens], dim=1), logprobs, margins)
 
     def _step_fn(self, device_type: str) -> Any:
         """The compiled step for a call on ``device_type`` (one ``torch.compile`` per mode; graphs per bucket)."""
@@ -247,6 +258,7 @@ class CompiledDecoder:
         b.finished[n:] = True
         b.tokens.fill_(spec.pad_id)
         b.logprobs.zero_()
+        b.margins.zero_()
         return pad(out.logits[:, -1].float())
 
     def _bucket_of(
@@ -304,6 +316,7 @@ def _allocate(model: nn.Module, rows: int, length: int, vocab: int, sampler: str
         last=long(rows),
         tokens=long(rows, length),
         logprobs=_static(torch.zeros((rows, length), dtype=torch.float32, device=device)),
+        margins=_static(torch.zeros((rows, length), dtype=torch.float32, device=device)),
         finished=_static(torch.zeros(rows, dtype=torch.bool, device=device)),
         step=long(),
         slot=long(),

@@ -14,11 +14,11 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers.generation import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from lightning_grpo.rollout.cache_keyword import cache_of, with_cache
 from lightning_grpo.rollout.logprobs import position_ids_from_mask
 from lightning_grpo.rollout.sampling_settings import Sampled, SamplingSettings
+from lightning_grpo.rollout.truncation import behaviour, full_logprobs, warp, warpers
 
 __all__ = ["DecodeState", "LeaveFn", "decode_loop", "decode_steps", "prefill", "token_logprobs"]
 
@@ -31,11 +31,12 @@ def decode_loop(
     eos_ids: torch.Tensor,
     pad_id: int,
 ) -> Sampled:
-    """Our own sampling loop: ``(B*G, P+T)`` tokens, G consecutive rows per prompt, and their log-probs.
+    """Our own sampling loop: ``(B*G, P+T)`` tokens, G consecutive rows per prompt, their log-probs and margins.
 
     Each prompt is prefilled once and its KV cache repeated G times; each step applies ``generate``'s processors (EOS
-    forbidden before ``min_new_tokens``, temperature, top-k, top-p), draws with ``settings.sampler``, and with
-    ``settings.drop_finished`` removes the rows that have produced EOS from the batch and the cache. Call under
+    forbidden before ``min_new_tokens``, temperature, top-k, top-p, min-p), draws with ``settings.sampler``, and with
+    ``settings.drop_finished`` removes the rows that have produced EOS from the batch and the cache. The log-probs and
+    margins are those of :func:`decode_steps` (``Sampled.margins`` is ``None`` when nothing truncates). Call under
     ``no_grad``, in eval mode.
     """
     g, eos_ids = settings.num_generations, eos_ids.to(prompt_ids.device)
@@ -43,8 +44,8 @@ def decode_loop(
     cache, logits = cache_of(out), out.logits[:, -1].float().repeat_interleave(g, dim=0)  # (N, V)
     cache.batch_repeat_interleave(g)
     state = DecodeState(cache, logits, alive=prompt_ids.new_empty(0), mask=prompt_mask.repeat_interleave(g, dim=0))
-    tokens, logprobs = decode_steps(model, state, settings, eos_ids, pad_id)
-    return Sampled(torch.cat([prompt_ids.repeat_interleave(g, dim=0), tokens], dim=1), logprobs)
+    tokens, logprobs, margins = decode_steps(model, state, settings, eos_ids, pad_id)
+    return Sampled(torch.cat([prompt_ids.repeat_interleave(g, dim=0), tokens], dim=1), logprobs, margins)
 
 
 def prefill(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> Any:
@@ -81,25 +82,37 @@ def decode_steps(
     eos_ids: torch.Tensor,
     pad_id: int,
     on_leave: LeaveFn | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The decoding steps of :func:`decode_loop` from a prefilled ``state``: ``(N, T)`` tokens and log-probs.
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The decoding steps of :func:`decode_loop` from a prefilled ``state``.
 
     Each step applies ``generate``'s processors, draws with ``settings.sampler``, feeds the drawn tokens (masked once a
     row has produced EOS), and with ``settings.drop_finished`` removes finished rows from the batch and the cache
     (``on_leave`` sees them first). ``state`` is updated in place: at the end its cache holds the rows in
     ``state.alive``, and ``state.mask`` marks which cache positions hold tokens the rows read.
+
+    Returns:
+        ``(tokens, logprobs, margins)``, each ``(N, T)``: the drawn tokens (``pad_id`` after a row's end), their
+        float32 log-probs under the distribution drawn from (renormalised over the kept set of top-k, top-p and
+        min-p), and float32 kept-set margins (:func:`~lightning_grpo.rollout.truncation.behaviour`); ``margins`` is
+        ``None`` when ``settings.truncates`` is false. After a row's end the margins hold 0, and so do the log-probs
+        of a truncating call (a non-truncating one scores the padding token there, as it always did).
     """
     mask, logits, cache = state.mask, state.logits, state.cache
     tokens = torch.full((len(mask), settings.max_new_tokens), pad_id, dtype=torch.long, device=mask.device)
     logprobs = torch.zeros(tokens.shape, dtype=torch.float32, device=mask.device)
+    margins = torch.zeros(tokens.shape, dtype=torch.float32, device=mask.device) if settings.truncates else None
     alive = torch.arange(len(mask), device=mask.device)  # rows still in the batch
     finished = torch.zeros(len(mask), dtype=torch.bool, device=mask.device)
     for step in range(settings.max_new_tokens):
         scores = logits.index_fill(-1, eos_ids, float("-inf")) if step < settings.min_new_tokens else logits
-        chosen = _draw(_warpers(settings)(None, scores), settings.sampler).masked_fill(finished[alive], pad_id)
+        warped, ended = warp(scores, settings), finished[alive]  # ended: (n,) the rows in the batch already done
+        chosen = _draw(warped, settings.sampler).masked_fill(ended, pad_id)
         tokens[alive, step] = chosen
-        logprobs[alive, step] = token_logprobs(logits, chosen, settings.temperature)
-        done = finished[alive] | torch.isin(chosen, eos_ids)  # (n,) the rows in the batch
+        logprob, margin = behaviour(logits, warped, chosen, settings, ended)
+        logprobs[alive, step] = logprob
+        if margins is not None:
+            margins[alive, step] = margin
+        done = ended | torch.isin(chosen, eos_ids)  # (n,) the rows in the batch
         finished[alive] = done
         if step == settings.max_new_tokens - 1:
             break
@@ -124,25 +137,15 @@ def decode_steps(
         )
         logits = out.logits[:, -1].float()
     state.alive, state.mask = alive, mask
-    return tokens, logprobs
+    return tokens, logprobs, margins
 
 
-def token_logprobs(logits: torch.Tensor, chosen: torch.Tensor, temperature: float) -> torch.Tensor:
-    """``(n,)`` log-prob of ``chosen`` under ``softmax(logits / temperature)`` (``logits`` float32, ``(n, V)``)."""
-    scaled = logits / temperature
-    return scaled.gather(-1, chosen[:, None]).squeeze(-1) - scaled.logsumexp(-1)
+#: The full-vocabulary log-prob of a token (:func:`~lightning_grpo.rollout.truncation.full_logprobs`): what a sampler
+#: records when nothing truncates.
+token_logprobs = full_logprobs
 
-
-def _warpers(settings: SamplingSettings) -> LogitsProcessorList:
-    """Temperature, top-k and top-p in ``generate``'s order (each only when it changes the distribution)."""
-    warpers = LogitsProcessorList()
-    if settings.temperature != 1.0:
-        warpers.append(TemperatureLogitsWarper(settings.temperature))
-    if settings.top_k > 0:
-        warpers.append(TopKLogitsWarper(settings.top_k))
-    if settings.top_p < 1.0:
-        warpers.append(TopPLogitsWarper(settings.top_p))
-    return warpers
+#: ``generate``'s warpers: temperature, top-k, top-p, min-p (:func:`~lightning_grpo.rollout.truncation.warpers`).
+_warpers = warpers
 
 
 def _draw(scores: torch.Tensor, sampler: str) -> torch.Tensor:

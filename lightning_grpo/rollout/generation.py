@@ -19,9 +19,10 @@ from transformers.generation import LogitsProcessor, LogitsProcessorList, MinNew
 
 from lightning_grpo.rollout.batch import Rollout, completion_mask_from_ids
 from lightning_grpo.rollout.cache_keyword import cache_of, with_cache
-from lightning_grpo.rollout.decode import decode_loop, token_logprobs
+from lightning_grpo.rollout.decode import decode_loop
 from lightning_grpo.rollout.logprobs import position_ids_from_mask
 from lightning_grpo.rollout.sampling_settings import Sampled, SampleFn, SampleRequest, SamplingSettings, eos_token_ids
+from lightning_grpo.rollout.truncation import behaviour, full_logprobs, warp
 
 __all__ = ["eval_mode", "generate_rollout", "sample_tokens", "tokenize_prompts"]
 
@@ -79,14 +80,15 @@ def generate_rollout(
         sample: The sampler (:data:`SampleFn`); ``None``: :func:`sample_tokens`.
 
     Returns:
-        A :class:`Rollout` of ``B * G`` samples, samples of one prompt consecutive.
+        A :class:`Rollout` of ``B * G`` samples, samples of one prompt consecutive, with the sampler's behaviour
+        log-probs and (when the settings truncate) kept-set margins, 0 past each completion's end.
     """
     device = next(model.parameters()).device
     prompt_ids, prompt_mask = tokenize_prompts(tokenizer, prompts, max_prompt_length, device)
     with eval_mode(model):
         sampled = (sample or sample_tokens)(model, tokenizer, SampleRequest(prompt_ids, prompt_mask, settings))
     completion_ids = sampled.sequences[:, prompt_ids.shape[1] :]
-    return _rollout(tokenizer, prompt_ids, prompt_mask, completion_ids, sampled.logprobs, prompts, columns or {})
+    return _rollout(tokenizer, prompt_ids, prompt_mask, completion_ids, sampled, prompts, columns or {})
 
 
 def _rollout(
@@ -94,11 +96,12 @@ def _rollout(
     prompt_ids: torch.Tensor,
     prompt_mask: torch.Tensor,
     completion_ids: torch.Tensor,
-    logprobs: torch.Tensor,
+    sampled: Sampled,
     prompts: Sequence[str],
     columns: dict[str, Sequence[Any]],
 ) -> Rollout:
-    """The :class:`Rollout` of ``(B*G, T)`` sampled tokens: masks after EOS, pads, texts, repeated prompt data."""
+    """The :class:`Rollout` of ``(B*G, T)`` sampled tokens: masks after EOS, pads, texts, repeated prompt data, and
+    ``sampled``'s log-probs and margins (0 on padding)."""
     g = len(completion_ids) // len(prompts)
     completion_mask, truncated = completion_mask_from_ids(completion_ids, eos_token_ids(tokenizer))
     completion_ids = completion_ids.masked_fill(completion_mask == 0, tokenizer.pad_token_id)
@@ -113,12 +116,14 @@ def _rollout(
         prompts=repeat(prompts),
         completions=tokenizer.batch_decode(completion_ids, skip_special_tokens=True),
         columns={name: repeat(values) for name, values in columns.items()},
-        logprobs=logprobs * completion_mask,
+        logprobs=sampled.logprobs * completion_mask,
+        kept_margins=None if sampled.margins is None else sampled.margins.masked_fill(completion_mask == 0, 0.0),
     )
 
 
 def sample_tokens(model: nn.Module, tokenizer: PreTrainedTokenizerBase, request: SampleRequest) -> Sampled:
-    """Prompt and sampled tokens ``(B*G, P+T)``, G consecutive rows per prompt, with each sampled token's log-prob.
+    """Prompt and sampled tokens ``(B*G, P+T)``, G consecutive rows per prompt, with each sampled token's log-prob
+    and (when the settings truncate) kept-set margin (:class:`Sampled`).
 
     Call under ``no_grad``, in eval mode. With ``settings.share_prompt`` (and prompts of at least two positions) the
     prompt minus its last token is run once per prompt, its KV cache repeated G times, and ``generate`` continues from
@@ -129,8 +134,8 @@ def sample_tokens(model: nn.Module, tokenizer: PreTrainedTokenizerBase, request:
     if settings.own_loop:
         return decode_loop(model, prompt_ids, prompt_mask, settings, eos_token_ids(tokenizer), tokenizer.pad_token_id)
     config = settings.generation_config(tokenizer)
-    if not getattr(getattr(model, "generation_config", None), "min_p", None):
-        config.min_p = None  # no model default to override: skip generate's no-op min-p pass (a softmax per step)
+    if not settings.min_p and not getattr(getattr(model, "generation_config", None), "min_p", None):
+        config.min_p = None  # no min-p, no model default to override: skip generate's no-op min-p pass (a softmax)
     config.min_new_tokens = None  # applied after the recorder, which sees the logits training scores
     g = settings.num_generations
     kwargs: dict[str, Any] = {"generation_config": config, "synced_gpus": settings.synced_gpus}
@@ -152,41 +157,66 @@ def sample_tokens(model: nn.Module, tokenizer: PreTrainedTokenizerBase, request:
             attention_mask=prompt_mask.repeat_interleave(g, dim=0),
             **with_cache(cache),
         )
-    recorder = _LogprobRecorder(settings.temperature)
+    eos = eos_token_ids(tokenizer).to(prompt_ids.device)
+    recorder = _LogprobRecorder(settings, eos)
     processors = LogitsProcessorList([recorder])
     if settings.min_new_tokens:
-        eos = eos_token_ids(tokenizer).to(prompt_ids.device)
         processors.append(MinNewTokensLengthLogitsProcessor(prompt_ids.shape[1], settings.min_new_tokens, eos))
     sequences = model.generate(**kwargs, logits_processor=processors)
-    return Sampled(sequences, recorder.logprobs(sequences[:, prompt_ids.shape[1] :]))
+    return Sampled(sequences, *recorder.recorded(sequences[:, prompt_ids.shape[1] :]))
 
 
 class _LogprobRecorder(LogitsProcessor):
-    """Records ``log_softmax(logits / temperature)`` of each drawn token, as ``generate`` hands the logits over.
+    """Records each drawn token's log-prob and margin (:func:`~lightning_grpo.rollout.truncation.behaviour`), as
+    ``generate`` hands the logits over.
 
-    It runs before the warpers (temperature, top-k, top-p) and before ``min_new_tokens``: the distribution it records
-    is the one training scores. A step's token is known only at the next call (or at the end), so the logits of one
-    step are kept until then: one ``(N, V)`` tensor, never the whole history.
+    It runs before ``min_new_tokens`` and the warpers (temperature, top-k, top-p, min-p), on the logits training
+    scores. When nothing truncates it records ``log_softmax(logits / temperature)``, as it always did; otherwise it
+    replays ``min_new_tokens``' EOS ban and the warpers on those logits (deterministic: the kept set ``generate`` drew
+    from) and records the log-prob over the kept set and the margin; a row that has ended records 0 and 0. A step's
+    token is known only at the next call (or at the end), so the logits of one step are kept until then: one
+    ``(N, V)`` tensor, never the whole history.
     """
 
-    def __init__(self, temperature: float) -> None:
-        self.temperature = temperature
-        self.values: list[torch.Tensor] = []  # (N,) per settled step
+    def __init__(self, settings: SamplingSettings, eos: torch.Tensor) -> None:
+        self.settings, self.eos = settings, eos
+        self.values: list[torch.Tensor] = []  # (N,) log-probs per settled step
+        self.margins: list[torch.Tensor] = []  # (N,) margins per settled step (truncating settings only)
+        self.ended: torch.Tensor | None = None  # (N,) rows that have produced EOS in the settled steps
         self.pending: torch.Tensor | None = None  # the last step's logits (N, V), float32
 
     def _settle(self, chosen: torch.Tensor) -> None:
-        if self.pending is not None:
-            self.values.append(token_logprobs(self.pending, chosen, self.temperature))
+        settings, logits = self.settings, self.pending
+        if logits is None:
+            return
+        if not settings.truncates:  # the full vocabulary: nothing to replay
+            self.values.append(full_logprobs(logits, chosen, settings.temperature))
+            return
+        if self.ended is None:
+            self.ended = torch.zeros(len(chosen), dtype=torch.bool, device=chosen.device)
+        barred = len(self.values) < settings.min_new_tokens
+        warped = warp(logits.index_fill(-1, self.eos, float("-inf")) if barred else logits, settings)
+        logprob, margin = behaviour(logits, warped, chosen, settings, self.ended)
+        self.values.append(logprob)
+        self.margins.append(margin)
+        self.ended = self.ended | torch.isin(chosen, self.eos)
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         self._settle(input_ids[:, -1])
         self.pending = scores.float()  # generate's processors return new tensors: this one stays as it is
         return scores
 
-    def logprobs(self, new_tokens: torch.Tensor) -> torch.Tensor:
-        """``(N, T)`` log-probs of ``new_tokens``, the ``T`` tokens ``generate`` added."""
+    def recorded(self, new_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(N, T)`` log-probs and margins (``None`` when nothing truncates) of ``new_tokens``, the ``T`` tokens
+        ``generate`` added."""
         if new_tokens.shape[1] > len(self.values):
             self._settle(new_tokens[:, len(self.values)])
             self.pending = None
-        steps = self.values[: new_tokens.shape[1]]
-        return torch.stack(steps, dim=1) if steps else new_tokens.new_zeros(new_tokens.shape, dtype=torch.float32)
+        zeros = new_tokens.new_zeros(new_tokens.shape, dtype=torch.float32)
+        logprobs = _stacked(self.values, new_tokens.shape[1], zeros)
+        return logprobs, _stacked(self.margins, new_tokens.shape[1], zeros) if self.settings.truncates else None
+
+
+def _stacked(steps: list[torch.Tensor], width: int, empty: torch.Tensor) -> torch.Tensor:
+    """The first ``width`` of ``steps`` ``(N,)`` as ``(N, width)``; ``empty`` when there are none."""
+    return torch.stack(steps[:width], dim=1) if steps[:width] else empty

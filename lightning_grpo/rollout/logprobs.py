@@ -10,6 +10,9 @@ With ``fused_head`` the output head never produces logits: its ``forward`` is sw
 forward, for the pure-torch kernel :class:`~lightning_grpo.algorithms.FusedHeadLogProbs`, which projects the final
 hidden states tile by tile. This module holds only the Hugging Face side: finding the head, checking that its output
 is the logits as they are, and swapping its ``forward`` in and out.
+
+Every route also computes :attr:`TokenLogProbs.kept_log_mass` when the rollout has margins: inside the fused head's
+tiles, or from the materialised logits (:func:`~lightning_grpo.algorithms.logprob_kernels.kept_log_mass`).
 """
 
 from __future__ import annotations
@@ -17,12 +20,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor, nn
 
 from lightning_grpo.algorithms import FusedHeadLogProbs, entropy_from_logits, selective_logprobs
+from lightning_grpo.algorithms.logprob_kernels import kept_log_mass
 from lightning_grpo.rollout.batch import Rollout
 from lightning_grpo.rollout.cache_keyword import cache_of, with_cache
 from lightning_grpo.rollout.packing import (
@@ -49,7 +53,11 @@ class TokenLogProbs:
 
     ``kept_log_mass`` ``(N, T)``, detached, is ``log Σ_{v ∈ S} p(v)`` under this model, with ``S`` the sampler's kept
     set replayed from ``Rollout.kept_margins``: the log-prob over the kept set is ``logprobs - kept_log_mass``.
-    ``None`` when the rollout has no margins (nothing was truncated).
+    ``None`` when the rollout has no margins (nothing was truncated) or it was not asked for.
+
+    With ``z = logits / temperature``, ``t`` the sampled token and ``m`` its margin, ``S = {v : z[v] >= z[t] - m -
+    1e-4·max(1, |z[t]|)} ∪ {t}`` (the slack, :data:`~lightning_grpo.algorithms.logprob_kernels.KEPT_SLACK`, keeps a
+    boundary token that rounding would drop); ``<= 0``, exactly 0 where ``m`` is ``inf``.
     """
 
     logprobs: Tensor
@@ -74,6 +82,7 @@ def completion_logprobs(
     fused_head: bool = True,
     tile_bytes: int | None = None,
     packing: bool | str = False,
+    with_kept_mass: bool = True,
 ) -> TokenLogProbs:
     """Log-probs of the sampled completion tokens under ``model``, at the sampling temperature.
 
@@ -95,6 +104,8 @@ def completion_logprobs(
         packing: Run the rows packed, without padding (:mod:`~lightning_grpo.rollout.packing`): ``True``, ``False``
             or ``"auto"`` (packed where the model's attention implementation takes packed rows, padded elsewhere).
             Values on padding are then 0.
+        with_kept_mass: Compute :attr:`TokenLogProbs.kept_log_mass` when the rollout has ``kept_margins`` (a pass
+            that needs no comparison with the sampler, such as the reference pass, skips it).
 
     Returns:
         :class:`TokenLogProbs` with ``(N, T)`` float32 tensors.
@@ -103,28 +114,38 @@ def completion_logprobs(
         ValueError: ``packing=True`` and the model's attention implementation cannot take packed rows.
     """
     route = _packing(model, share_prompt, packing)
+    if not with_kept_mass:
+        rollout = replace(rollout, kept_margins=None)
+    head_settings = (temperature, chunk_size, with_entropy, entropy_grad, tile_bytes)
     if route is not None:
-        head_settings = (temperature, chunk_size, with_entropy, entropy_grad, tile_bytes)
         return _packed_logprobs(model, rollout, route, fused_head, head_settings)
     if fused_head and fused_head_supported(model):
-        head_settings = (temperature, chunk_size, with_entropy, entropy_grad, tile_bytes)
-        with _fused_output_head(model, rollout.completion_ids, *head_settings) as result:
+        with _fused_output_head(model, rollout.completion_ids, *head_settings, rollout.kept_margins) as result:
             _run_model(model, rollout, share_prompt)
-        return TokenLogProbs(result["logprobs"], result.get("entropy"))
+        return TokenLogProbs(result["logprobs"], result.get("entropy"), result.get("kept_log_mass"))
     if fused_head:
         _log_fused_head_fallback(model)
     logits = completion_logits(model, rollout, share_prompt=share_prompt)  # (N, T, V)
-    return _from_logits(logits, rollout.completion_ids, temperature, chunk_size, with_entropy, entropy_grad)
+    return _from_logits(logits, rollout.completion_ids, *head_settings[:4], rollout.kept_margins)
 
 
 def _from_logits(
-    logits: Tensor, targets: Tensor, temperature: float, chunk_size: int, with_entropy: bool, entropy_grad: bool
+    logits: Tensor,
+    targets: Tensor,
+    temperature: float,
+    chunk_size: int,
+    with_entropy: bool,
+    entropy_grad: bool,
+    margins: Tensor | None = None,
 ) -> TokenLogProbs:
-    """Log-probs of ``targets`` (and entropy) from materialised logits, chunked."""
+    """Log-probs of ``targets`` (and entropy, and the kept log mass with ``margins``) from materialised logits."""
     logprobs = selective_logprobs(logits, targets, temperature=temperature, chunk_size=chunk_size)
     with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
         entropy = entropy_from_logits(logits, temperature=temperature, chunk_size=chunk_size) if with_entropy else None
-    return TokenLogProbs(logprobs, entropy)
+    kept = None
+    if margins is not None:
+        kept = kept_log_mass(logits, targets, margins, temperature=temperature, chunk_size=chunk_size)
+    return TokenLogProbs(logprobs, entropy, kept)
 
 
 def completion_logits(model: nn.Module, rollout: Rollout, *, share_prompt: bool = True) -> Tensor:
@@ -165,8 +186,12 @@ def _packed_logprobs(
         return _packed_row_logprobs(model, rollout, route, fused_head, head_settings)
     parts = [_packed_row_logprobs(model, rollout.select(rows), route, fused_head, head_settings) for rows in chunks]
     order = torch.argsort(torch.cat(chunks)).to(rollout.completion_ids.device)
-    entropy = None if parts[0].entropy is None else torch.cat([part.entropy for part in parts])[order]
-    return TokenLogProbs(torch.cat([part.logprobs for part in parts])[order], entropy)
+
+    def joined(name: str) -> Tensor | None:
+        values = [getattr(part, name) for part in parts]
+        return None if values[0] is None else torch.cat(values)[order]
+
+    return TokenLogProbs(joined("logprobs"), joined("entropy"), joined("kept_log_mass"))
 
 
 def _packed_row_logprobs(
@@ -180,17 +205,18 @@ def _packed_row_logprobs(
         additive = getattr(model.config, "_attn_implementation", None) == "eager"
         inputs["attention_mask"] = shared_prompt_mask(packed, dtype, additive=additive)
     targets = packed.targets[None]  # (1, K)
+    margins = None if rollout.kept_margins is None else rollout.kept_margins[packed.rows, packed.cols][None]
     if fused_head and fused_head_supported(model):
-        with _fused_output_head(model, targets, *head_settings) as result:
+        with _fused_output_head(model, targets, *head_settings, margins) as result:
             model(**inputs, logits_to_keep=packed.predict)
-        logprobs, entropy = result["logprobs"], result.get("entropy")
+        out = TokenLogProbs(result["logprobs"], result.get("entropy"), result.get("kept_log_mass"))
     else:
         if fused_head:
             _log_fused_head_fallback(model)
         logits = model(**inputs, logits_to_keep=packed.predict).logits  # (1, K, V)
-        out = _from_logits(logits, targets, *head_settings[:4])
-        logprobs, entropy = out.logprobs, out.entropy
-    return TokenLogProbs(unpack(logprobs[0], packed), None if entropy is None else unpack(entropy[0], packed))
+        out = _from_logits(logits, targets, *head_settings[:4], margins)
+    back = lambda values: None if values is None else unpack(values[0], packed)  # noqa: E731
+    return TokenLogProbs(back(out.logprobs), back(out.entropy), back(out.kept_log_mass))
 
 
 def _run_model(model: nn.Module, rollout: Rollout, share_prompt: bool) -> Tensor:
@@ -321,16 +347,21 @@ def _fused_output_head(
     with_entropy: bool,
     entropy_grad: bool,
     tile_bytes: int | None = None,
+    margins: Tensor | None = None,
 ) -> Iterator[dict[str, Tensor]]:
-    """Swap the head's forward for :class:`FusedHeadLogProbs` on the ``T`` positions that predict ``targets``."""
+    """Swap the head's forward for :class:`FusedHeadLogProbs` on the ``T`` positions that predict ``targets``.
+
+    The result holds ``logprobs``, ``entropy`` (with ``with_entropy``) and ``kept_log_mass`` (with ``margins``).
+    """
     head, result = model.get_output_embeddings(), {}
 
     def forward(hidden: Tensor) -> Tensor:  # (N, T or T+1, H)
         hidden = hidden[:, : targets.shape[1]]
-        logprobs, entropy = FusedHeadLogProbs.apply(
-            hidden, head.weight, head.bias, targets, temperature, chunk_size, with_entropy, tile_bytes
-        )
+        settings = (temperature, chunk_size, with_entropy, tile_bytes)
+        logprobs, entropy, *kept = FusedHeadLogProbs.apply(hidden, head.weight, head.bias, targets, *settings, margins)
         result["logprobs"] = logprobs
+        if kept:
+            result["kept_log_mass"] = kept[0]
         if with_entropy:
             result["entropy"] = entropy if entropy_grad and torch.is_grad_enabled() else entropy.detach()
         return logprobs[..., None]

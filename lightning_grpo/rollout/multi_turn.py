@@ -1,8 +1,8 @@
 """Conversational rollouts: chat-message prompts, tool calls and environments, several turns per trajectory.
 
-The running trajectories (:class:`Trajectory`) and their turn loop live here, one home: the loop starts them, samples,
-runs tools and environment steps, and appends to them; only settings are read from
-:class:`~lightning_grpo.rollout.agent.AgentSettings`.
+The turn loop of the running trajectories (:class:`~lightning_grpo.rollout.trajectory.Trajectory`, their state) lives
+here, one home: the loop starts them, samples, runs tools and environment steps, and appends to them; only settings
+are read from :class:`~lightning_grpo.rollout.agent.AgentSettings`.
 
 A trajectory is one token sequence: the rendered prompt, then policy turns interleaved with tool or environment turns.
 Each turn, every trajectory still running samples in one batched call (the first turn shares each prompt's prefill
@@ -15,64 +15,27 @@ continuation_ids`) and appended as context. Sampled tokens are kept as sampled, 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from lightning_grpo.agents import EnvironmentEpisode, ParsedTurn, ToolSet, assistant_message, step_episodes
+from lightning_grpo.agents import EnvironmentEpisode, ParsedTurn, assistant_message, step_episodes
 from lightning_grpo.agents.trl_environment import EMPTY_PROMPT
 from lightning_grpo.rewards._text import DATASET_INDEX
 from lightning_grpo.rollout.agent import AgentSettings
 from lightning_grpo.rollout.batch import Rollout, TurnStats, left_pad
 from lightning_grpo.rollout.chat import continuation_ids, render_messages
 from lightning_grpo.rollout.generation import eval_mode, sample_tokens, tokenize_prompts
-from lightning_grpo.rollout.sampling_settings import Sampled, SampleFn, SampleRequest, SamplingSettings, eos_token_ids
+from lightning_grpo.rollout.sampling_settings import SampleFn, SampleRequest, SamplingSettings, eos_token_ids
 from lightning_grpo.rollout.session import RolloutSession, draw
+from lightning_grpo.rollout.trajectory import SampledTurn, Trajectory, sampled_turns
 
 __all__ = ["Trajectory", "generate_conversations"]
 
 _ERRORS = ("error", "unknown_tool", "parse_error")
-
-
-@dataclass
-class Trajectory:
-    """One sample's conversation while it runs (the mutable state of the turn loop)."""
-
-    prompt: list[dict[str, Any]]
-    episode: EnvironmentEpisode | None = None
-    environment: Any = None  # a TRL-style environment instance
-    tools: ToolSet | None = None  # the tools of this trajectory (a TRL-style environment's); None: the run's
-    messages: list[dict[str, Any]] = field(default_factory=list)
-    tokens: list[int] = field(default_factory=list)
-    sampled: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    reward_ends: list[int] = field(default_factory=list)  # per environment step: the last token of the judged turn
-    turns: int = 0
-    tool_calls: int = 0
-    tool_errors: int = 0
-    tool_timeouts: int = 0
-    done: bool = False
-    truncated: bool = False
-    max_turns_reached: bool = False
-
-    def extend(self, ids: Sequence[int], *, sampled: bool, logprobs: Sequence[float] | None = None) -> None:
-        """Append tokens, marked as sampled by the policy (with their log-probs) or inserted as context (log-prob 0)."""
-        self.tokens.extend(ids)
-        self.sampled.extend([int(sampled)] * len(ids))
-        self.logprobs.extend(logprobs[: len(ids)] if logprobs is not None else [0.0] * len(ids))
-
-    def tool_schemas(self, agent: AgentSettings) -> list[dict[str, Any]] | None:
-        """The tool schemas rendered in this trajectory's prompt: its environment's tools, else the run's."""
-        if self.tools is not None:
-            return self.tools.schemas or None
-        return agent.tool_schemas
-
-    def stop(self, *, truncated: bool = False, max_turns: bool = False) -> None:
-        """End the trajectory, flagged truncated (and cut by ``max_turns``) when asked."""
-        self.done, self.truncated, self.max_turns_reached = True, truncated, max_turns
 
 
 @torch.no_grad()
@@ -126,7 +89,7 @@ def generate_conversations(
                 sample, (model, tokenizer), prompt_ids, prompt_mask, trajectories, active, settings, turn
             )
             _react(tokenizer, [trajectories[i] for i in active], sampled, settings.max_new_tokens, agent)
-    return _rollout(tokenizer, prompt_ids, prompt_mask, trajectories, settings.num_generations, columns, agent)
+    return _rollout(tokenizer, prompt_ids, prompt_mask, trajectories, settings, columns, agent)
 
 
 def _start(
@@ -182,24 +145,21 @@ def _sample_turn(
     active: list[int],
     settings: SamplingSettings,
     turn: int,
-) -> list[tuple[list[int], list[float]]]:
-    """One batched sampling call over the running trajectories; the raw new tokens of each and their log-probs."""
+) -> list[SampledTurn]:
+    """One batched sampling call over the running trajectories; the raw new tokens of each, their log-probs and
+    kept-set margins."""
     (model, tokenizer), g = policy, settings.num_generations
     if turn == 0 and _groups_share_prompt(prompt_ids, prompt_mask, g):
         rows = torch.arange(0, len(prompt_ids), g, device=prompt_ids.device)  # the first of each group: G samples each
         request = SampleRequest(prompt_ids[rows], prompt_mask[rows], settings)  # rows: every trajectory, 0 .. N-1
         out = draw(sample, model, tokenizer, request)
-        return _new_tokens(out, prompt_ids.shape[1])
+        return sampled_turns(out, prompt_ids.shape[1])
     contexts = [prompt_ids[i][prompt_mask[i].bool()].tolist() + trajectories[i].tokens for i in active]
     budget = max(settings.max_new_tokens - len(trajectories[i].tokens) for i in active)
     ids, mask = left_pad(contexts, tokenizer.pad_token_id, prompt_ids.device)
     call = replace(settings, num_generations=1, max_new_tokens=budget)
     out = draw(sample, model, tokenizer, SampleRequest(ids, mask, call, rows=active))
-    return _new_tokens(out, ids.shape[1])
-
-
-def _new_tokens(out: Sampled, prompt_width: int) -> list[tuple[list[int], list[float]]]:
-    return list(zip(out.sequences[:, prompt_width:].tolist(), out.logprobs.tolist(), strict=True))
+    return sampled_turns(out, ids.shape[1])
 
 
 def _groups_share_prompt(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, g: int) -> bool:
@@ -211,15 +171,15 @@ def _groups_share_prompt(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, g:
 def _react(
     tokenizer: PreTrainedTokenizerBase,
     running: list[Trajectory],
-    sampled: list[tuple[list[int], list[float]]],
+    sampled: list[SampledTurn],
     budget: int,
     agent: AgentSettings,
 ) -> None:
     """Record each policy turn, then run its tool calls or environment step and insert what they return."""
     eos = set(eos_token_ids(tokenizer).tolist())
     calls, stepping = {}, {}
-    for index, (trajectory, (tokens, logprobs)) in enumerate(zip(running, sampled, strict=True)):
-        turn = _take_turn(tokenizer, trajectory, tokens, logprobs, eos, budget, agent)
+    for index, (trajectory, new) in enumerate(zip(running, sampled, strict=True)):
+        turn = _take_turn(tokenizer, trajectory, new, eos, budget, agent)
         if turn is not None and turn.tool_calls:
             calls[index] = turn
         elif turn is not None:
@@ -233,16 +193,15 @@ def _react(
 def _take_turn(
     tokenizer: PreTrainedTokenizerBase,
     trajectory: Trajectory,
-    tokens: list[int],
-    logprobs: list[float],
+    new: SampledTurn,
     eos: set[int],
     budget: int,
     agent: AgentSettings,
 ) -> ParsedTurn | None:
     """Append the sampled turn (cut at its first EOS and at the budget); the parsed turn if the episode goes on."""
-    remaining = budget - len(trajectory.tokens)
+    remaining, tokens = budget - len(trajectory.tokens), new.tokens
     end = next((i + 1 for i, token in enumerate(tokens[:remaining]) if token in eos), None)
-    trajectory.extend(tokens[: end or remaining], sampled=True, logprobs=logprobs)
+    trajectory.extend(tokens[: end or remaining], sampled=True, logprobs=new.logprobs, margins=new.margins)
     trajectory.turns += 1
     text = tokenizer.decode(tokens[: end or remaining], skip_special_tokens=True)
     turn = agent.parser.parse(text) if agent.executor is not None else ParsedTurn(content=text)
@@ -321,34 +280,33 @@ def _rollout(
     prompt_ids: torch.Tensor,
     prompt_mask: torch.Tensor,
     trajectories: list[Trajectory],
-    g: int,
+    settings: SamplingSettings,
     columns: dict[str, list[Any]],
     agent: AgentSettings,
 ) -> Rollout:
-    """The :class:`Rollout` of finished trajectories: right-padded tokens, masks, messages and turn counts."""
+    """The :class:`Rollout` of finished trajectories: right-padded tokens, masks, log-probs, kept-set margins (when
+    the sampling truncates and the sampler recorded them), messages and turn counts."""
+    device, g = prompt_ids.device, settings.num_generations
     width = max(1, *(len(t.tokens) for t in trajectories))
-    ids = torch.full((len(trajectories), width), tokenizer.pad_token_id, dtype=torch.long)
-    completion_mask, sampled_mask = torch.zeros_like(ids), torch.zeros_like(ids)
-    logprobs = torch.zeros(ids.shape, dtype=torch.float32)
-    for i, t in enumerate(trajectories):
-        ids[i, : len(t.tokens)] = torch.tensor(t.tokens, dtype=torch.long)
-        logprobs[i, : len(t.tokens)] = torch.tensor(t.logprobs, dtype=torch.float32)
-        completion_mask[i, : len(t.tokens)] = 1
-        sampled_mask[i, : len(t.tokens)] = torch.tensor(t.sampled, dtype=torch.long)
-    device = prompt_ids.device
+    padded = lambda name, value, dtype: torch.tensor(  # noqa: E731
+        [getattr(t, name) + [value] * (width - len(t.tokens)) for t in trajectories], dtype=dtype, device=device
+    )
+    lengths = torch.tensor([len(t.tokens) for t in trajectories], device=device)
+    with_margins = settings.truncates and all(t.margins_recorded for t in trajectories)
+    margins = padded("margins", 0.0, torch.float32) if with_margins else None
     count = lambda name: torch.tensor([getattr(t, name) for t in trajectories], device=device)  # noqa: E731
     turn_rewards = [list(t.episode.rewards) if t.episode is not None else [] for t in trajectories]
     return Rollout(
         prompt_ids=prompt_ids,
         prompt_mask=prompt_mask,
-        completion_ids=ids.to(device),
-        completion_mask=completion_mask.to(device),
+        completion_ids=padded("tokens", tokenizer.pad_token_id, torch.long),
+        completion_mask=(torch.arange(width, device=device) < lengths[:, None]).long(),
         truncated=count("truncated"),
         group_ids=torch.arange(len(trajectories) // g, device=device).repeat_interleave(g),
         prompts=[t.prompt for t in trajectories],
         completions=[t.messages for t in trajectories],
         columns={**_repeat_columns(columns, g), **_environment_columns(trajectories, columns, agent)},
-        sampled_mask=sampled_mask.to(device),
+        sampled_mask=padded("sampled", 0, torch.long),
         turns=TurnStats(
             num_turns=count("turns"),
             tool_calls=count("tool_calls"),
@@ -358,7 +316,8 @@ def _rollout(
             turn_rewards=turn_rewards,
             turn_ends=[list(t.reward_ends) for t in trajectories],
         ),
-        logprobs=logprobs.to(device),
+        logprobs=padded("logprobs", 0.0, torch.float32),
+        kept_margins=margins,
     )
 
 

@@ -96,13 +96,13 @@ class TurnCache:
             leaving.update(_take(state.cache, call_rows, batch_rows, mask))
 
         eos = eos_token_ids(tokenizer).to(prompt_ids.device)
-        tokens, logprobs = decode_steps(model, state, settings, eos, tokenizer.pad_token_id, on_leave=leave)
+        tokens, logprobs, margins = decode_steps(model, state, settings, eos, tokenizer.pad_token_id, on_leave=leave)
         leaving.update(_take(state.cache, state.alive, torch.arange(len(state.alive)), state.mask))
         sampled = tokens.tolist()
         for index, (count, layers) in leaving.items():
             self._kept[rows[index]] = _Kept((contexts[index] + sampled[index])[:count], layers)
         start = prompt_ids.repeat_interleave(g, dim=0) if g > 1 else prompt_ids
-        return Sampled(torch.cat([start, tokens], dim=1), logprobs)
+        return Sampled(torch.cat([start, tokens], dim=1), logprobs, margins)  # both cover the sampled tokens only
 
     def finish(self, rows: Iterable[int]) -> None:
         """Trajectories ``rows`` have ended: drop their caches (a row without one is skipped)."""

@@ -6,7 +6,9 @@ sessions sample from that copy only, with a ``torch.Generator`` of their own see
 opened (as the ``vllm_server`` backend draws its request seeds), so a session can run in a background thread while
 the policy is updated. It records every sync and sampling call (the version,
 the thread, the prompts, a checksum of the adapter sampled with) for tests to read, and can sleep a scripted
-``delay`` per sampling call to stand in for a server's sampling time (``benchmarks.async_rollout``'s dry run).
+``delay`` per sampling call to stand in for a server's sampling time (``benchmarks.async_rollout``'s dry run). It
+honours top-k, top-p and min-p as a vLLM server does (:func:`truncate_as_vllm`), and records the log-probs over the
+kept set and the kept set's margins, as every sampler does.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from torch import nn
 
 from lightning_grpo.rollout.sampling_settings import Sampled, SampleRequest, SamplingSettings, eos_token_ids
 
-__all__ = ["FrozenCopyBackend", "FrozenCopySession", "FrozenCopySettings", "adapter_checksum"]
+__all__ = ["FrozenCopyBackend", "FrozenCopySession", "FrozenCopySettings", "adapter_checksum", "truncate_as_vllm"]
 
 
 @dataclass
@@ -39,6 +41,31 @@ class FrozenCopySettings:
 def adapter_checksum(model: nn.Module) -> float:
     """The sum of the LoRA weights of ``model``: which adapter it holds (float64, to tell two steps apart)."""
     return float(sum(p.detach().double().sum() for name, p in model.named_parameters() if "lora_" in name))
+
+
+def truncate_as_vllm(z: torch.Tensor, settings: SamplingSettings) -> torch.Tensor:
+    """The scaled logits ``z`` ``(R, V)`` with ``-inf`` outside the kept set, truncated in vLLM's order and way:
+    min-p (probability below ``min_p`` times the largest), then top-k (below the k-th largest), then top-p (the
+    smallest tokens whose renormalised probabilities sum to at most ``1 - top_p``, the largest always kept)."""
+    if settings.min_p > 0:
+        probs = z.softmax(-1)
+        z = z.masked_fill(probs < settings.min_p * probs.amax(-1, keepdim=True), -torch.inf)
+    if 0 < settings.top_k < z.shape[-1]:
+        z = z.masked_fill(z < z.topk(settings.top_k, -1).values[:, -1:], -torch.inf)
+    if settings.top_p < 1.0:
+        ascending, order = z.sort(-1)
+        dropped = ascending.softmax(-1).cumsum(-1) <= 1 - settings.top_p
+        dropped[:, -1] = False
+        z = z.scatter(-1, order, ascending.masked_fill(dropped, -torch.inf))
+    return z
+
+
+def _margins(z: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+    """``z[token] - min(z[v] for v kept)`` per row (``inf`` where every token is kept)."""
+    kept = torch.isfinite(z)
+    lowest = torch.where(kept, z, torch.inf).amin(-1)
+    margin = z.gather(-1, token[:, None]).squeeze(-1) - lowest
+    return margin.masked_fill(kept.all(-1), torch.inf)
 
 
 class FrozenCopySession:
@@ -71,20 +98,23 @@ class FrozenCopySession:
         ids, mask = ids.repeat_interleave(g, 0), mask.repeat_interleave(g, 0)
         eos = torch.tensor(sorted(eos_token_ids(tokenizer)), device=device)
         finished = torch.zeros(len(ids), dtype=torch.bool, device=device)
-        logprobs = []
+        logprobs, margins = [], []
         for _ in range(settings.max_new_tokens):
             positions = (mask.cumsum(-1) - 1).clamp(min=0)
             logits = self.model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, -1].float()
-            logp = (logits / settings.temperature).log_softmax(-1)
+            z = logits / settings.temperature
+            z = truncate_as_vllm(z, settings) if settings.truncates else z
+            logp = z.log_softmax(-1)
             token = torch.multinomial(logp.exp(), 1, generator=self.generator).squeeze(-1)
             token = torch.where(finished, torch.full_like(token, tokenizer.pad_token_id or 0), token)
             logprobs.append(logp.gather(-1, token[:, None]).squeeze(-1))
+            margins.append(_margins(z, token).masked_fill(finished, 0.0))
             ids = torch.cat([ids, token[:, None]], -1)
             mask = torch.cat([mask, (~finished).to(mask.dtype)[:, None]], -1)
             finished |= torch.isin(token, eos)
             if bool(finished.all()):
                 break
-        return Sampled(ids, torch.stack(logprobs, -1))
+        return Sampled(ids, torch.stack(logprobs, -1), torch.stack(margins, -1) if settings.truncates else None)
 
     def close(self) -> None:
         """Nothing to drop."""
@@ -104,7 +134,7 @@ class FrozenCopyBackend:
     """
 
     settings_class: ClassVar[type | None] = FrozenCopySettings
-    supported_settings: ClassVar[frozenset[str]] = frozenset()
+    supported_settings: ClassVar[frozenset[str]] = frozenset({"top_p", "top_k", "min_p"})
     records_logprobs: ClassVar[bool] = True
     samples_apart: ClassVar[bool] = True
 

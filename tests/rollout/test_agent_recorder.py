@@ -5,8 +5,11 @@ from __future__ import annotations
 import itertools
 
 import pytest
+import torch
 
 from lightning_grpo.rollout.agent_client import TrajectoryRecorder, message_key, normalize_messages, same_messages
+from lightning_grpo.rollout.agent_client.agent_types import AgentExecution, AgentStats
+from lightning_grpo.rollout.agent_client.branch_rows import branch_rollout
 from lightning_grpo.rollout.agent_client.openai_messages import normalize_tools
 from lightning_grpo.rollout.chat import continuation_ids, render_messages
 
@@ -168,3 +171,39 @@ def test_a_template_that_re_renders_the_history_differently_starts_a_new_branch(
     )  # earlier assistant contents vanish once later messages come
     plan = recorder.plan(normalize_messages([USER, {"role": "assistant", "content": "hi"}, USER]), None)
     assert plan.branch is None
+
+
+# ---------------------------------------------------------------- kept-set margins
+
+
+def _two_calls(tokenizer, margins):
+    """A branch of two calls, the second continuing the first; ``margins`` of each call (``None``: none recorded)."""
+    recorder = _recorder(tokenizer)
+    plan = recorder.plan(normalize_messages([USER]), None)
+    recorder.record(plan, _sample(tokenizer, "hi"), [-1.0] * 3, True, _reply("hi"), margins=margins[0])
+    second = normalize_messages([USER, {"role": "assistant", "content": "hi"}, {"role": "user", "content": "ok"}])
+    plan2 = recorder.plan(second, None)
+    recorder.record(plan2, _sample(tokenizer, "yo"), [-0.5] * 3, True, _reply("yo"), margins=margins[1])
+    return recorder, plan2.inserted
+
+
+def test_margins_follow_the_sampled_tokens_and_are_zero_on_context_and_padding(tokenizer):
+    inf = float("inf")
+    recorder, inserted = _two_calls(tokenizer, [[0.5, 1.5, inf, 9.0], [2.0, 3.0, 4.0]])  # a margin past the cut: left
+    (branch,) = recorder.branches
+    assert branch.margins == [0.5, 1.5, inf, *[0.0] * len(inserted), 2.0, 3.0, 4.0]
+    short = _recorder(tokenizer)
+    short.record(short.plan(normalize_messages([USER]), None), _sample(tokenizer, "hi"), [-1.0] * 3, True, _reply(),
+                 margins=[1.0] * 3)  # fmt: skip
+    rows = [{"prompt": [USER]}, {"prompt": [USER]}]
+    rollout = branch_rollout(tokenizer, rows, [AgentExecution(0, recorder), AgentExecution(1, short)], AgentStats())
+    assert rollout.kept_margins.dtype == torch.float32 and rollout.kept_margins.shape == rollout.completion_ids.shape
+    assert rollout.kept_margins[0].tolist() == branch.margins
+    assert rollout.kept_margins[1].tolist() == [1.0] * 3 + [0.0] * (len(branch.tokens) - 3)  # padding: 0
+
+
+def test_a_sampler_without_margins_gives_a_rollout_without_them(tokenizer):
+    recorder, inserted = _two_calls(tokenizer, [None, None])
+    assert recorder.branches[0].margins is None and inserted
+    rollout = branch_rollout(tokenizer, [{"prompt": [USER]}], [AgentExecution(0, recorder)], AgentStats())
+    assert rollout.kept_margins is None and rollout.logprobs is not None

@@ -10,20 +10,21 @@ import torch._dynamo
 from peft import LoraConfig, get_peft_model
 from torch._dynamo.utils import counters
 
-from lightning_grpo.rollout import SampleRequest, SamplingSettings, completion_logprobs, generate_rollout
+from lightning_grpo.rollout import SampleRequest, SamplingSettings, generate_rollout
 from lightning_grpo.rollout import decode as decode_module
 from lightning_grpo.rollout import generation as generation_module
 from lightning_grpo.rollout.buckets import DecodeBuckets, check_decode_lengths, pick_decode_path
 from lightning_grpo.rollout.compiled_decode import CompiledDecoder, compile_blocker
 from lightning_grpo.rollout.sampling_settings import eos_token_ids
 from lightning_grpo.testing import build_tiny_model
+from tests.rollout.test_truncated_sampling import check_recorded, trainer_replay
 
 PROMPTS = ["1+2=", "33+4=", "x", "hello world"]
 OPTIONS = [
     {"sampler": "multinomial"},
     {"sampler": "inverse_cdf"},
     {"sampler": "multinomial", "temperature": 0.7, "top_k": 20, "top_p": 0.9, "min_new_tokens": 3},
-    {"sampler": "inverse_cdf", "temperature": 0.7, "top_k": 20, "top_p": 0.9, "min_new_tokens": 3},
+    {"sampler": "inverse_cdf", "temperature": 0.7, "top_k": 20, "top_p": 0.9, "min_p": 0.05, "min_new_tokens": 3},
 ]
 
 
@@ -62,7 +63,7 @@ def _compiled(decoder, model, tokenizer, prompts, settings, seed):
 
 @pytest.mark.parametrize("options", OPTIONS)
 def test_float64_compiled_path_samples_the_eager_tokens(tokenizer, options):
-    """Same seed, same tokens and log-probs as the eager loop, for each sampler and processor (uniforms drawn
+    """Same seed, same tokens, log-probs and margins as the eager loop, for each sampler and processor (uniforms drawn
     outside the graph); the rows of a bucket past the call's rows change nothing."""
     model = _policy(tokenizer, torch.float64)
     settings = SamplingSettings(num_generations=3, max_new_tokens=16, **options)  # 12 rows: bucket of 16
@@ -72,6 +73,11 @@ def test_float64_compiled_path_samples_the_eager_tokens(tokenizer, options):
         ours = _compiled(decoder, model, tokenizer, PROMPTS, settings, seed)
         assert torch.equal(ours.sequences, eager.sequences)
         torch.testing.assert_close(ours.logprobs, eager.logprobs, atol=1e-10, rtol=0)
+        if settings.truncates:
+            torch.testing.assert_close(ours.margins, eager.margins, atol=1e-10, rtol=0)
+            assert ours.margins.isfinite().any()
+        else:
+            assert ours.margins is None and eager.margins is None
     assert not counters["graph_break"]
 
 
@@ -123,15 +129,20 @@ def test_compiled_step_reads_the_adapter_after_an_update(tokenizer):
 
 @pytest.mark.parametrize("options", OPTIONS[2:])
 def test_behaviour_logprobs_equal_the_training_pass(tokenizer, options):
-    """``as_trained``: the log-probs the compiled path records are those training computes (the existing tolerance)."""
+    """``as_trained``: the log-probs the compiled path records are those training computes over the kept sets it
+    replays from the margins (the existing tolerance), past ``min_new_tokens``' EOS ban; every step (the ban included)
+    matches a recomputation of the kept sets."""
     model = _policy(tokenizer)
     decoder = _decoder()
     settings = SamplingSettings(num_generations=3, max_new_tokens=12, **options)
     torch.manual_seed(0)
     rollout = generate_rollout(model, tokenizer, PROMPTS, settings, max_prompt_length=16, sample=decoder.sample)
-    trained = completion_logprobs(model, rollout, temperature=settings.temperature).logprobs
+    trained = trainer_replay(model, rollout, settings.temperature)
     mask = rollout.completion_mask.bool()
+    mask[:, : settings.min_new_tokens] = False
     torch.testing.assert_close(rollout.logprobs[mask], trained[mask], atol=1e-4, rtol=0)
+    check_recorded(model, tokenizer, rollout, settings)
+    mask = rollout.completion_mask.bool()
     assert (rollout.logprobs[mask] < 0).all() and (rollout.logprobs[~mask] == 0).all()
 
 

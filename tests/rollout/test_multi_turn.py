@@ -207,6 +207,40 @@ def test_a_policy_that_keeps_calling_is_cut_at_max_turns(tokenizer, monkeypatch)
     assert rollout.turns.max_turns_reached.all() and rollout.turns.tool_calls.tolist() == [3, 3]
 
 
+def test_the_samplers_margins_reach_the_rollout_and_inserted_tokens_have_none(tokenizer, monkeypatch):
+    """Each turn's kept-set margins land on its sampled tokens; inserted tokens and padding get 0; settings that
+    truncate nothing (or a sampler that records none) give no margins and the same rollout otherwise."""
+    scripted = _scripted(tokenizer, lambda context: "done" if "T:\n" in context else CALLS["ok"])
+    calls = []
+
+    def with_margins(model, tok, request):  # margin k on every token of the k-th call
+        out = scripted(model, tok, request)
+        calls.append(request)
+        return Sampled(out.sequences, out.logprobs, torch.full(out.logprobs.shape, float(len(calls))))
+
+    agent = AgentSettings(executor=ToolExecutor(ToolSet([add])), max_turns=3)
+    rollouts = {}
+    for name, sample, settings in [("top_p", with_margins, SamplingSettings(2, 400, top_p=0.9)),
+                                   ("none", scripted, SamplingSettings(2, 400)),
+                                   ("unrecorded", scripted, SamplingSettings(2, 400, top_p=0.9))]:  # fmt: skip
+        monkeypatch.setattr(multi_turn_module, "sample_tokens", sample)
+        rollouts[name] = sample_rollout(torch.nn.Linear(1, 1), tokenizer, PROMPTS[:1], settings, agent,
+                                        max_prompt_length=2000)  # fmt: skip
+    rollout, plain = rollouts["top_p"], rollouts["none"]
+    assert rollout.turns.num_turns.tolist() == [2, 2] and len(calls) == 2
+    margins = rollout.kept_margins
+    assert margins is not None and margins.shape == rollout.completion_ids.shape
+    for i in range(len(rollout)):
+        n = int(rollout.completion_lengths[i])
+        turns = _runs(rollout.sampled_mask[i, :n], 1)
+        assert len(turns) == 2 and all((margins[i, a:b] == k + 1).all() for k, (a, b) in enumerate(turns))
+    assert (margins[~rollout.sampled_mask.bool()] == 0).all()  # inserted tokens and padding
+    assert plain.kept_margins is None
+    assert rollouts["unrecorded"].kept_margins is None  # a sampler that records no margins: no kept set made up
+    assert torch.equal(plain.completion_ids, rollout.completion_ids)
+    assert torch.equal(plain.sampled_mask, rollout.sampled_mask) and torch.equal(plain.logprobs, rollout.logprobs)
+
+
 # ---------------------------------------------------------------- bad input
 
 

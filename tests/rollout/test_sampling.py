@@ -14,6 +14,7 @@ from lightning_grpo.rollout.buckets import DecodeBuckets
 from lightning_grpo.rollout.compiled_decode import CompiledDecoder
 from lightning_grpo.rollout.sampling_settings import eos_token_ids
 from lightning_grpo.testing import build_tiny_model
+from tests.rollout.test_truncated_sampling import check_recorded, trainer_replay
 
 PROMPTS = ["1+2=", "33+4=", "x", "hello world"]
 
@@ -40,11 +41,20 @@ def test_shared_prefill_and_our_loop_draw_what_generate_draws(tokenizer, options
         ours = decode_module.decode_loop(model, ids, mask, plain, eos_token_ids(tokenizer), tokenizer.pad_token_id)
     valid = reference.completion_mask.bool()
     assert torch.equal(ours.sequences[:, ids.shape[1] :][valid], reference.completion_ids[valid])
-    # every path records the same behaviour log-probs, and training scores the tokens the same way
+    # every path records the same behaviour log-probs and margins, and training scores the tokens the same way
     torch.testing.assert_close(shared.logprobs, reference.logprobs, atol=1e-5, rtol=0)
     torch.testing.assert_close(ours.logprobs[valid], reference.logprobs[valid], atol=1e-5, rtol=0)
-    trained = completion_logprobs(model, reference, temperature=plain.temperature).logprobs
-    torch.testing.assert_close(trained[valid], reference.logprobs[valid], atol=1e-4, rtol=0)
+    if plain.truncates:
+        torch.testing.assert_close(shared.kept_margins, reference.kept_margins, atol=1e-5, rtol=0)
+        torch.testing.assert_close(ours.margins[valid], reference.kept_margins[valid], atol=1e-5, rtol=0)
+        assert reference.kept_margins[valid].isfinite().any()
+    else:
+        assert ours.margins is None and reference.kept_margins is None
+    replayed = trainer_replay(model, reference, plain.temperature)  # over the kept sets the margins replay
+    torch.testing.assert_close(replayed[valid], reference.logprobs[valid], atol=1e-4, rtol=0)
+    if not plain.truncates:  # no margins: training's own log-probs, over the whole vocabulary
+        trained = completion_logprobs(model, reference, temperature=plain.temperature).logprobs
+        torch.testing.assert_close(trained[valid], reference.logprobs[valid], atol=1e-4, rtol=0)
     assert (reference.logprobs[~valid] == 0).all()
 
 
@@ -54,8 +64,11 @@ def test_shared_prefill_and_our_loop_draw_what_generate_draws(tokenizer, options
      {"decode": "compiled", "sampler": "inverse_cdf"}],
 )  # fmt: skip
 def test_rollout_records_the_logprobs_training_computes(tokenizer, settings, monkeypatch):
-    """Behaviour log-probs (softmax at the temperature, before top-k/top-p and min_new_tokens) equal training's, on
-    every decode path (``decode: compiled`` traced by dynamo without code generation, to stay fast)."""
+    """Behaviour log-probs (softmax at the temperature, renormalised over the kept set of top-k) equal training's over
+    the kept set it replays from the margins, on every decode path (``decode: compiled`` traced by dynamo without code
+    generation, to stay fast). During ``min_new_tokens``' EOS ban (outside the contract) they are those of the
+    distribution drawn from, EOS barred, which training does not model: those steps are compared with a recomputation
+    that bars EOS too."""
     model = build_tiny_model(tokenizer).eval()
     base = SamplingSettings(num_generations=3, max_new_tokens=12, temperature=0.7, top_k=20, min_new_tokens=2)
     settings = dict(settings)
@@ -66,9 +79,12 @@ def test_rollout_records_the_logprobs_training_computes(tokenizer, settings, mon
     torch.manual_seed(0)
     settings = replace(base, **settings)
     rollout = generate_rollout(model, tokenizer, PROMPTS, settings, max_prompt_length=16, sample=sample)
-    trained = completion_logprobs(model, rollout, temperature=0.7).logprobs
+    trained = trainer_replay(model, rollout, temperature=0.7)
     mask = rollout.completion_mask.bool()
+    mask[:, : settings.min_new_tokens] = False  # the EOS ban: below
     torch.testing.assert_close(rollout.logprobs[mask], trained[mask], atol=1e-4, rtol=0)
+    check_recorded(model, tokenizer, rollout, settings)  # every step, the ban included
+    mask = rollout.completion_mask.bool()
     assert (rollout.logprobs[mask] < 0).all() and (rollout.logprobs[~mask] == 0).all()
 
 

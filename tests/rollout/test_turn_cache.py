@@ -95,6 +95,26 @@ def test_the_kept_cache_samples_the_tokens_of_a_full_re_prefill(model, tokenizer
         assert all(held <= asked for asked, held in calls)  # finished trajectories left the cache
 
 
+@pytest.mark.parametrize(
+    "settings",
+    [{"top_p": 0.8, "top_k": 20}, {"top_p": 0.8, "top_k": 20, "min_p": 0.05, "sampler": "inverse_cdf"}],
+    ids=["top_p-top_k", "min_p-inverse_cdf"],
+)
+def test_the_kept_cache_records_the_kept_sets_of_a_full_re_prefill(model, tokenizer_module, settings):
+    """Truncated sampling: the kept cache's margins (and log-probs over the kept set) are the full re-prefill's."""
+    settings = {"temperature": 0.9, **settings}
+    full, _, _ = _rollout(model, tokenizer_module, settings, turn_cache=False)
+    kept, session, _ = _rollout(model, tokenizer_module, settings, turn_cache=True)
+    assert session.turn_cache.reused > 0 and full.turns.num_turns.max() >= 3
+    assert torch.equal(kept.completion_ids, full.completion_ids) and torch.equal(kept.sampled_mask, full.sampled_mask)
+    assert kept.kept_margins is not None and full.kept_margins is not None
+    torch.testing.assert_close(kept.kept_margins, full.kept_margins, rtol=0, atol=1e-5)
+    torch.testing.assert_close(kept.logprobs, full.logprobs, rtol=0, atol=1e-6)
+    inserted = kept.completion_mask.bool() & ~kept.sampled_mask.bool()
+    assert inserted.any() and (kept.kept_margins[inserted] == 0).all()
+    assert (kept.kept_margins[kept.sampled_mask.bool()] > 0).any()
+
+
 def test_inserted_tokens_differ_in_length_across_trajectories(model, tokenizer_module):
     rollout, _, _ = _rollout(model, tokenizer_module, {"sampler": "inverse_cdf"}, turn_cache=True)
     inserted = (rollout.completion_mask - rollout.sampled_mask).sum(1)

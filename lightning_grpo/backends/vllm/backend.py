@@ -13,6 +13,7 @@ from transformers import PreTrainedTokenizerBase
 
 from lightning_grpo.backends.protocol import BackendSpec
 from lightning_grpo.backends.vllm.settings import VLLMConfig, check_installed, check_sampling, engine_lora_rank
+from lightning_grpo.backends.vllm.truncation import check_truncation, max_logprobs
 from lightning_grpo.distributed import full_adapter_state_dict, is_sharded
 from lightning_grpo.rollout.sampling_settings import Sampled, SampleRequest, SamplingSettings
 
@@ -40,8 +41,8 @@ class VLLMSession:
 class VLLMBackend:
     """A module's colocated vLLM engine (``rollout_backend: vllm``).
 
-    Construction checks everything that can be checked before a fit (vLLM installed, transformers in its range,
-    settings it can honour, the LoRA rank); :meth:`start` builds the engine.
+    Construction checks everything that can be checked before a fit (settings it can honour, top-p with a top-k,
+    vLLM installed, transformers in its range, the LoRA rank); :meth:`start` builds the engine.
 
     Args:
         settings: The engine's settings (the module's ``vllm`` argument or ``grpo.backend.rollout_backend_args``).
@@ -51,7 +52,9 @@ class VLLMBackend:
     """
 
     settings_class: ClassVar[type | None] = VLLMConfig
-    supported_settings: ClassVar[frozenset[str]] = frozenset({"top_p", "top_k", "drop_finished", "sampling_adapter"})
+    supported_settings: ClassVar[frozenset[str]] = frozenset(
+        {"top_p", "top_k", "min_p", "drop_finished", "sampling_adapter"}
+    )
     keeps_turn_cache: ClassVar[bool] = False
     records_logprobs: ClassVar[bool] = True
     turn_cache_instead: ClassVar[str] = (
@@ -60,8 +63,9 @@ class VLLMBackend:
     )
 
     def __init__(self, settings: VLLMConfig | None, spec: BackendSpec) -> None:
-        check_installed()
         grpo, policy = spec.grpo, spec.policy
+        check_truncation(grpo.sampling.top_p, grpo.sampling.top_k, "vllm")
+        check_installed()
         check_sampling(
             vars(grpo.sampling), generate_overridden=spec.generate_overridden, quantized=policy.quantization is not None
         )
@@ -69,6 +73,7 @@ class VLLMBackend:
         self.model_name = spec.model_name
         self.lora_rank = engine_lora_rank(config, policy.lora_r)
         self.max_model_len = config.max_model_len or grpo.sampling.max_prompt_length + grpo.sampling.max_new_tokens
+        self.max_logprobs = max_logprobs(grpo.sampling.top_k)
         self.engine: Any = None
 
     def start(self, policy: PeftModel, seed: int, *, sharded: bool) -> None:
@@ -86,6 +91,7 @@ class VLLMBackend:
             max_model_len=self.max_model_len,
             max_lora_rank=self.lora_rank,
             seed=seed,
+            max_logprobs=self.max_logprobs,
         )
         atexit.register(self.close)
 

@@ -23,6 +23,7 @@ from transformers import PreTrainedTokenizerBase
 from lightning_grpo.backends.vllm.files import bytes_needed, make_work_dir, save_base
 from lightning_grpo.backends.vllm.settings import VLLMConfig, check_installed
 from lightning_grpo.backends.vllm.start import build_llm, engine_environment
+from lightning_grpo.backends.vllm.truncation import DEFAULT_MAX_LOGPROBS, kept_margins, logprobs_needed
 from lightning_grpo.policy.weights import merged_weights
 from lightning_grpo.rollout.sampling_settings import Sampled, SampleRequest, SamplingSettings, eos_token_ids
 
@@ -47,6 +48,23 @@ def _seeded_draws(seed: int, device: torch.device) -> Iterator[None]:
         for index in cuda:
             torch.cuda.default_generators[index].manual_seed(seed)
         yield
+
+
+def _position_logprobs(flat: Any, ids: list[int], k: int) -> torch.Tensor:
+    """``(n, 1 + k)`` processed log-probs of a completion's ``n`` positions: the sampled token's, then the ``k``
+    largest (vLLM's flat log-probs hold exactly these per position, the sampled token first).
+
+    Raises:
+        RuntimeError: The log-probs do not have that layout (another vLLM), so none is recorded.
+    """
+    n = len(ids)
+    values, token_ids = getattr(flat, "logprobs", None), getattr(flat, "token_ids", None)
+    if values is None or len(values) != n * (1 + k) or token_ids[:: 1 + k] != ids:
+        raise RuntimeError(
+            f"vLLM returned log-probs in an unexpected layout (wanted {1 + k} per position, the sampled token's "
+            "first, as vllm 0.32's FlatLogprobs): this vLLM is not supported by the rollout backend"
+        )
+    return torch.tensor(values, dtype=torch.float32).view(n, 1 + k)
 
 
 def _llm_arguments(config: VLLMConfig, device: torch.device, **given: Any) -> dict[str, Any]:
@@ -79,6 +97,8 @@ class VLLMEngine:
         self.lora_request: Any = None  # set by the first adapter sync
         self.synced_version: int | None = None
         self.asleep = False
+        model_config = getattr(getattr(llm, "llm_engine", None), "model_config", None)
+        self.vocab_size: int | None = model_config.get_vocab_size() if model_config is not None else None
 
     @classmethod
     def start(
@@ -90,8 +110,12 @@ class VLLMEngine:
         max_model_len: int,
         max_lora_rank: int,
         seed: int,
+        max_logprobs: int = DEFAULT_MAX_LOGPROBS,
     ) -> VLLMEngine:
         """Build the engine from the base model: ``model_name`` (hub id or folder), else the policy's base saved once.
+
+        ``max_logprobs`` is the most log-probs a position may return: at least the run's ``top_k`` (the margins read
+        the top ``top_k`` of each position, :mod:`~lightning_grpo.backends.vllm.truncation`).
 
         Raises:
             ImportError: vLLM is missing or transformers is outside its range.
@@ -112,7 +136,9 @@ class VLLMEngine:
         work_dir = make_work_dir(config, needed)
         source = model_name or str(save_base(policy, work_dir / "base"))
         dtype = str(next(policy.get_base_model().parameters()).dtype).removeprefix("torch.")
-        kwargs = _llm_arguments(config, device, model=source, dtype=dtype, seed=seed, max_model_len=max_model_len)
+        kwargs = _llm_arguments(
+            config, device, model=source, dtype=dtype, seed=seed, max_model_len=max_model_len, max_logprobs=max_logprobs
+        )
         if config.sync == "adapter":
             kwargs.update(enable_lora=True, max_lora_rank=max_lora_rank)
         try:
@@ -159,39 +185,52 @@ class VLLMEngine:
 
     @torch.no_grad()
     def sample(self, model: nn.Module, tokenizer: PreTrainedTokenizerBase, request: SampleRequest) -> Sampled:
-        """``(B*G, P+T)`` prompt and sampled tokens, G consecutive rows per prompt, and each token's log-prob.
+        """``(B*G, P+T)`` prompt and sampled tokens, G consecutive rows per prompt, each token's log-prob and, when
+        the settings truncate, its kept set as a margin.
 
         A :data:`~lightning_grpo.rollout.sampling_settings.SampleFn`, as
         :func:`~lightning_grpo.rollout.generation.sample_tokens` (``model`` and ``request.rows`` are not used: the
         engine holds the synced weights, and vLLM's prefix cache reuses earlier turns). Prompts go in as our token
         ids. The requests carry no seed of their own: the engine draws every row's noise in one batched call from the
         default generator, seeded by a seed drawn from torch's global generator, which the step seeds, so the same
-        seed samples the same completions (:func:`_seeded_draws`).
+        seed samples the same completions (:func:`_seeded_draws`). The log-probs are vLLM's processed ones (those of
+        the kept set it drew from); the margins come from the top ``K`` of them
+        (:mod:`~lightning_grpo.backends.vllm.truncation`).
+
+        Raises:
+            SettingError: top-p below 1 without top-k (its kept set cannot be recorded).
         """
         prompt_ids, prompt_mask, settings = request.prompt_ids, request.prompt_mask, request.settings
+        k = logprobs_needed(settings, "vllm")
+        if self.vocab_size is not None:
+            k = min(k, self.vocab_size)
         self.wake()
         rows = zip(prompt_ids, prompt_mask, strict=True)
         prompts = [{"prompt_token_ids": row[mask.bool()].tolist()} for row, mask in rows]  # our tokens, unpadded
         seed = int(torch.randint(0, 2**31 - 1, (1,)))
         with _seeded_draws(seed, self.device):
-            params = self._params(settings, tokenizer)  # one for all prompts, no per-request seed
+            params = self._params(settings, tokenizer, k)  # one for all prompts, no per-request seed
             outputs = self.llm.generate(prompts, params, lora_request=self.lora_request, use_tqdm=False)
         completions = [c for out in outputs for c in sorted(out.outputs, key=lambda c: c.index)]
         width = max(1, *(len(c.token_ids) for c in completions))
         tokens = torch.full((len(completions), width), tokenizer.pad_token_id, dtype=torch.long)
         logprobs = torch.zeros(tokens.shape, dtype=torch.float32)
+        margins = torch.zeros(tokens.shape, dtype=torch.float32) if settings.truncates else None
         for i, completion in enumerate(completions):
             ids = list(completion.token_ids)
+            values = _position_logprobs(completion.logprobs, ids, k)  # (n, 1 + K): the sampled token's, then the top K
             tokens[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-            steps = zip(completion.logprobs, ids, strict=True)
-            logprobs[i, : len(ids)] = torch.tensor([step[token].logprob for step, token in steps])
-        g = settings.num_generations
-        sequences = torch.cat([prompt_ids.repeat_interleave(g, dim=0), tokens.to(prompt_ids.device)], dim=1)
-        return Sampled(sequences, logprobs.to(prompt_ids.device))
+            logprobs[i, : len(ids)] = values[:, 0]
+            if margins is not None:
+                margins[i, : len(ids)] = kept_margins(values[:, 0], values[:, 1:], settings, vocab_size=self.vocab_size)
+        g, device = settings.num_generations, prompt_ids.device
+        sequences = torch.cat([prompt_ids.repeat_interleave(g, dim=0), tokens.to(device)], dim=1)
+        return Sampled(sequences, logprobs.to(device), None if margins is None else margins.to(device))
 
     @staticmethod
-    def _params(settings: SamplingSettings, tokenizer: PreTrainedTokenizerBase) -> Any:
-        """vLLM's sampling parameters for ``settings``: every knob set, so no engine default changes the draw."""
+    def _params(settings: SamplingSettings, tokenizer: PreTrainedTokenizerBase, logprobs: int) -> Any:
+        """vLLM's sampling parameters for ``settings``: every knob set, so no engine default changes the draw; the
+        top ``logprobs`` processed log-probs of every position returned besides the sampled token's, flat."""
         from vllm import SamplingParams
 
         return SamplingParams(
@@ -199,7 +238,7 @@ class VLLMEngine:
             temperature=settings.temperature,
             top_p=settings.top_p,
             top_k=settings.top_k or -1,
-            min_p=0.0,
+            min_p=settings.min_p,
             repetition_penalty=1.0,
             presence_penalty=0.0,
             frequency_penalty=0.0,
@@ -207,7 +246,8 @@ class VLLMEngine:
             min_tokens=settings.min_new_tokens,
             stop_token_ids=eos_token_ids(tokenizer).tolist(),
             ignore_eos=True,
-            logprobs=0,
+            logprobs=logprobs,
+            flat_logprobs=True,
             seed=None,
             detokenize=False,
         )

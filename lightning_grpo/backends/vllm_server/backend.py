@@ -5,7 +5,8 @@ vLLM server on other GPUs").
 Before each rollout rank 0 writes the adapter once (PEFT format) under a new name to a folder the server reads, loads
 it with ``/v1/load_lora_adapter`` and unloads the one before; the other ranks wait for that name. Every rank sends its
 own prompts as token ids to ``/v1/completions``, one request per prompt with its G samples, many in flight, with a
-seed of its own; the sampled tokens' processed log-probs become the rollout's behaviour log-probs.
+seed of its own; the sampled tokens' processed log-probs become the rollout's behaviour log-probs, and the top ``K``
+processed log-probs of each position its kept set (:mod:`~lightning_grpo.backends.vllm.truncation`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from transformers import PreTrainedTokenizerBase
 
 from lightning_grpo.backends.protocol import BackendSpec
 from lightning_grpo.backends.vllm.settings import VLLMConfig, engine_lora_rank
+from lightning_grpo.backends.vllm.truncation import check_truncation, kept_margins, logprobs_needed, max_logprobs
 from lightning_grpo.backends.vllm_server.process import (
     ServerError,
     ServerProcess,
@@ -45,6 +47,7 @@ from lightning_grpo.rollout.sampling_settings import Sampled, SampleRequest, Sam
 __all__ = ["VLLMServerBackend", "VLLMServerSession"]
 
 _SEEDS = 2**62  # per-request seeds below this, so that seed + (G - 1) stays a valid int64 for vLLM
+_JSON_NEG_INF = -9999.0  # vLLM's OpenAI server writes a log-prob of -inf as this (JSON has no infinity)
 
 
 def _rank() -> int:
@@ -81,6 +84,17 @@ def _outcome_of_rank_zero(work: Callable[[], str]) -> str:
     return text
 
 
+def _read_logprobs(block: dict[str, Any], k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A completion's log-probs from the server's answer: ``(n,)`` the sampled tokens' and ``(n, k)`` the ``k``
+    largest of each position, largest first, ``-inf`` outside the kept set (the server's -9999.0)."""
+    sampled = torch.tensor(block["token_logprobs"], dtype=torch.float32)
+    top = torch.full((len(sampled), k), -torch.inf)
+    for position, entries in enumerate((block["top_logprobs"] or []) if k else []):
+        values = sorted(entries.values(), reverse=True)[:k]  # the sampled token's is one more when not in the top k
+        top[position, : len(values)] = torch.tensor(values, dtype=torch.float32)
+    return sampled, top.masked_fill(top <= _JSON_NEG_INF, -torch.inf)
+
+
 class VLLMServerSession:
     """One rollout sampled by the server with the adapter synced when the session was opened.
 
@@ -99,15 +113,19 @@ class VLLMServerSession:
         self._open = True
 
     def sample(self, model: nn.Module, tokenizer: PreTrainedTokenizerBase, request: SampleRequest) -> Sampled:
-        """``(R*G, P+T)`` prompt and sampled tokens, G consecutive rows per prompt, and each token's log-prob.
+        """``(R*G, P+T)`` prompt and sampled tokens, G consecutive rows per prompt, each token's log-prob and, when
+        the settings truncate, its kept set as a margin.
 
         ``model`` and ``request.rows`` are not used (the server holds the synced adapter). Prompt ``i`` of the call
         is one request with ``n = G`` and seed ``s + i*G``; vLLM seeds its ``j``-th sample ``s + i*G + j``, so no two
         samples of the call share a seed, copies of one prompt included (``s`` is new for every call).
+
+        Raises:
+            SettingError: top-p below 1 without top-k (its kept set cannot be recorded).
         """
         prompt_ids, prompt_mask, settings = request.prompt_ids, request.prompt_mask, request.settings
-        g = settings.num_generations
-        body = self._body(settings, tokenizer)
+        g, k = settings.num_generations, logprobs_needed(settings, "vllm_server")
+        body = self._body(settings, tokenizer, k)
         base = self._seeds.randrange(_SEEDS - len(prompt_ids) * g)
         prompts = [row[mask.bool()].tolist() for row, mask in zip(prompt_ids, prompt_mask, strict=True)]
         bodies = [{**body, "prompt": ids, "seed": base + i * g} for i, ids in enumerate(prompts)]
@@ -118,23 +136,28 @@ class VLLMServerSession:
         width = max(1, *(len(c["token_ids"]) for c in completions))
         tokens = torch.full((len(completions), width), tokenizer.pad_token_id, dtype=torch.long)
         logprobs = torch.zeros(tokens.shape, dtype=torch.float32)
+        margins = torch.zeros(tokens.shape, dtype=torch.float32) if settings.truncates else None
         for i, completion in enumerate(completions):
-            ids, values = completion["token_ids"], completion["logprobs"]["token_logprobs"]
+            ids = completion["token_ids"]
             tokens[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-            logprobs[i, : len(ids)] = torch.tensor(values, dtype=torch.float32)
-        sequences = torch.cat([prompt_ids.repeat_interleave(g, dim=0), tokens.to(prompt_ids.device)], dim=1)
-        return Sampled(sequences, logprobs.to(prompt_ids.device))
+            logprobs[i, : len(ids)], top = _read_logprobs(completion["logprobs"], k)
+            if margins is not None:
+                margins[i, : len(ids)] = kept_margins(logprobs[i, : len(ids)], top, settings)
+        device = prompt_ids.device
+        sequences = torch.cat([prompt_ids.repeat_interleave(g, dim=0), tokens.to(device)], dim=1)
+        return Sampled(sequences, logprobs.to(device), None if margins is None else margins.to(device))
 
-    def _body(self, settings: SamplingSettings, tokenizer: PreTrainedTokenizerBase) -> dict[str, Any]:
+    def _body(self, settings: SamplingSettings, tokenizer: PreTrainedTokenizerBase, logprobs: int) -> dict[str, Any]:
         """The request's settings: those of the colocated engine, every knob set so no server default changes a
-        draw; the sampled tokens' ids and log-probs returned."""
+        draw; the sampled tokens' ids and log-probs returned, with the top ``logprobs`` of each position (keyed by
+        token id, so that no two tokens that decode alike share an entry)."""
         return {
             "model": self.adapter,
             "n": settings.num_generations,
             "temperature": settings.temperature,
             "top_p": settings.top_p,
             "top_k": settings.top_k or -1,
-            "min_p": 0.0,
+            "min_p": settings.min_p,
             "repetition_penalty": 1.0,
             "presence_penalty": 0.0,
             "frequency_penalty": 0.0,
@@ -142,18 +165,28 @@ class VLLMServerSession:
             "min_tokens": settings.min_new_tokens,
             "stop_token_ids": eos_token_ids(tokenizer).tolist(),
             "ignore_eos": True,
-            "logprobs": 0,
+            "logprobs": logprobs,
+            "return_tokens_as_token_ids": True,
             "return_token_ids": True,
             "skip_special_tokens": False,
         }
 
     def _complete(self, body: dict[str, Any]) -> dict[str, Any]:
-        return post_json(
-            f"{self.url}/v1/completions",
-            body,
-            self.config.request_timeout_s,
-            what=f"a completion request (adapter {self.adapter!r})",
-        )
+        try:
+            return post_json(
+                f"{self.url}/v1/completions",
+                body,
+                self.config.request_timeout_s,
+                what=f"a completion request (adapter {self.adapter!r})",
+            )
+        except ServerError as error:
+            if "logprobs" not in str(error) or "max allowed" not in str(error):
+                raise
+            raise ServerError(
+                f"{error} (the backend asks for the top {body['logprobs']} processed log-probs of every token, "
+                f"sampling.top_k, to record the kept set: start the server with --max-logprobs {body['logprobs']} "
+                "or more; docs/vllm.md, Truncated sampling)"
+            ) from None
 
     def close(self) -> None:
         """Give the adapter back (the backend unloads a replaced adapter once no session samples with it)."""
@@ -174,7 +207,7 @@ class VLLMServerBackend:
     """
 
     settings_class: ClassVar[type | None] = VLLMServerConfig
-    supported_settings: ClassVar[frozenset[str]] = frozenset({"top_p", "top_k", "drop_finished"})
+    supported_settings: ClassVar[frozenset[str]] = frozenset({"top_p", "top_k", "min_p", "drop_finished"})
     keeps_turn_cache: ClassVar[bool] = False
     records_logprobs: ClassVar[bool] = True
     #: Its sampling runs outside the trainer process from the adapter synced by the last ``sync``, so a session may
@@ -185,6 +218,7 @@ class VLLMServerBackend:
     )
 
     def __init__(self, settings: VLLMServerConfig | None, spec: BackendSpec) -> None:
+        check_truncation(spec.grpo.sampling.top_p, spec.grpo.sampling.top_k, "vllm_server")
         if settings is None:
             raise ValueError(
                 "rollout_backend='vllm_server' needs rollout_backend_args: url (a running vLLM server, e.g. "
@@ -194,6 +228,7 @@ class VLLMServerBackend:
         self.lora_rank = engine_lora_rank(VLLMConfig(max_lora_rank=settings.max_lora_rank), spec.policy.lora_r)
         sampling = spec.grpo.sampling
         self.max_model_len = settings.max_model_len or sampling.max_prompt_length + sampling.max_new_tokens
+        self.max_logprobs = max_logprobs(sampling.top_k)  # the server's --max-logprobs (start: true)
         self.url: str | None = settings.url
         self.server: ServerProcess | None = None
         self.adapter: str | None = None
@@ -219,7 +254,9 @@ class VLLMServerBackend:
         atexit.register(self.close)
         if self.config.start:
             self.url = _outcome_of_rank_zero(lambda: self._start_server(policy, seed))
-        hint = start_hint(self.model_name, lora_rank=self.lora_rank, max_model_len=self.max_model_len)
+        hint = start_hint(
+            self.model_name, lora_rank=self.lora_rank, max_model_len=self.max_model_len, max_logprobs=self.max_logprobs
+        )
         get_json(
             f"{self.url}/v1/models",
             min(30.0, self.config.request_timeout_s),
@@ -248,6 +285,7 @@ class VLLMServerBackend:
             max_model_len=self.max_model_len,
             dtype=dtype,
             seed=seed,
+            max_logprobs=self.max_logprobs,
             extra_args=config.extra_args,
         )
         env = server_environment(cpu_kv_cache_gb=config.cpu_kv_cache_gb, cpu_threads=config.cpu_threads)

@@ -78,11 +78,12 @@ def serve_command(
     dtype: str = "auto",
     seed: int = 0,
     host: str = "127.0.0.1",
+    max_logprobs: int = 20,
     extra_args: list[str] | None = None,
 ) -> list[str]:
     """The arguments of ``vllm serve`` for this run (after ``vllm serve``): the model, LoRA on with the policy's rank,
-    the processed log-probs (those of the distribution sampled from), the engine's defaults instead of the model's
-    ``generation_config.json``."""
+    the processed log-probs (those of the distribution sampled from) and as many per token as the run's top-k needs
+    (``max_logprobs``), the engine's defaults instead of the model's ``generation_config.json``."""
     options = {  # an option's value, None for a flag
         "--host": host,
         "--port": str(port),
@@ -93,15 +94,21 @@ def serve_command(
         "--dtype": dtype,
         "--seed": str(seed),
         "--generation-config": "vllm",
+        "--max-logprobs": str(max_logprobs),
     }
     words = [word for option, value in options.items() for word in (option, value) if word is not None]
     return [model, *words, *(extra_args or [])]
 
 
-def start_hint(model: str | None, *, lora_rank: int, max_model_len: int) -> str:
+def start_hint(model: str | None, *, lora_rank: int, max_model_len: int, max_logprobs: int = 20) -> str:
     """How to start a server this run can use: the exact command line, for an error message."""
     args = serve_command(
-        model or "<the run's model>", port=8000, lora_rank=lora_rank, max_model_len=max_model_len, host="0.0.0.0"
+        model or "<the run's model>",
+        port=8000,
+        lora_rank=lora_rank,
+        max_model_len=max_model_len,
+        host="0.0.0.0",
+        max_logprobs=max_logprobs,
     )
     line = shlex.join(args)
     return (

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from lightning_grpo.rollout.agent_client.gather import BatchSampler, Request
+from lightning_grpo.rollout.agent_client.gather import BatchSampler, Request, SampledCall
 from lightning_grpo.rollout.agent_client.grouping import PADDING, group_calls
 from lightning_grpo.rollout.batch import left_pad
 from lightning_grpo.rollout.sampling_settings import SampleFn, SampleRequest, SamplingSettings, eos_token_ids
@@ -76,7 +76,7 @@ def batch_sampler(
     padding_rows = itertools.count(-1, -1)  # padding rows' trajectory numbers: never a branch's, never reused
 
     @torch.no_grad()
-    def sample_batch(batch: list[Request]) -> list[Any]:
+    def sample_batch(batch: list[Request]) -> list[SampledCall]:
         ends.sampled(batch)
         ends.drop()  # in this thread, never while a batch is sampled
         groups = group_calls([r.context for r in batch], [r.shared for r in batch])
@@ -86,12 +86,14 @@ def batch_sampler(
         out = draw(sample, model, tokenizer, SampleRequest(ids, mask, call, rows=rows))
         ends.drop(row for row, i in zip(rows, groups.members, strict=True) if i == PADDING)
         results: list[Any] = [None] * len(batch)
-        new_tokens = out.sequences[:, ids.shape[1] :].tolist()
-        for i, new, logprobs in zip(groups.members, new_tokens, out.logprobs.tolist(), strict=True):
+        new_tokens, logprobs = out.sequences[:, ids.shape[1] :].tolist(), out.logprobs.tolist()
+        margins = out.margins.tolist() if out.margins is not None else [None] * len(new_tokens)
+        for i, new, lp, kept in zip(groups.members, new_tokens, logprobs, margins, strict=True):
             if i != PADDING:
                 cap = batch[i].max_tokens
                 end = next((k + 1 for k, t in enumerate(new[:cap]) if t in eos), None)
-                results[i] = (new[: end or cap], logprobs[: end or cap], end is not None)
+                n = end or cap
+                results[i] = SampledCall(new[:n], lp[:n], end is not None, None if kept is None else kept[:n])
         return results
 
     return sample_batch

@@ -39,6 +39,9 @@ def branch_rollout(
 ) -> Rollout:
     """One row per branch of every trajectory, in trajectory order; group ids are the batch rows.
 
+    The rows' ``kept_margins`` are the branches' margins (0 on context and padding), ``None`` when a branch has none
+    (the sampling truncated nothing).
+
     Raises:
         NoAgentCallError: No trajectory has a branch (no agent made a chat call).
         ValueError: A dataset column is named like one of :data:`AGENT_COLUMNS`.
@@ -61,6 +64,8 @@ def branch_rollout(
     ids = _right_pad([b.tokens for b in branches], pad, t, torch.long)
     sampled = _right_pad([b.sampled for b in branches], 0, t, torch.long)
     logprobs = _right_pad([b.logprobs for b in branches], 0.0, t, torch.float32)
+    with_margins = all(b.margins is not None for b in branches)
+    margins = _right_pad([b.margins for b in branches], 0.0, t, torch.float32) if with_margins else None
     columns = {key: [rows[e.row][key] for _, e, _, _ in entries] for key in rows[0] if key != "prompt"}
     clash = sorted(set(columns) & set(AGENT_COLUMNS))
     if clash:
@@ -83,6 +88,7 @@ def branch_rollout(
         columns=columns,
         sampled_mask=sampled,
         logprobs=logprobs,
+        kept_margins=margins,
     )
 
 

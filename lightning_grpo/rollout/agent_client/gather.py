@@ -14,9 +14,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
-__all__ = ["BatchSampler", "CallGatherer", "Request"]
+__all__ = ["BatchSampler", "CallGatherer", "Request", "SampledCall"]
 
 
 @dataclass
@@ -32,8 +32,25 @@ class Request:
     future: asyncio.Future = field(repr=False)  # type: ignore[type-arg]
 
 
-#: Samples a batch of requests (in trajectory order): ``[(tokens, logprobs, ended)]``, one per request.
-BatchSampler = Callable[[list[Request]], list[tuple[list[int], list[float], bool]]]
+class SampledCall(NamedTuple):
+    """What one call was answered with.
+
+    Attributes:
+        tokens: The sampled tokens, cut after the end-of-turn token or at the call's cap.
+        logprobs: Their behaviour log-probs (under the kept set the sampler drew from).
+        ended: Whether the turn ended with an end-of-turn token.
+        margins: Their kept-set margins (:attr:`Sampled.margins
+            <lightning_grpo.rollout.sampling_settings.Sampled.margins>`); ``None`` when the sampling truncates nothing.
+    """
+
+    tokens: list[int]
+    logprobs: list[float]
+    ended: bool
+    margins: list[float] | None = None
+
+
+#: Samples a batch of requests (in trajectory order): one :class:`SampledCall` per request.
+BatchSampler = Callable[[list[Request]], list[SampledCall]]
 
 
 class CallGatherer:
@@ -58,8 +75,9 @@ class CallGatherer:
 
     async def submit(
         self, context: list[int], max_tokens: int, row: int, owner: int, *, shared: bool = False
-    ) -> tuple[list[int], list[float], bool]:
-        """Wait for the call to be sampled in a batch: its tokens, their log-probs, whether it ended its turn."""
+    ) -> SampledCall:
+        """Wait for the call to be sampled in a batch: its tokens, their log-probs, whether it ended its turn, and
+        their kept-set margins."""
         future = asyncio.get_running_loop().create_future()
         self.waiting.append(Request(context, max_tokens, row, owner, shared, future))
         self._wake.set()

@@ -82,11 +82,11 @@ async def answer(endpoint: TrajectoryEndpoint, messages: Any, model: Any, option
     if cap <= 0:  # the trajectory's budget is spent: nothing is sampled or recorded
         return completion_body(endpoint.model, "", [], "length", plan.context, [], [], endpoint.decode, options)
     submitted = endpoint.gatherer.submit(plan.context, cap, plan.row, endpoint.owner, shared=plan.branch is None)
-    tokens, logprobs, ended = await asyncio.wait_for(submitted, endpoint.call_timeout)
+    tokens, logprobs, ended, margins = await asyncio.wait_for(submitted, endpoint.call_timeout)
     turn = endpoint.parser.parse(endpoint.decode(tokens))
     calls = [c for c in turn.tool_calls if c.error is None]
     reply = _reply(turn.content, calls)
-    endpoint.recorder.record(plan, tokens, logprobs, ended, normalize_messages([reply])[0])
+    endpoint.recorder.record(plan, tokens, logprobs, ended, normalize_messages([reply])[0], margins=margins)
     endpoint.calls += 1
     reason = "length" if not ended else "tool_calls" if calls else "stop"
     tool_calls = reply.get("tool_calls", [])

@@ -6,8 +6,8 @@ tokens (the sampled ids, never re-tokenised) followed by the template's renderin
 (:func:`~lightning_grpo.rollout.chat.continuation_ids`). Any other call (an edited or shortened history, other
 tools, a branch whose last turn was cut without an end-of-turn token, a template that renders the earlier turns
 differently once messages are added) **starts a new branch** from the full rendering of its messages. Every sampled
-token belongs to exactly one branch (mask 1, with its behaviour log-prob); rendered and inserted tokens are context
-(mask 0).
+token belongs to exactly one branch (mask 1, with its behaviour log-prob and, when the sampling truncates, its
+kept-set margin); rendered and inserted tokens are context (mask 0).
 
 The recorder changes only when a call's answer is delivered (:meth:`TrajectoryRecorder.record`): a call that timed
 out or was cancelled leaves no trace, so a retried request neither forks nor duplicates the trajectory. It needs no
@@ -41,6 +41,8 @@ class Branch:
         tokens: Everything after the prompt: sampled turns (``sampled`` 1) and inserted context (0).
         sampled: 1 on tokens the policy sampled.
         logprobs: Behaviour log-prob of each sampled token (0 on context).
+        margins: Kept-set margin of each sampled token (0 on context); ``None`` when the sampler records none (its
+            sampling truncates nothing: every call of a rollout records margins, or none does).
         messages: The conversation so far, ending with the last sampled assistant reply.
         open: Whether the last turn ended with an end-of-turn token (a later call can continue the branch).
         calls: Calls sampled on this branch.
@@ -53,15 +55,26 @@ class Branch:
     tokens: list[int] = field(default_factory=list)
     sampled: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    margins: list[float] | None = None
     messages: list[dict[str, Any]] = field(default_factory=list)
     open: bool = True
     calls: int = 0
 
-    def extend(self, ids: Sequence[int], *, sampled: bool, logprobs: Sequence[float] | None = None) -> None:
-        """Append sampled tokens (with their log-probs) or context tokens (log-prob 0)."""
+    def extend(
+        self,
+        ids: Sequence[int],
+        *,
+        sampled: bool,
+        logprobs: Sequence[float] | None = None,
+        margins: Sequence[float] | None = None,
+    ) -> None:
+        """Append sampled tokens (with their log-probs and kept-set margins) or context tokens (log-prob and margin
+        0). A branch keeps margins (:attr:`margins` not ``None``) from its creation on, or never."""
         self.tokens.extend(ids)
         self.sampled.extend([int(sampled)] * len(ids))
         self.logprobs.extend(list(logprobs)[: len(ids)] if logprobs is not None else [0.0] * len(ids))
+        if self.margins is not None:
+            self.margins.extend(list(margins)[: len(ids)] if margins is not None else [0.0] * len(ids))
 
 
 @dataclass(frozen=True)
@@ -143,9 +156,17 @@ class TrajectoryRecorder:
         return list(ids)
 
     def record(
-        self, plan: CallPlan, tokens: Sequence[int], logprobs: Sequence[float], ended: bool, reply: dict[str, Any]
+        self,
+        plan: CallPlan,
+        tokens: Sequence[int],
+        logprobs: Sequence[float],
+        ended: bool,
+        reply: dict[str, Any],
+        *,
+        margins: Sequence[float] | None = None,
     ) -> Branch:
-        """Add a delivered call: its sampled ``tokens`` (cut as sampled), ``ended`` with an end-of-turn token.
+        """Add a delivered call: its sampled ``tokens`` (cut as sampled) with their log-probs and kept-set ``margins``
+        (``None``: the sampler records none), ``ended`` with an end-of-turn token.
 
         A plan whose branch grew meanwhile (two concurrent calls of one trajectory) is recorded as a new branch.
         """
@@ -155,10 +176,11 @@ class TrajectoryRecorder:
             branch = plan.branch
         if branch is None:
             branch = Branch(plan.row, list(plan.context), list(plan.messages), plan.tools)
+            branch.margins = [] if margins is not None else None
             self.branches.append(branch)
         else:
             branch.extend(plan.inserted, sampled=False)
-        branch.extend(tokens, sampled=True, logprobs=logprobs)
+        branch.extend(tokens, sampled=True, logprobs=logprobs, margins=margins)
         branch.messages = [*plan.messages, reply]
         branch.open, branch.calls = ended, branch.calls + 1
         return branch
