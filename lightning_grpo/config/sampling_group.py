@@ -92,8 +92,16 @@ class SamplingConfig:
         self, num_generations: int | None = None, temperature: float | None = None, *, synced_gpus: bool = False
     ) -> SamplingSettings:
         """The sampling settings of training (``None`` arguments take this group's), or of validation."""
-        names = ("max_new_tokens", "top_p", "top_k", "min_p", "share_prompt", "sampler", "drop_finished")
-        names += ("static_cache",)
+        names = (
+            "max_new_tokens",
+            "top_p",
+            "top_k",
+            "min_p",
+            "share_prompt",
+            "sampler",
+            "drop_finished",
+            "static_cache",
+        )
         return SamplingSettings(
             num_generations=num_generations or self.num_generations,
             temperature=temperature or self.temperature,
