@@ -1,12 +1,31 @@
-"""Where a run writes its adapter exports: never over another run's, and checked for writing before training."""
+"""Where a run writes: its folder, read without a collective, and its adapter exports (never over another run's,
+checked for writing before training)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from lightning.pytorch import Trainer
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 
-__all__ = ["choose_export_folder", "holds_exports"]
+__all__ = ["choose_export_folder", "holds_exports", "run_folder"]
+
+
+def run_folder(trainer: Trainer) -> Path:
+    """The run's folder as this process sees it: the first logger's ``log_dir`` (CSV, TensorBoard) or ``save_dir``,
+    else ``trainer.default_root_dir``.
+
+    ``Trainer.log_dir`` is the same folder but broadcasts it from rank zero: a collective that every rank must call.
+    A callback that acts on rank zero alone reads this instead (under DDP or FSDP2 a broadcast on one rank hangs the
+    run, or pairs with another collective of the other ranks).
+    """
+    loggers = getattr(trainer, "loggers", None)  # a stand-in trainer may have none
+    if loggers:
+        logger = loggers[0]
+        folder = logger.log_dir if isinstance(logger, CSVLogger | TensorBoardLogger) else logger.save_dir
+        return Path(folder or trainer.default_root_dir)
+    return Path(trainer.default_root_dir)
 
 
 def choose_export_folder(directory: Path, *, chosen: bool, keep: bool) -> tuple[Path, Exception | None]:

@@ -10,7 +10,7 @@ from lightning.pytorch import LightningModule, Trainer
 from typing_extensions import override
 
 from lightning_grpo.callbacks._arguments import check_positive_int
-from lightning_grpo.callbacks._run_folder import choose_export_folder
+from lightning_grpo.callbacks._run_folder import choose_export_folder, run_folder
 from lightning_grpo.callbacks.iteration_counter import IterationCounter
 
 __all__ = ["AdapterExport"]
@@ -73,8 +73,7 @@ class AdapterExport(IterationCounter):
             return self._directory
         if self.dirpath is not None:
             return Path(self.dirpath) / "adapter"
-        root = trainer.log_dir if getattr(trainer, "loggers", None) else trainer.default_root_dir  # the run's folder
-        return Path(root) / "adapter"
+        return run_folder(trainer) / "adapter"  # rank zero alone chooses: no collective here
 
     def path_for(self, trainer: Trainer, name: str) -> Path:
         """Where the export ``name`` (``step-<N>`` or ``final``) goes."""

@@ -12,6 +12,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
+from lightning_grpo.callbacks._run_folder import run_folder
 from lightning_grpo.extras import install_hint
 
 __all__ = ["RewardCurve", "curve_title", "matplotlib_installed", "plot_rewards"]
@@ -129,7 +130,7 @@ class RewardCurve(Callback):
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not self._enabled or not self.rewards or not trainer.is_global_zero:
             return
-        folder = Path(trainer.log_dir if trainer.loggers and trainer.log_dir else trainer.default_root_dir)
+        folder = run_folder(trainer)  # on rank zero alone: no collective (Trainer.log_dir broadcasts)
         if folder.resolve() == Path.cwd().resolve():  # no run folder (no logger, or one without files): not the cwd
             return
         folder.mkdir(parents=True, exist_ok=True)

@@ -17,8 +17,8 @@ from tests.distributed.equivalence_cases import EQUIVALENCE_CASES, equivalence_c
 from tests.distributed.launch import run_ranks
 from tests.distributed.ranks import logged
 
-DDP_SCENARIOS = ["equivalence", "fit", "agents"]
-FSDP_SCENARIOS = ["equivalence", "fit", "resume-full", "uneven", "bf16", "tp-refused", "agents"]
+DDP_SCENARIOS = ["equivalence", "fit", "agents", "logged"]
+FSDP_SCENARIOS = ["equivalence", "fit", "resume-full", "uneven", "bf16", "tp-refused", "agents", "logged"]
 
 
 def _launch(tmp_path_factory: pytest.TempPathFactory, strategy: str, scenarios: list[str], timeout: float) -> Path:

@@ -102,3 +102,14 @@ def test_dist_export_equals_a_single_process_export_of_the_same_weights(request,
     for config in (got_config, want_config):  # peft writes target_modules from a set: order varies by process
         config["target_modules"] = sorted(config["target_modules"])
     assert got_config == want_config
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_dist_a_logged_run_exports_and_draws_in_its_folder(request, strategy):
+    """A CSV logger, the default callbacks and an adapter export (the CLI's set-up): both ranks finish (a callback
+    reading ``Trainer.log_dir`` on rank zero alone, a broadcast, hung here) and the files land in the run folder."""
+    workdir = request.getfixturevalue(f"{strategy}_run")
+    assert [rank["global_step"] for rank in _ranks(workdir, "logged")] == [4, 4]
+    run = workdir / "logged" / "run" / "version_0"
+    assert (run / "metrics.csv").is_file() and (run / "adapter" / "final" / "adapter_config.json").is_file()
+    assert not (workdir / "logged" / "run" / "version_1").exists()  # one run folder, not one per rank

@@ -209,7 +209,24 @@ def scenario_agents(strategy: str, workdir: Path) -> None:
     write_json(workdir / f"agents-rank{rank()}.json", {"turns": recorder.turns, "turn_cache": recorder.turn_cache})
 
 
+def scenario_logged(strategy: str, workdir: Path) -> None:
+    """One iteration as the CLI runs it: a CSV logger, the default callbacks and an adapter export into the logger's
+    folder (those read the run folder on rank zero alone: no collective there)."""
+    from lightning.pytorch.loggers import CSVLogger
+
+    from lightning_grpo.callbacks import AdapterExport
+
+    logger = CSVLogger(save_dir=str(workdir / "logged"), name="run")
+    trainer = make_trainer(
+        devices=world_of(strategy), strategy=make_strategy(strategy), max_steps=4, logger=logger,
+        callbacks=[AdapterExport()], default_root_dir=str(workdir / "logged"), log_every_n_steps=1,
+    )  # fmt: skip
+    trainer.fit(fit_module(), fit_data())
+    write_json(workdir / f"logged-rank{rank()}.json", {"global_step": trainer.global_step})
+
+
 SCENARIOS = {
+    "logged": scenario_logged,
     "agents": scenario_agents,
     "rewards": scenario_rewards,
     "equivalence": scenario_equivalence,
