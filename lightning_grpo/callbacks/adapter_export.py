@@ -12,6 +12,7 @@ from typing_extensions import override
 from lightning_grpo.callbacks._arguments import check_positive_int
 from lightning_grpo.callbacks._run_folder import choose_export_folder, run_folder
 from lightning_grpo.callbacks.iteration_counter import IterationCounter
+from lightning_grpo.rank_failures import agreed
 
 __all__ = ["AdapterExport"]
 
@@ -93,7 +94,7 @@ class AdapterExport(IterationCounter):
             choice = choose_export_folder(self.directory(trainer), chosen=self.dirpath is not None, keep=keep)
         directory, error = trainer.strategy.broadcast(choice)  # every rank raises, or none
         if error is not None:
-            raise error
+            raise agreed(error)
         self._directory = directory
 
     @override

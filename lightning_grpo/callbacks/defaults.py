@@ -16,6 +16,7 @@ from lightning_grpo.callbacks.completion_stats import CompletionStats
 from lightning_grpo.callbacks.group_rewards import GroupRewardStats
 from lightning_grpo.callbacks.interrupt import SaveOnInterrupt
 from lightning_grpo.callbacks.progress_bar import readable_progress_bar
+from lightning_grpo.callbacks.rank_failure_watch import RankFailureWatch
 from lightning_grpo.callbacks.reward_curve import RewardCurve
 from lightning_grpo.callbacks.sample_logger import SampleLogger
 from lightning_grpo.callbacks.throughput import ThroughputMonitor
@@ -88,12 +89,14 @@ def missing_callbacks(defaults: Iterable[Callback], present: Iterable[Callback])
 def module_callbacks(trainer: Trainer, *, tool_servers: bool, monitoring: bool) -> list[Callback]:
     """The callbacks a ``GRPOModule`` adds to its trainer (``configure_callbacks``).
 
-    Always :class:`CloseRolloutBackend` (the one place the backend is closed: end of fit, or an exception) and, with
+    Always :class:`CloseRolloutBackend` (the one place the backend is closed: end of fit, or an exception), a
+    :class:`RankFailureWatch` unless the trainer has one (a failure on one rank stops every rank, naming it) and, with
     MCP ``tool_servers``, :class:`CloseToolServers`; with ``monitoring``, the :func:`default_callbacks` of types the
     trainer lacks (a trainer's callback of the same or a related type wins), then ``GRPOProgressBar`` in place of
     Lightning's default bar, last: it shows what they logged.
     """
     close: list[Callback] = [CloseRolloutBackend()]
+    close += [] if any(isinstance(c, RankFailureWatch) for c in trainer.callbacks) else [RankFailureWatch()]
     close += [CloseToolServers()] if tool_servers else []  # MCP sessions end with the fit
     if not monitoring:
         return close

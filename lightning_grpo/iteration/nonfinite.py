@@ -19,7 +19,14 @@ from torch import Tensor, nn
 from lightning_grpo.iteration.context import IterationContext
 from lightning_grpo.policy.finite import LIKELY_CAUSES, NonFiniteError
 
-__all__ = ["QUANTITIES", "gradient_flag", "nonfinite_flags", "nonfinite_sampling", "step_is_finite"]
+__all__ = [
+    "QUANTITIES",
+    "gradient_flag",
+    "nonfinite_flags",
+    "nonfinite_sampling",
+    "step_is_finite",
+    "step_is_finite_with_tokens",
+]
 
 #: The quantities checked, in the order of the flags.
 QUANTITIES = ("loss", "policy loss", "KL", "ratio", "gradient norm")
@@ -59,17 +66,21 @@ def step_is_finite(context: IterationContext, flags: Tensor, *, on_nonfinite: st
     Raises:
         NonFiniteError: Naming the step, the non-finite quantities and the likely causes.
     """
+    return _decide(context, context.sum_across_ranks(flags.float()).tolist(), on_nonfinite, max_skipped)
+
+
+def step_is_finite_with_tokens(
+    context: IterationContext, flags: Tensor, num_tokens: Tensor, *, on_nonfinite: str, max_skipped: int
+) -> tuple[bool, float]:
+    """:func:`step_is_finite`, and the mini-batch's global loss-token count ``num_tokens`` (0-dim, already summed
+    over ranks: the same on every rank) brought to the host in the same copy: still one host sync per step.
+
+    Raises:
+        NonFiniteError: As :func:`step_is_finite`.
+    """
     total = context.sum_across_ranks(flags.float())
-    if not bool((total == 0).all()):
-        names = ", ".join(name for name, count in zip(QUANTITIES, total.tolist(), strict=True) if count)
-        what = f"step {context.global_step}: non-finite {names} (NaN or infinity); the update was not applied"
-        if on_nonfinite == "skip" and len(context.skipped) < max_skipped:
-            context.skipped.append(context.global_step)
-            rank_zero_warn(f"{what} and the step is skipped ({len(context.skipped)} of {max_skipped}). {LIKELY_CAUSES}")
-            return False
-        skipped = f" after {len(context.skipped)} skipped step(s)" if context.skipped else ""
-        raise NonFiniteError(f"{what}{skipped}, and the run stops: nothing non-finite was saved. {LIKELY_CAUSES}")
-    return True
+    *counts, tokens = torch.cat([total, num_tokens.detach().reshape(1).to(total)]).tolist()
+    return _decide(context, counts, on_nonfinite, max_skipped), tokens
 
 
 @contextmanager
@@ -95,3 +106,17 @@ def _bad(term: Tensor | None, device: torch.device) -> Tensor:
     if term is None:
         return torch.zeros((), device=device)
     return (~torch.isfinite(term.detach().float())).any().float().to(device)
+
+
+def _decide(context: IterationContext, counts: list[float], on_nonfinite: str, max_skipped: int) -> bool:
+    """The guard's decision from the flags summed over ranks, on the host (see :func:`step_is_finite`)."""
+    if not any(counts):
+        return True
+    names = ", ".join(name for name, count in zip(QUANTITIES, counts, strict=True) if count)
+    what = f"step {context.global_step}: non-finite {names} (NaN or infinity); the update was not applied"
+    if on_nonfinite == "skip" and len(context.skipped) < max_skipped:
+        context.skipped.append(context.global_step)
+        rank_zero_warn(f"{what} and the step is skipped ({len(context.skipped)} of {max_skipped}). {LIKELY_CAUSES}")
+        return False
+    skipped = f" after {len(context.skipped)} skipped step(s)" if context.skipped else ""
+    raise NonFiniteError(f"{what}{skipped}, and the run stops: nothing non-finite was saved. {LIKELY_CAUSES}")

@@ -23,12 +23,12 @@ from lightning_grpo.algorithms.peer_normalisers import kept_rejection, peer_norm
 from lightning_grpo.config import GRPOConfig
 from lightning_grpo.iteration.context import IterationContext
 from lightning_grpo.iteration.micro_batches import micro_batch_rows
-from lightning_grpo.iteration.nonfinite import gradient_flag, nonfinite_flags, step_is_finite
+from lightning_grpo.iteration.nonfinite import gradient_flag, nonfinite_flags, step_is_finite_with_tokens
 from lightning_grpo.iteration.rank_rows import agreed_minibatches, idle_minibatch, idle_rollout, ranks_differ
 from lightning_grpo.iteration.timing import PhaseTimer
 from lightning_grpo.iteration.types import LossCounts, UpdateBatch
 from lightning_grpo.metrics import MetricSums as _MetricSums
-from lightning_grpo.metrics import reduce_across_ranks
+from lightning_grpo.metrics import reduce_across_ranks, without_extrema
 from lightning_grpo.rollout import Rollout, TokenLogProbs
 from lightning_grpo.rollout.agent_client import is_agent_rollout
 from lightning_grpo.rollout.generation import eval_mode
@@ -212,14 +212,15 @@ def run_updates(
 
     Returns:
         The global mean mini-batch loss and the metrics (``pg_loss`` and the token-weighted means of the others),
-        exact over all ranks.
+        exact over all ranks. A step without a loss token on any rank has no ``*_max`` / ``*_min`` metrics (they
+        would hold an infinity or a meaningless 0); every rank decides alike, from the guard's host copy.
     """
     mini = config.update.mini_batch_size or max(len(batch), 1)  # a rank without rows runs idle mini-batches
     micro = config.update.micro_batch_size or mini
     generator = torch.Generator().manual_seed(context.seed)
     norm = float(config.objective.loss_agg_norm or config.sampling.max_new_tokens)
     faults = config.faults
-    sums, shares = _MetricSums(), []
+    sums, shares, tokens = _MetricSums(), [], 0.0
     passes = range(config.update.ppo_epochs)
     epochs = [rows for _ in passes for rows in _pass_rows(batch, mini, generator, config, context)]
     for index, rows in enumerate(epochs):  # the mini-batches of every pass, each pass a fresh permutation
@@ -238,7 +239,10 @@ def run_updates(
         part, flags = _accumulate(minibatch, counts, sizes, sums, context, policy, compute_loss, backward, optimizer)
         shares.append(part)
         flags = torch.cat([flags, gradient_flag(policy.parameters(), context.device)])
-        if not step_is_finite(context, flags, on_nonfinite=faults.on_nonfinite, max_skipped=faults.max_skipped_steps):
+        guard = {"on_nonfinite": faults.on_nonfinite, "max_skipped": faults.max_skipped_steps}
+        finite, counted = step_is_finite_with_tokens(context, flags, counts.num_tokens, **guard)  # one host sync
+        tokens += counted  # global: the same on every rank
+        if not finite:
             optimizer.zero_grad(set_to_none=True)  # nothing of this iteration's remaining updates is applied
             break
         if config.update.max_grad_norm is not None:
@@ -249,7 +253,8 @@ def run_updates(
         scheduler.step()
     parts = torch.stack([torch.stack(list(s.values())) for s in shares]).mean(0)  # (loss, pg_loss), this rank
     loss, pg_loss = reduce_across_ranks(parts).float()  # the ranks' parts add up to the global values
-    return loss, {"pg_loss": pg_loss, **sums.means(reduce_across_ranks)}
+    metrics = sums.means(reduce_across_ranks)  # a collective: every rank calls it, with or without loss tokens
+    return loss, {"pg_loss": pg_loss, **(metrics if tokens else without_extrema(metrics))}
 
 
 def _pass_rows(

@@ -26,7 +26,7 @@ from lightning_grpo.rewards import RewardFunctions
 from lightning_grpo.rollout import agent_client
 from lightning_grpo.rollout.agent import AgentSettings
 from lightning_grpo.rollout.batch import Rollout
-from lightning_grpo.rollout.rank_agreement import RankVotes, agreed_rollout
+from lightning_grpo.rollout.rank_agreement import InStepSession, RankVotes, agreed_rollout
 from lightning_grpo.rollout.sampling import sample_rollout
 from lightning_grpo.rollout.sampling_settings import SamplingSettings
 from lightning_grpo.rollout.session import RolloutSession
@@ -150,7 +150,8 @@ def sample_batch(
             )
         prompts = agent.prompts_of(batch)  # KeyError without "prompt" (unless TRL-style environments fill it)
         columns = {key: list(values) for key, values in batch.items() if key != "prompt"}
-        active = ranks.any_active if ranks is not None and settings.synced_gpus else None
+        in_step = ranks is not None and settings.synced_gpus  # every rank joins every sampling call (FSDP2)
+        active = ranks.any_active if in_step else None
         rollout = sample_rollout(
             policy,
             tokenizer,
@@ -160,7 +161,7 @@ def sample_batch(
             max_prompt_length=max_prompt_length,
             columns=columns,
             any_rank_active=active,
-            sample=session,
+            sample=InStepSession(session) if in_step else session,
         )
         return rollout, None
 

@@ -11,25 +11,28 @@ failing rank it is chained to the rank's own exception). One process pays a ``tr
 Under FSDP2 the turn loop samples in step (``synced_gpus``) and asks, before each turn, whether any rank still runs
 a trajectory (:meth:`RankVotes.any_active`): that question is the same vote, so a rank that failed in a turn's tool
 calls or environment steps answers the others' next question with its failure and no collective is left unpaired.
-A rank that fails inside a sampling call (whose forward holds FSDP2's own collectives) cannot be agreed on; the
-collective timeout bounds that wait (docs/distributed.md, "When a rank fails").
+A rank that fails inside a sampling call (whose forward holds FSDP2's own collectives) cannot vote: its vote would
+pair with the others' all-gather. :class:`InStepSession` marks such an error, :func:`agreed_rollout` lets it pass
+unvoted, and it reaches the other ranks out of band (:class:`~lightning_grpo.callbacks.RankFailureWatch`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
 
-__all__ = ["RankFailureError", "RankVotes", "agreed_rollout"]
+__all__ = ["InStepSession", "RankFailureError", "RankVotes", "agreed_rollout"]
 
 T = TypeVar("T")
 _ACTIVE, _FAILED, _EMPTY = 0, 1, 2
 #: Longest cause (exception type and message) a rank sends to the others, in characters.
 CAUSE_CHARS = 2000
+#: The attribute that marks an error raised while the other ranks may wait in a collective of the same call.
+_INSIDE_COLLECTIVES = "_lightning_grpo_inside_collectives"
 
 
 class RankFailureError(RuntimeError):
@@ -95,6 +98,30 @@ class RankVotes:
         return {rank: cause for rank, cause in enumerate(gathered) if cause is not None}
 
 
+class InStepSession:
+    """A sampling session whose calls every rank joins together (FSDP2): an error raised inside one is marked, so that
+    :func:`agreed_rollout` does not vote on it (the others wait in the call's collectives, not in a vote).
+
+    Args:
+        session: The backend's session (anything with ``sample(model, tokenizer, request)``).
+    """
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+
+    def sample(self, *args: Any, **kwargs: Any) -> Any:
+        """The session's ``sample``; an error it raises leaves marked."""
+        try:
+            return self.session.sample(*args, **kwargs)
+        except Exception as error:
+            setattr(error, _INSIDE_COLLECTIVES, True)
+            raise
+
+    def close(self) -> None:
+        """The session's ``close``."""
+        self.session.close()
+
+
 def agreed_rollout(
     sample: Callable[[], T], ranks: RankVotes | None, *, is_empty: Callable[[T], bool] = lambda _: False
 ) -> T:
@@ -121,6 +148,8 @@ def agreed_rollout(
         causes = ranks.causes(None)
         raise RankFailureError(_message(causes, ranks), causes) from None
     except Exception as error:  # any failure of this rank's rollout: every rank learns of it in the vote
+        if getattr(error, _INSIDE_COLLECTIVES, False):
+            raise  # the others wait inside the same sampling call: they learn of it out of band
         ranks._vote(failed=True)
         causes = ranks.causes(error)
         raise RankFailureError(_message(causes, ranks), causes) from error

@@ -1,13 +1,17 @@
 """The vLLM server backend's faults that need no vLLM: its settings, a server unreachable at start, a request that
-times out (sent once more, then an error naming the setting), and a started server's processes stopped whole (after
-close, when it exits at start, when it never answers). The faults that need a real server are in
-``test_vllm_server.py``."""
+times out (sent once more, then an error naming the setting; a load or unload the timed-out call did is a success),
+and a started server's processes stopped whole (after close, when it exits at start, when it never answers). The
+faults that need a real server are in ``test_vllm_server.py``."""
 
 from __future__ import annotations
 
+import json
 import socket
 import sys
 import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
 
 import psutil
 import pytest
@@ -105,14 +109,97 @@ def test_a_request_that_times_out_is_sent_once_more_then_names_request_timeout_s
     session = backend.session(None, SamplingSettings(2, 4))
     ids = torch.tensor([[5, 6, 7]])
     try:
-        with pytest.raises(ServerError, match=r"timed out twice after 0.5 s \(GRPOConfig.backend.rollout_backend_args."
-                           r"request_timeout_s\)"):  # fmt: skip
+        timed_out = r"timed out twice after 0.5 s \(GRPOConfig.backend.rollout_backend_args.request_timeout_s\)"
+        with pytest.raises(ServerError, match=timed_out):
             session.sample(
                 None, build_tiny_tokenizer(), SampleRequest(ids, torch.ones_like(ids), SamplingSettings(2, 4), rows=[0])
             )
         assert silent.accepted == 2  # the first try and the one retry
     finally:
         silent.close()
+
+
+class _SlowThenRefusing:
+    """A vLLM stand-in for the LoRA endpoints: an endpoint's first request for an adapter finishes after ``delay``
+    seconds (past the client's timeout, as a slow load), a second one is refused as vLLM refuses a name already
+    loaded (or already unloaded); with ``delay=0``, every request is refused."""
+
+    LOADED = (
+        "The lora adapter '{}' has already been loaded. If you want to load the adapter in place, set 'load_inplace' "
+    )
+    LOADED += "to True."
+    REFUSALS: ClassVar[dict[str, tuple[int, str]]] = {
+        "/v1/load_lora_adapter": (400, LOADED),
+        "/v1/unload_lora_adapter": (404, "The lora adapter '{}' cannot be found."),
+    }
+
+    def __init__(self, delay: float) -> None:
+        self.requests: list[str] = []
+        self.seen: set[tuple[str, str]] = set()  # (endpoint, adapter name)
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                name = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["lora_name"]
+                first = (self.path, name) not in owner.seen
+                owner.requests.append(self.path)
+                owner.seen.add((self.path, name))
+                if first and delay:
+                    time.sleep(delay)  # done, but the client has given up: its resend meets the refusal
+                    return self._answer(200, "Success")
+                code, message = owner.REFUSALS[self.path]
+                error = {"message": message.format(name), "type": "InvalidUserInput", "param": None, "code": code}
+                self._answer(code, json.dumps({"error": error}))
+
+            def _answer(self, code: int, text: str) -> None:
+                try:
+                    self.send_response(code)
+                    self.end_headers()
+                    self.wfile.write(text.encode())
+                except OSError:  # the client closed the connection after its timeout
+                    pass
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _started_backend(url: str, tmp_path) -> VLLMServerBackend:
+    backend = VLLMServerBackend(VLLMServerConfig(url=url, request_timeout_s=0.5), _spec())
+    backend._started, backend.adapter_root = True, tmp_path  # as after start: the server's check is not stubbed
+    return backend
+
+
+def test_a_load_and_an_unload_done_by_a_timed_out_call_succeed_on_the_resend(tmp_path):
+    server = _SlowThenRefusing(delay=1.0)
+    backend, policy = _started_backend(server.url, tmp_path), _policy()
+    try:
+        backend.sync(policy, 1)  # the load timed out, its resend answered 400 "already loaded"
+        backend.sync(policy, 2)  # v1 retired and unloaded: timed out, its resend answered 404 "cannot be found"
+    finally:
+        server.close()
+    assert backend.adapter == f"lightning-grpo-{backend.run_id}-v2" and backend.synced_version == 2
+    assert server.requests == ["/v1/load_lora_adapter"] * 4 + ["/v1/unload_lora_adapter"] * 2  # each sent twice
+    assert [path.name for path in tmp_path.iterdir()] == [backend.adapter]  # v1's files deleted with its unload
+
+
+def test_already_loaded_on_the_first_call_is_still_an_error(tmp_path):
+    server = _SlowThenRefusing(delay=0.0)
+    backend = _started_backend(server.url, tmp_path)
+    try:
+        refused = r"refused loading the adapter .* \(.*HTTP 400\): The lora adapter '.*-v1' has already been loaded"
+        with pytest.raises(ServerError, match=refused):
+            backend.sync(_policy(), 1)
+    finally:
+        server.close()
+    assert server.requests == ["/v1/load_lora_adapter"] and backend.adapter is None
 
 
 _FAMILY = (

@@ -42,6 +42,7 @@ from lightning_grpo.backends.vllm_server.process import (
 )
 from lightning_grpo.backends.vllm_server.settings import VLLMServerConfig, serve_command, start_hint
 from lightning_grpo.distributed import full_adapter_state_dict, is_sharded
+from lightning_grpo.rank_failures import agreed
 from lightning_grpo.rollout.sampling_settings import Sampled, SampleRequest, SamplingSettings, eos_token_ids
 
 __all__ = ["VLLMServerBackend", "VLLMServerSession"]
@@ -80,7 +81,7 @@ def _outcome_of_rank_zero(work: Callable[[], str]) -> str:
             outcome = ("error", str(error))
     kind, text = _from_rank_zero(outcome)
     if kind == "error":
-        raise ServerError(text if _rank() == 0 else f"rank 0 failed: {text}")
+        raise agreed(ServerError(text if _rank() == 0 else f"rank 0 failed: {text}"))
     return text
 
 
@@ -325,6 +326,7 @@ class VLLMServerBackend:
                 {"lora_name": name, "lora_path": str(path)},
                 self.config.request_timeout_s,
                 what=f"loading the adapter {name!r} from {path}",
+                already_done=lambda message: f"'{name}' has already been loaded" in message,  # by the timed-out call
             )
         except ServerError as error:
             shutil.rmtree(path, ignore_errors=True)
@@ -351,6 +353,7 @@ class VLLMServerBackend:
             {"lora_name": name},
             self.config.request_timeout_s,
             what=f"unloading the adapter {name!r}",
+            already_done=lambda message: f"'{name}' cannot be found" in message,  # unloaded by the timed-out call
         )
         shutil.rmtree(self.adapter_root / name, ignore_errors=True)
 

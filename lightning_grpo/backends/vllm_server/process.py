@@ -23,6 +23,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +50,28 @@ def _request(url: str, body: dict[str, Any] | None, timeout: float) -> Any:
         return text  # vLLM answers the LoRA endpoints with plain text ("Success: ...")
 
 
-def _call(url: str, body: dict[str, Any] | None, timeout: float, *, what: str, hint: str) -> Any:
+def _detail(error: urllib.error.HTTPError) -> str:
+    """vLLM's message in an error answer (``{"error": {"message": ...}}``), else the answer's text."""
+    detail = error.read().decode(errors="replace")
+    with contextlib.suppress(ValueError, KeyError, TypeError):
+        detail = str(json.loads(detail)["error"]["message"])
+    return detail
+
+
+def _call(
+    url: str,
+    body: dict[str, Any] | None,
+    timeout: float,
+    *,
+    what: str,
+    hint: str,
+    already_done: Callable[[str], bool] | None = None,
+) -> Any:
     """One HTTP call, sent a second time if the first timed out.
+
+    The server may have done what the timed-out call asked all the same: ``already_done(message)`` says whether
+    vLLM's refusal of the second call means so (e.g. "already loaded"); it is then vLLM's message, returned. A
+    refusal of the first call is always an error.
 
     Raises:
         ServerError: The server answered with an error (vLLM's message), was unreachable, or timed out twice.
@@ -59,9 +80,9 @@ def _call(url: str, body: dict[str, Any] | None, timeout: float, *, what: str, h
         try:
             return _request(url, body, timeout)
         except urllib.error.HTTPError as error:
-            detail = error.read().decode(errors="replace")
-            with contextlib.suppress(ValueError, KeyError, TypeError):
-                detail = json.loads(detail)["error"]["message"]
+            detail = _detail(error)
+            if attempt == 2 and already_done is not None and already_done(detail):  # attempt 2: after a timeout
+                return detail
             raise ServerError(f"the vLLM server refused {what} ({url}, HTTP {error.code}): {detail}") from None
         except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as error:
             if _is_timeout(error) and attempt == 1:
@@ -80,9 +101,21 @@ def _call(url: str, body: dict[str, Any] | None, timeout: float, *, what: str, h
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def post_json(url: str, body: dict[str, Any], timeout: float, *, what: str, hint: str = "") -> Any:
-    """POST ``body`` as JSON to ``url``; the parsed answer (JSON, or text). See :func:`_call` for the errors."""
-    return _call(url, body, timeout, what=what, hint=hint or "is it still running?")
+def post_json(
+    url: str,
+    body: dict[str, Any],
+    timeout: float,
+    *,
+    what: str,
+    hint: str = "",
+    already_done: Callable[[str], bool] | None = None,
+) -> Any:
+    """POST ``body`` as JSON to ``url``; the parsed answer (JSON, or text). See :func:`_call` for the errors.
+
+    ``already_done(message)``: whether vLLM's refusal of the resend after a timeout means the first call was done
+    (names are unique: "already loaded" on the resend of a load is its success); ``None``: every refusal is an error.
+    """
+    return _call(url, body, timeout, what=what, hint=hint or "is it still running?", already_done=already_done)
 
 
 def get_json(url: str, timeout: float, *, what: str, hint: str = "") -> Any:
@@ -141,6 +174,12 @@ class ServerProcess:
             ServerError: The server exited, or did not answer within ``timeout`` seconds (it is stopped then); the
                 message holds the end of its output.
         """
+        print(
+            f"vLLM server: starting `vllm serve` (it loads the model and warms up: usually 30 s to a few minutes, at "
+            f"most start_timeout_s={timeout:g} s); its output goes to {self.log_path}",
+            file=sys.stderr,
+            flush=True,
+        )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process is None or self.process.poll() is not None:
