@@ -58,7 +58,7 @@ from lightning.pytorch.loggers import CSVLogger  # noqa: E402
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig, PromptDataModule  # noqa: E402
 from lightning_grpo.callbacks import AgentStats, GroupRewardStats  # noqa: E402
 from lightning_grpo.config import AgentConfig  # noqa: E402
-from lightning_grpo.demo import fit_and_report  # noqa: E402
+from lightning_grpo.demo import announce_warm_up, fit_and_report  # noqa: E402
 from lightning_grpo.extras import exit_unless_installed  # noqa: E402
 from lightning_grpo.testing.agents import called_add_right  # noqa: E402
 from lightning_grpo.testing.calculator import add_task_flags, grpo_settings, warm_policy  # noqa: E402
@@ -66,6 +66,7 @@ from lightning_grpo.testing.calculator import add_task_flags, grpo_settings, war
 
 def build(options: argparse.Namespace) -> tuple[GRPOModule, PromptDataModule, Trainer]:
     """The module (its one tool served by this script's MCP server), the data module and the trainer."""
+    announce_warm_up("mcp_tools", "tool-call traces", options.warmup_steps)
     tokenizer, rows, model = warm_policy(options)  # tool_calling.py's task and warm-up
     server = {"command": [sys.executable, str(Path(__file__).resolve()), "--serve"]}  # started by the module
     module = GRPOModule(

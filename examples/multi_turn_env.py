@@ -59,7 +59,7 @@ from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig, PromptDataModul
 from lightning_grpo.agents import EnvStep
 from lightning_grpo.callbacks import AgentStats, GroupRewardStats
 from lightning_grpo.config import AdvantageConfig, AgentConfig, ObjectiveConfig, SamplingConfig
-from lightning_grpo.demo import fit_and_report
+from lightning_grpo.demo import announce_warm_up, fit_and_report
 from lightning_grpo.rollout.chat import continuation_ids, render_messages
 from lightning_grpo.testing import build_tiny_model, build_tiny_tokenizer
 from lightning_grpo.testing.agents import warm_up_on_traces
@@ -126,6 +126,7 @@ def warm_up_game(
 def build(options: argparse.Namespace) -> tuple[GRPOModule, PromptDataModule, Trainer]:
     """The module (one :class:`GuessEnv` per sample), the data module (secrets) and the trainer."""
     tokenizer, rng = build_tiny_tokenizer(), random.Random(options.seed)
+    announce_warm_up("multi_turn_env", "guessing games", options.warmup_steps)
     game = lambda: warm_up_game(tokenizer, rng, options.max_turns, options.follow_fraction)  # noqa: E731
     model = warm_up_on_traces(
         build_tiny_model(tokenizer, seed=options.seed), tokenizer, game, steps=options.warmup_steps, seed=options.seed

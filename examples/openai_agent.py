@@ -44,7 +44,7 @@ from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig, PromptDataModul
 from lightning_grpo.agents import ToolSet
 from lightning_grpo.callbacks import GroupRewardStats
 from lightning_grpo.config import AgentConfig
-from lightning_grpo.demo import fit_and_report
+from lightning_grpo.demo import announce_warm_up, fit_and_report
 from lightning_grpo.extras import exit_unless_installed
 from lightning_grpo.testing.agents import add
 from lightning_grpo.testing.calculator import add_task_flags, grpo_settings, warm_policy
@@ -89,6 +89,7 @@ async def agent(client: Any, row: dict[str, Any]) -> float:
 
 def build(options: argparse.Namespace) -> tuple[GRPOModule, PromptDataModule, Trainer]:
     """The module (``agent=agent``, its returned reward), the data module and the trainer."""
+    announce_warm_up("openai_agent", "tool-call traces", options.warmup_steps)
     tokenizer, rows, model = warm_policy(options)  # tool_calling.py's task and warm-up
     module = GRPOModule(
         model,

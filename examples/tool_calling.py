@@ -45,7 +45,7 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig, PromptDataModule
 from lightning_grpo.callbacks import AgentStats, GroupRewardStats
 from lightning_grpo.config import AgentConfig
-from lightning_grpo.demo import fit_and_report
+from lightning_grpo.demo import announce_warm_up, fit_and_report
 from lightning_grpo.testing.agents import add, called_add_right
 from lightning_grpo.testing.calculator import add_task_flags, grpo_settings, warm_policy
 
@@ -80,6 +80,7 @@ def build(
     The tiny run uses the one-operation calculator ``add`` of :mod:`lightning_grpo.testing.agents`, whose warm-up
     traces are laid out exactly as the rollout lays out its tokens; a real model gets :func:`calc` from the config.
     """
+    announce_warm_up("tool_calling", "tool-call traces", options.warmup_steps)
     tokenizer, rows, model = warm_policy(options)  # the shared task: rows, tokenizer, supervised warm-up (seconds)
     module = GRPOModule(
         model,

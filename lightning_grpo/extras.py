@@ -1,9 +1,10 @@
 """The optional dependencies (``pyproject.toml``'s extras), checked when the object that needs one is built.
 
 The package is not on the package index, so installing it by name with an extra does not resolve: an extra is
-installed from a clone (``pip install -e ".[x]"``) or from a built wheel (``pip install "<wheel>[x]"``), as
-docs/vllm.md words it. :func:`install_hint` writes that line and :func:`require` raises it, before a run starts
-rather than in its first iteration.
+installed from a clone as the README installs the package (``pip install ".[x]"``; ``pip install -e ".[x]"`` keeps an
+editable install editable) or from a built wheel (``pip install "<wheel>[x]"``), as docs/vllm.md words it.
+:func:`install_hint` writes that line and :func:`require` raises it, before a run starts rather than in its first
+iteration.
 """
 
 from __future__ import annotations
@@ -37,14 +38,18 @@ def install_hint(*extras: str) -> str:
 
     Example::
 
-        >>> install_hint("openai")
-        'pip install -e ".[openai]" in a clone of lightning-grpo (or pip install "<the built wheel>[openai]")'
+        >>> print(install_hint("openai"))
+        pip install ".[openai]" in a clone of lightning-grpo (pip install -e ".[openai]" for an editable install;
+        from a built wheel: pip install "<the wheel file>[openai]")
     """
     unknown = [extra for extra in extras if extra not in EXTRAS]
     if unknown or not extras:
         raise ValueError(f"unknown extra(s) {unknown}; the extras are {sorted(EXTRAS)}")
     names = ",".join(extras)
-    return f'pip install -e ".[{names}]" in a clone of lightning-grpo (or pip install "<the built wheel>[{names}]")'
+    return (
+        f'pip install ".[{names}]" in a clone of lightning-grpo (pip install -e ".[{names}]" for an editable install; '
+        f'from a built wheel: pip install "<the wheel file>[{names}]")'
+    )
 
 
 def missing_modules(extra: str) -> list[str]:

@@ -8,7 +8,6 @@ Each phase of the iteration (docs/index.md) is one overridable method: :meth:`GR
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -22,20 +21,22 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from lightning_grpo import distributed
 from lightning_grpo.agents import EnvironmentFactory, ToolCallParser
 from lightning_grpo.backends import RolloutBackend, VLLMConfig
-from lightning_grpo.backends.ahead import launch_ahead, take_ahead
+from lightning_grpo.backends.ahead import Batch, launch_ahead, take_ahead
 from lightning_grpo.callbacks.defaults import module_callbacks
 from lightning_grpo.callbacks.iteration_counter import upgrade_state_keys
 from lightning_grpo.checkpoint import settings_of
 from lightning_grpo.checkpoint.module_state import resume_module_state, save_module_state
 from lightning_grpo.config import GRPOConfig
 from lightning_grpo.data.lookahead import next_batch
-from lightning_grpo.iteration import IterationContext, LossCounts, PhaseTimer, StepOutput, UpdateBatch
+from lightning_grpo.iteration import IterationContext, LossCounts, PhaseTimer, StepOutput, UpdateBatch, evaluation
 from lightning_grpo.iteration.batch_loss import batch_loss
 from lightning_grpo.iteration.dynamic_sampling import dynamic_sample
 from lightning_grpo.iteration.fit_checks import check_fit_inputs, check_loader_batch_size
 from lightning_grpo.iteration.function_rewards import function_reward_inputs
 from lightning_grpo.iteration.module_parts import build_parts
+from lightning_grpo.iteration.policy_logprobs import policy_logprobs
 from lightning_grpo.iteration.process_supervision import advantage_inputs
+from lightning_grpo.iteration.report import iteration_report
 from lightning_grpo.iteration.rollout_advantages import rollout_advantages
 from lightning_grpo.iteration.rollout_sampling import sample_with_backend
 from lightning_grpo.iteration.scoring import score_rollout
@@ -43,11 +44,11 @@ from lightning_grpo.iteration.seeding import iteration_seed, seeded
 from lightning_grpo.iteration.strategy_setup import set_up_strategy
 from lightning_grpo.iteration.update import run_updates, update_batch
 from lightning_grpo.iteration.zero_signal import check_signal
-from lightning_grpo.policy import PolicyConfig, export_adapter, reference_mode
+from lightning_grpo.policy import PolicyConfig, export_adapter
 from lightning_grpo.policy.optimizer import LRSchedulerCallable, OptimizerCallable, adapter_optimizer
 from lightning_grpo.rewards import RewardFunctions, RewardScores, TrainerState
-from lightning_grpo.rollout import Rollout, TokenLogProbs, agent_client, agent_wiring, completion_logprobs
-from lightning_grpo.rollout.packing import packing_for, sharded_logprob_settings
+from lightning_grpo.rollout import Rollout, TokenLogProbs, agent_client
+from lightning_grpo.rollout.packing import packing_for
 from lightning_grpo.rollout.rank_agreement import RankVotes
 from lightning_grpo.rollout.sampling_settings import SamplingSettings
 
@@ -140,6 +141,7 @@ class GRPOModule(LightningModule):
         self.entropy_control = parts.entropy_control
         self.entropy_coef = self.entropy_control(None)  # this iteration's; updated from each iteration's global entropy
         self.val_metrics = parts.val_metrics
+        self.test_metrics = evaluation.TestMetrics(self.val_metrics.k, self.val_metrics.threshold)  # test/*: own state
         self.save_hyperparameters(parts.hparams)  # plain values: checkpoints load with torch.load(weights_only=True)
 
     @property
@@ -147,7 +149,7 @@ class GRPOModule(LightningModule):
         """Longest prompt in tokens (read by :class:`~lightning_grpo.data.PromptDataModule`)."""
         return self.config.sampling.max_prompt_length
 
-    def training_step(self, batch: Mapping[str, Sequence[Any]], batch_idx: int) -> StepOutput:
+    def training_step(self, batch: Batch, batch_idx: int) -> StepOutput:
         """One GRPO iteration: sample, score, advantages, fixed log-probs, then ``ppo_epochs`` of updates."""
         self._context = context = self.iteration_context()  # once per iteration: update_policy reads it
         (timer := context.timer).reset()
@@ -182,24 +184,12 @@ class GRPOModule(LightningModule):
             if self.config.objective.entropy_control != "constant" and "entropy" in metrics:  # adaptive: one sync
                 self.entropy_coef = float(self.entropy_control(float(metrics["entropy"])))  # global: alike on all ranks
         self._context = self._packing = None
-        self.log_dict({f"train/{name}": value for name, value in {"loss": loss, **metrics}.items()})  # global values
-        return StepOutput(
-            loss=loss,
-            rollout=rollout,
-            rewards=scores,
-            advantages=advantages,
-            metrics=metrics,
-            loss_mask=update.loss_mask,
-            ppo_epochs=self.config.update.ppo_epochs,
-            timings={**timer.seconds, **{f"score/{name}": s for name, s in scores.seconds.items()}},  # per reward
-        )
+        logged, output = iteration_report(loss, metrics, rollout, scores, advantages, update, self.config, timer)
+        self.log_dict(logged)  # global values
+        return output
 
     def generate(
-        self,
-        batch: Mapping[str, Sequence[Any]],
-        *,
-        num_generations: int | None = None,
-        temperature: float | None = None,
+        self, batch: Batch, *, num_generations: int | None = None, temperature: float | None = None
     ) -> Rollout:
         """Phase 1: G completions (trajectories) per prompt of ``batch["prompt"]``; other keys become row columns."""
         settings = self.sampling_settings(num_generations=num_generations, temperature=temperature)
@@ -254,11 +244,7 @@ class GRPOModule(LightningModule):
     ) -> TokenLogProbs:
         """Per-token log-probs ``(N, T)`` of the completions, of the reference if ``reference``; phase 4 uses it too."""
         settings = self.logprob_settings()
-        if distributed.is_sharded(self.policy):  # every pass (old, reference, current) takes the same path
-            settings = sharded_logprob_settings(self.policy, settings)
-        with reference_mode(self.policy) if reference else nullcontext():
-            kept = not reference  # the reference is never compared with the sampler
-            return completion_logprobs(self.policy, rollout, with_entropy=with_entropy, with_kept_mass=kept, **settings)
+        return policy_logprobs(self.policy, rollout, settings, reference=reference, with_entropy=with_entropy)
 
     def logprob_settings(self) -> dict[str, Any]:
         """Keyword settings of :func:`~lightning_grpo.rollout.completion_logprobs`, from :attr:`config`."""
@@ -300,19 +286,21 @@ class GRPOModule(LightningModule):
             grad_scale=1.0 if trainer is None else distributed.grad_scale(trainer.strategy, trainer.world_size),
         )
 
-    def validation_step(self, batch: Mapping[str, Sequence[Any]], batch_idx: int) -> dict[str, Any]:
-        """Sample ``val_num_generations`` per prompt; log reward mean, accuracy, pass@k; return rollout and rewards."""
-        cfg = self.config
-        with seeded(self._iteration_seed(offset=batch_idx + 1), self.device):
-            rollout = self.generate(
-                batch, num_generations=cfg.validation.num_generations, temperature=cfg.validation.temperature
-            )
+    def validation_step(self, batch: Batch, batch_idx: int) -> dict[str, Any]:
+        """Sample ``validation.num_generations`` per prompt, score, log ``val/*`` (test: ``test/*``); evaluation.md."""
+        rollout = self._sample_for_evaluation(batch, batch_idx)
         scores = self.score(rollout)
-        rewards = agent_wiring.trajectory_rewards(
-            scores.rewards, rollout, trajectories=len(batch["prompt"]) * cfg.validation.num_generations
-        )
-        self.log_dict(self.val_metrics.update(rewards), batch_size=len(batch["prompt"]))  # exact, all ranks
+        metrics = self.test_metrics if self._trainer is not None and self.trainer.testing else self.val_metrics
+        self.log_dict(evaluation.update(metrics, scores, rollout, batch), batch_size=len(batch["prompt"]))  # exact
         return {"rollout": rollout, "rewards": scores}
+
+    test_step = validation_step  # on test prompts: test/reward_mean, test/accuracy, test/pass@k
+
+    def predict_step(self, batch: Batch, batch_idx: int) -> list[dict[str, Any]]:
+        """Sample as validation does; per prompt its completions and (if scorable) rewards: docs/evaluation.md."""
+        rollout = self._sample_for_evaluation(batch, batch_idx)
+        scores = evaluation.prediction_scores(self.rewards, batch, rollout, self.score, self._warned)
+        return evaluation.prediction_records(rollout, scores)
 
     def setup(self, stage: str) -> None:
         """Check the strategy against the run, bound collectives' waits, check checkpoint files; on CPU, set threads."""
@@ -337,23 +325,27 @@ class GRPOModule(LightningModule):
         return optimizer if scheduler is None else {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler}}
 
     def configure_callbacks(self) -> list[Callback]:
-        """The monitoring callbacks (:func:`~lightning_grpo.callbacks.default_callbacks`) of types the trainer lacks.
-
-        A trainer's callback of the same or a related type wins; Lightning's default bar becomes ``GRPOProgressBar``.
-        """
+        """The callbacks the module brings, those of types the trainer lacks (:func:`~lightning_grpo.callbacks.defaults.
+        module_callbacks`): the monitoring set, the progress bar, the model summary line, the predictions' writer."""
         servers, monitoring = bool(self.agent.servers), self.use_default_callbacks
         return module_callbacks(self.trainer, tool_servers=servers, monitoring=monitoring)
 
     def on_fit_start(self) -> None:
-        """Time phases, score with reward models on the module's device, check the inputs, start the backend."""
+        """Time phases, check the inputs, then ready the sampling: reward models, the rollout backend."""
         self.timer.device = self.device
-        self.rewards.to(self.device, getattr(self.policy, "dtype", None))  # reward models are not in the policy
         extra = agent_client.AGENT_COLUMNS if self.agent_fn is not None else ()  # an agent rollout's own columns
         environment = self.agent.has_environment
         check_fit_inputs(
             self.config, self.rewards, self.trainer.datamodule, environment=environment, rollout_columns=extra
         )
-        self.rollout_backend.start(self.policy, self.seed, sharded=distributed.is_sharded(self.policy))
+        self._start_sampling()  # the first training_step sends the policy's weights
+
+    def on_test_start(self) -> None:
+        """Ready the sampling as fit does, then send the backend the policy's weights (no training_step will)."""
+        self._start_sampling()
+        self.rollout_backend.sync(self.policy, self.global_step)
+
+    on_predict_start = on_test_start  # predict starts as test does
 
     def on_train_start(self) -> None:
         """Check the batch sizes against the data's before the first rollout is sampled."""
@@ -378,6 +370,11 @@ class GRPOModule(LightningModule):
             return distributed.export_sharded_adapter(self.policy, path, is_global_zero=self.global_rank == 0)
         return export_adapter(self.policy, path)
 
+    def _start_sampling(self) -> None:
+        """Reward models to the module's device (they are not in the policy); the rollout backend started."""
+        self.rewards.to(self.device, getattr(self.policy, "dtype", None))
+        self.rollout_backend.start(self.policy, self.seed, sharded=distributed.is_sharded(self.policy))
+
     def _build_optimizer(self) -> tuple[torch.optim.Optimizer, Any]:
         """A new optimizer over the adapter's parameters and its scheduler (``None`` without ``lr_scheduler``)."""
         return adapter_optimizer(self.policy, self.optimizer_factory, self.scheduler_factory)
@@ -392,6 +389,11 @@ class GRPOModule(LightningModule):
         """What the ranks agree on each rollout with (``rollout.rank_agreement``); ``None`` on one process."""
         world_size = self.trainer.world_size if self._trainer is not None else 1
         return RankVotes.of(self._sum_across_ranks, self.device, self.global_rank, world_size)
+
+    def _sample_for_evaluation(self, batch: Batch, batch_idx: int) -> Rollout:
+        """``batch`` sampled at the validation settings, seeded by (seed, global_step, rank, batch_idx)."""
+        seed = self._iteration_seed(offset=batch_idx + 1)
+        return evaluation.sample(self.generate, batch, self.config.validation, seed=seed, device=self.device)
 
     def _iteration_seed(self, offset: int = 0) -> int:
         """The iteration's seed, of (seed, global_step, rank, offset): sampling that a resumed run repeats exactly."""

@@ -2,7 +2,8 @@
 
 Edges are the imports a module names: ``import a.b``, ``from a import b`` (to ``a.b`` when ``b`` is a submodule,
 else to ``a``), relative imports resolved, imports inside functions and ``if`` blocks included (``TYPE_CHECKING``
-blocks too: the package has none, so no cycle hides in one). The parent packages that Python initialises on the way
+blocks too — ``lightning_grpo/__init__.py``, ``cli/__init__.py`` and ``cli/errors.py`` have them — so no cycle hides
+in one). The parent packages that Python initialises on the way
 to a module are not edges: ``lightning_grpo/__init__.py`` re-exports the public names and every module lies below it.
 """
 

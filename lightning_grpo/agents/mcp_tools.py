@@ -14,7 +14,7 @@ One session per server per process, on an event loop in a background thread, reu
 (a spawned DDP rank) reconnects in its process on first use. ``GRPOModule`` closes its servers at the end of fit and
 on an exception (:class:`~lightning_grpo.callbacks.tool_servers.CloseToolServers`), an ``atexit`` hook any left open.
 ``mcp`` is imported only when a server starts, and checked when one is built (the ``mcp`` extra:
-``pip install -e ".[mcp]"`` in a clone); docs/agents.md has the details.
+``pip install ".[mcp]"`` in a clone); docs/agents.md has the details.
 """
 
 from __future__ import annotations

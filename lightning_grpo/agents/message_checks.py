@@ -10,10 +10,37 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["ALLOWED_ROLES", "check_chat_template_supports_tools", "validate_messages"]
+from lightning_grpo.settings_checks import SettingError
+
+__all__ = ["ALLOWED_ROLES", "check_chat_template_supports_tools", "string_prompts_refused", "validate_messages"]
 
 #: The roles a chat message may have.
 ALLOWED_ROLES = ("system", "user", "assistant", "tool")
+
+
+def string_prompts_refused(where: str, prompt: str) -> SettingError:
+    """The one-line error for a string ``prompt`` where tools or an environment need chat messages, with the fix.
+
+    Raised by :class:`~lightning_grpo.data.PromptDataModule` when it is set up for a module with tools or an
+    environment (before the first rollout) and by the rollout for prompts from any other data module.
+
+    Args:
+        where: Where the prompt comes from (``"train_data row 0"``, ``"prompt 0"``).
+        prompt: The prompt text (its first 60 characters are quoted).
+
+    Example::
+
+        >>> print(string_prompts_refused("train_data row 0", "3+4="))  # doctest: +ELLIPSIS
+        train_data row 0: tools and environment_factory need conversational prompts (chat messages), got the string ...
+    """
+    return SettingError(
+        f"{where}: tools and environment_factory need conversational prompts (chat messages), got the string "
+        f"{prompt[:60]!r}; set chat_template=True on the PromptDataModule (in a config: data.init_args.chat_template: "
+        'true) to make each text the user turn, or give rows whose prompt is a list of chat messages, e.g. [{"role": '
+        '"user", "content": "..."}]',
+        "chat_template",
+        False,
+    )
 
 
 def validate_messages(messages: Any, *, name: str = "messages") -> list[dict[str, Any]]:

@@ -1,10 +1,8 @@
-"""Lightning's lines that say nothing useful about a GRPO fit, dropped or shortened (installed on import).
+"""Lightning's lines that say nothing useful about a GRPO fit, dropped (installed on import).
 
 * ``Seed set to <n>`` (the config, or the code, names the seed);
 * ``GPU available: False, used: False`` and ``TPU available: False, using: 0 TPU cores``, when nothing is available
   (on a GPU machine both stay);
-* the model summary of a LoRA policy (a 14-line table whose ``FLOPs`` are 0): one line with the adapter's and the
-  whole model's parameter counts instead;
 * the warning ``Total length of `list` across ranks is zero`` of a fit without validation data, and two that no
   user can act on: Lightning's own use of the deprecated ``LeafSpec``, and ``weights_only`` not being set when it
   writes a (full, resumable) checkpoint.
@@ -19,7 +17,6 @@ import warnings
 __all__ = ["install"]
 
 _NOTHING_AVAILABLE = re.compile(r"^(GPU available: False, used: False|TPU available: False, using: 0 TPU cores)$")
-_COUNT = r"^\s*([\d.]+\s*[KMBT]?)\s+{}\s*$"
 
 
 def _drop_seed(record: logging.LogRecord) -> bool:
@@ -34,25 +31,11 @@ def _drop_absent_devices(record: logging.LogRecord) -> bool:
     return not _NOTHING_AVAILABLE.match(record.getMessage())
 
 
-def _shorten_policy_summary(record: logging.LogRecord) -> bool:
-    """Replace the model table of a module holding a ``PeftModel`` by its parameter counts, in one line."""
-    message = record.getMessage()
-    if "PeftModel" not in message or "Trainable params" not in message:
-        return True
-    counts = [re.search(_COUNT.format(label), message, re.MULTILINE) for label in ("Trainable params", "Total params")]
-    if None in counts:
-        return True
-    trainable, total = (match.group(1).strip() for match in counts if match is not None)
-    record.msg, record.args = f"model: {trainable} trainable parameters (the LoRA adapter) of {total} in all", ()
-    return True
-
-
 def install() -> None:
     """Add the filters to Lightning's loggers and the warnings filter (idempotent)."""
     for name, drop in (
         ("lightning.fabric.utilities.seed", _drop_seed),
         ("lightning.pytorch.utilities.rank_zero", _drop_absent_devices),
-        ("lightning.pytorch.callbacks.model_summary", _shorten_policy_summary),
         ("lightning.pytorch.trainer.connectors.checkpoint_connector", _drop_weights_only),
     ):
         logger = logging.getLogger(name)

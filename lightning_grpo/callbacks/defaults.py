@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from lightning.pytorch import Callback, Trainer
+from lightning.pytorch.callbacks import BasePredictionWriter
 
 from lightning_grpo.callbacks.adapter_export import AdapterExport
 from lightning_grpo.callbacks.agent_stats import AgentStats
@@ -15,6 +16,9 @@ from lightning_grpo.callbacks.collapse_monitor import CollapseMonitor
 from lightning_grpo.callbacks.completion_stats import CompletionStats
 from lightning_grpo.callbacks.group_rewards import GroupRewardStats
 from lightning_grpo.callbacks.interrupt import SaveOnInterrupt
+from lightning_grpo.callbacks.phase_heartbeat import PhaseHeartbeat
+from lightning_grpo.callbacks.policy_summary import one_line_summary
+from lightning_grpo.callbacks.prediction_writer import PredictionWriter
 from lightning_grpo.callbacks.progress_bar import readable_progress_bar
 from lightning_grpo.callbacks.rank_failure_watch import RankFailureWatch
 from lightning_grpo.callbacks.reward_curve import RewardCurve
@@ -91,14 +95,18 @@ def module_callbacks(trainer: Trainer, *, tool_servers: bool, monitoring: bool) 
 
     Always :class:`CloseRolloutBackend` (the one place the backend is closed: end of fit, or an exception), a
     :class:`RankFailureWatch` unless the trainer has one (a failure on one rank stops every rank, naming it) and, with
-    MCP ``tool_servers``, :class:`CloseToolServers`; with ``monitoring``, the :func:`default_callbacks` of types the
-    trainer lacks (a trainer's callback of the same or a related type wins), then ``GRPOProgressBar`` in place of
-    Lightning's default bar, last: it shows what they logged.
+    MCP ``tool_servers``, :class:`CloseToolServers`; when predicting, a :class:`PredictionWriter` unless the trainer
+    has a ``BasePredictionWriter``; with ``monitoring``, the :func:`default_callbacks` and a :class:`PhaseHeartbeat`
+    of types the trainer lacks (a trainer's callback of the same or a related type wins), a :class:`PolicySummary`
+    in place of Lightning's default model summary (:func:`~lightning_grpo.callbacks.policy_summary.one_line_summary`),
+    then ``GRPOProgressBar`` in place of Lightning's default bar, last: it shows what they logged.
     """
     close: list[Callback] = [CloseRolloutBackend()]
     close += [] if any(isinstance(c, RankFailureWatch) for c in trainer.callbacks) else [RankFailureWatch()]
     close += [CloseToolServers()] if tool_servers else []  # MCP sessions end with the fit
+    writes = any(isinstance(c, BasePredictionWriter) for c in trainer.callbacks)
+    close += [PredictionWriter()] if trainer.predicting and not writes else []  # predictions.jsonl in the run folder
     if not monitoring:
         return close
-    missing = missing_callbacks(default_callbacks(), present=trainer.callbacks)
-    return [*close, *missing, *readable_progress_bar(trainer)]
+    missing = missing_callbacks([*default_callbacks(), PhaseHeartbeat()], present=trainer.callbacks)
+    return [*close, *missing, *one_line_summary(trainer), *readable_progress_bar(trainer)]

@@ -34,7 +34,8 @@ class RankFailureWatch(Callback):
     :class:`~lightning_grpo.rollout.rank_agreement.RankFailureError` naming the failing rank, where and why.
 
     ``GRPOModule`` adds it to every fit (``configure_callbacks``). At ``setup`` it moves itself first among the
-    trainer's callbacks (its ``on_exception`` must run before any other's, some of which run collectives) and starts a
+    trainer's callbacks (its ``on_exception`` must run before any other's, some of which run collectives); at
+    ``on_fit_start``, once the set-up is done (whose refusals every rank raises alike, unchanged), it starts a
     :class:`~lightning_grpo.rank_failures.FailureWatch` thread. In ``on_exception``, a rank whose own code raised posts
     its record, waits until every peer read it, and leaves the process group (which breaks the collective its peers wait
     in); a rank whose collective broke reads the peers' records. Lightning's exception handling then runs to its end
@@ -52,6 +53,9 @@ class RankFailureWatch(Callback):
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         trainer.callbacks = [self, *(callback for callback in trainer.callbacks if callback is not self)]
+
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # from here on: the set-up refuses alike on every rank, and its errors pass as they are
         board = FailureBoard.of_process_group(Path(trainer.default_root_dir) / "rank_failures")
         self._watch = None if board is None else FailureWatch(board).start()
 

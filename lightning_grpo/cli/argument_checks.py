@@ -2,7 +2,8 @@
 
 ``--debug`` is taken out (it keeps full messages and tracebacks), the working directory goes on the import path, and
 two mistakes are refused in one line each, before a 50-line parser message could bury them: a subcommand without any
-config or model, and a flat setting's old name (GRPOConfig's settings are grouped).
+config or model, and a flat setting's old name (GRPOConfig's settings are grouped). Nothing here loads torch or
+Lightning at import: ``lightning-grpo --help`` and ``lightning-grpo fit`` without a config answer before they load.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from lightning_grpo.cli.errors import DEBUG_ENV
-from lightning_grpo.cli.moved_settings import moved_setting
 
 __all__ = [
     "PACKAGED_CONFIG",
@@ -76,6 +76,8 @@ def refuse_moved_settings(args: Any, prog: str | None) -> None:
     Raises:
         SystemExit: The line names the old key and its new place (``grpo.sampling.temperature``).
     """
+    from lightning_grpo.cli.moved_settings import moved_setting  # reads GRPOConfig: loads torch
+
     found = moved_setting(args)
     if found is None:
         return

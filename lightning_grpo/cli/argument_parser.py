@@ -13,6 +13,7 @@ from typing import NoReturn
 
 from lightning.pytorch.cli import LightningArgumentParser
 
+from lightning_grpo.cli.before_loading import SUBCOMMAND_HELP, no_subcommand_message
 from lightning_grpo.cli.errors import DEBUG_HINT, debug_enabled, summarize_parse_error
 from lightning_grpo.cli.misspelt_settings import misspelt_setting
 
@@ -70,7 +71,7 @@ def _with_demo(text: str) -> str:
     fit = re.search(r"^( +)fit( +)Runs", text, re.MULTILINE)
     if fit and "Available subcommands" in text:
         pad = " " * (len(fit.group(2)) - 1)  # "demo" is one letter longer than "fit"
-        demo = f"{fit.group(1)}demo{pad}Trains a tiny model on CPU, offline, in about a minute ('demo --help').\n"
+        demo = f"{fit.group(1)}demo{pad}{SUBCOMMAND_HELP['demo']}\n"
         text = text[: fit.start()] + demo + text[fit.start() :]
     return text.replace("(choose from 'fit',", "(choose from 'demo', 'fit',")
 
@@ -79,7 +80,4 @@ def _no_subcommand(message: str) -> str | None:
     """The error for a missing or unknown subcommand, naming ``demo`` too."""
     if '"subcommand"' not in message:
         return None
-    return (
-        "no subcommand given: choose one of demo, fit, validate, test, predict ('demo' trains a tiny model on CPU in "
-        "about a minute; 'fit --config my.yaml' runs a config; --help says more)"
-    )
+    return no_subcommand_message()

@@ -32,9 +32,9 @@ uses 1 for models under 5M parameters and the cores other processes leave free, 
 from __future__ import annotations
 
 import sys
+import time
 import warnings
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from jsonargparse import Namespace, set_parsing_settings
@@ -45,18 +45,17 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning_grpo.callbacks import GRPOProgressBar
 from lightning_grpo.checkpoint import CheckpointMismatchError, CheckpointWriteError, UnreadableCheckpointError
 from lightning_grpo.cli.argument_checks import (
-    PACKAGED_CONFIG,
     SUBCOMMANDS,
     import_from_working_directory,
-    refuse_missing_config,
     refuse_moved_settings,
     without_debug_flag,
 )
 from lightning_grpo.cli.argument_parser import SuggestingParser
+from lightning_grpo.cli.before_loading import DESCRIPTION, answer_without_libraries, program_name
 from lightning_grpo.cli.config_checks import check_optimizers, check_prompt_files
 from lightning_grpo.cli.errors import DEBUG_HINT, debug_enabled, setting_key
 from lightning_grpo.cli.resume import ReplayMetrics, continue_in_checkpoint_folder, earlier_rows
-from lightning_grpo.cli.summary import fit_summary
+from lightning_grpo.cli.summary import curve_path_left_to_summary, fit_summary
 from lightning_grpo.data import MissingDataError
 from lightning_grpo.extras import MissingExtraError
 from lightning_grpo.iteration.cpu_threads import set_cpu_threads
@@ -67,13 +66,6 @@ from lightning_grpo.settings_checks import SettingError
 
 __all__ = ["GRPOCLI", "main", "parse_config"]
 
-_DESCRIPTION = (
-    "GRPO fine-tuning with LoRA, as a PyTorch Lightning module. First run 'lightning-grpo demo': a tiny model learns "
-    "addition on CPU, offline, in about a minute. Subcommands: demo, fit, validate, test, predict. Start a run from a "
-    f"config, e.g. the demo's: 'lightning-grpo fit --config {PACKAGED_CONFIG}'. The module's settings: "
-    "'lightning-grpo fit --model.help lightning_grpo.GRPOModule' (add --model.grpo.help or --model.policy.help "
-    "for GRPOConfig's or PolicyConfig's fields)."
-)
 #: Errors whose message is the whole story: printed in one line, without a traceback (docs/troubleshooting.md).
 _USER_ERRORS = (
     ModelLoadError,
@@ -113,6 +105,7 @@ class GRPOCLI(LightningCLI):
     """
 
     def __init__(self, args: Any = None, run: bool = True, **kwargs: Any) -> None:
+        self._started = time.perf_counter()  # the fit's last line counts from here, as the demo's does
         options: dict[str, Any] = {
             "model_class": GRPOModule,
             "datamodule_class": LightningDataModule,  # any data module; PromptDataModule is the usual one
@@ -126,7 +119,7 @@ class GRPOCLI(LightningCLI):
             # the table of a LoRA policy says little (FLOPs 0) and would push a first error below it
             "trainer_defaults": {"enable_model_summary": False, **kwargs.pop("trainer_defaults", {})},
         }
-        parser_kwargs = {"description": _DESCRIPTION, "allow_abbrev": False, **kwargs.pop("parser_kwargs", {})}
+        parser_kwargs = {"description": DESCRIPTION, "allow_abbrev": False, **kwargs.pop("parser_kwargs", {})}
         refuse_moved_settings(sys.argv[1:] if args is None else args, parser_kwargs.get("prog"))
         # each setting's help is the docstring under its field (GRPOConfig, PolicyConfig, VLLMConfig): on before the
         # parser is built, as jsonargparse reads the docstrings when it adds a class's arguments
@@ -183,16 +176,28 @@ class GRPOCLI(LightningCLI):
         replay = [ReplayMetrics(self._replay)] if getattr(self, "_replay", None) else []
         return super()._instantiate_trainer(config, [*replay, *callbacks])
 
+    def fit(self, **kwargs: Any) -> None:
+        """``Trainer.fit`` (LightningCLI calls it for ``fit``); the reward curve's path is left to :meth:`after_fit`.
+
+        Args:
+            **kwargs: ``Trainer.fit``'s arguments (``model``, ``datamodule``, ``ckpt_path``).
+        """
+        with curve_path_left_to_summary():
+            self.trainer.fit(**kwargs)
+
     def after_fit(self) -> None:
-        """Say where the run's metrics, checkpoint and adapter went (LightningCLI calls it after ``fit``)."""
+        """Say where the run's metrics, checkpoint, adapter and reward curve went, then the mean reward at its start
+        and end (LightningCLI calls it after ``fit``)."""
         if self.trainer.is_global_zero:
-            print(fit_summary(self.trainer), flush=True)
+            print(fit_summary(self.trainer, seconds=time.perf_counter() - self._started), flush=True)
 
     def before_instantiate_classes(self) -> None:
         """Apply ``torch_num_threads``, check the optimizers' settings and a PromptDataModule's files before the model
         is built."""
         config = self.config[self.subcommand] if self.subcommand else self.config
-        run_folder = continue_in_checkpoint_folder(config)  # a resumed run writes on in its version_N folder
+        # a resumed fit writes on in its version_N folder; test, predict and validate never reuse one (their logger
+        # would delete the fit's metrics.csv and overwrite its config.yaml)
+        run_folder = continue_in_checkpoint_folder(config) if self.subcommand == "fit" else None
         self._replay = earlier_rows(run_folder) if run_folder else []
         if run_folder:  # its rows are written again (ReplayMetrics), so Lightning's "will be deleted" is not true
             warnings.filterwarnings("ignore", message="Experiment logs directory .* exists and is not empty")
@@ -251,13 +256,13 @@ def main(args: Sequence[str] | None = None) -> None:
         args: Arguments instead of ``sys.argv[1:]``.
 
     Raises:
-        SystemExit: A subcommand without any config or model (the message shows how to pass one), or arguments
-            that do not parse.
+        SystemExit: After ``--help`` (status 0); no arguments, a subcommand without any config or model (the
+            message shows how to pass one), or arguments that do not parse (status 2).
     """
     argv = without_debug_flag(args)  # --debug: full messages and tracebacks (docs/troubleshooting.md)
     import_from_working_directory()
-    prog = "python -m lightning_grpo" if Path(sys.argv[0]).name == "__main__.py" else "lightning-grpo"
-    refuse_missing_config(argv)
+    prog = program_name()
+    answer_without_libraries(argv, prog)  # --help, no arguments, no config: the same answers as before loading
     try:
         GRPOCLI(args=None if args is None else argv, parser_kwargs={"prog": prog})
     except _USER_ERRORS as error:  # the message says what to do; the traceback would only bury it

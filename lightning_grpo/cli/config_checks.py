@@ -68,12 +68,13 @@ def check_prompt_files(config: Namespace) -> None:
     """Check the prompt sources of ``config``'s data module when it is a PromptDataModule (or a subclass of it).
 
     Raises:
-        MissingDataError: A ``train_data`` or ``val_data`` file is missing or has another suffix (naming the setting).
+        MissingDataError: A ``train_data``, ``val_data``, ``test_data`` or ``predict_data`` file is missing or has
+            another suffix (naming the setting).
         MissingExtraError: An ``"hf:..."`` source without ``datasets`` (the ``data`` extra).
     """
     data = config.get("data")
     if isinstance(data, Namespace) and _is_prompt_datamodule(data.get("class_path")):
-        for argument in ("train_data", "val_data"):
+        for argument in ("train_data", "val_data", "test_data", "predict_data"):
             if data.get(f"init_args.{argument}") is not None:
                 check_source_path(data.get(f"init_args.{argument}"), argument)
 

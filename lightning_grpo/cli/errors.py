@@ -19,11 +19,13 @@ import difflib
 import os
 import re
 from collections.abc import Sequence
-
-from jsonargparse import Namespace
+from typing import TYPE_CHECKING
 
 from lightning_grpo.cli.import_paths import explain_import, imported
 from lightning_grpo.settings_checks import SettingError
+
+if TYPE_CHECKING:  # an annotation only: the command line reads DEBUG_ENV before it loads any library
+    from jsonargparse import Namespace
 
 __all__ = ["DEBUG_ENV", "DEBUG_HINT", "debug_enabled", "setting_key", "summarize_parse_error"]
 

@@ -1,4 +1,5 @@
-"""``PromptDataModule``: batches of prompt texts (and their other columns) for GRPO training."""
+"""``PromptDataModule``: batches of prompt texts (and their other columns) for GRPO training, validation, test and
+prediction."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from lightning.pytorch import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader
 
+from lightning_grpo.agents.message_checks import string_prompts_refused
 from lightning_grpo.data.prompts import (
     IndexedRow,
     as_messages,
@@ -21,9 +23,12 @@ from lightning_grpo.data.prompts import (
 )
 from lightning_grpo.data.sampler import StreamLoader, StreamSampler
 from lightning_grpo.data.sources import _HF_PREFIX, PromptSource, check_source_path, load_records
-from lightning_grpo.settings_checks import check_number
+from lightning_grpo.settings_checks import SettingError, check_number
 
 __all__ = ["PromptDataModule"]
+
+#: The prompt sources read only when their stage asks for batches (``trainer.test``, ``trainer.predict``).
+_HELD = {"test_data": "test", "predict_data": "predict"}
 
 
 class PromptDataModule(LightningDataModule):
@@ -45,6 +50,8 @@ class PromptDataModule(LightningDataModule):
     DDP/FSDP every rank gets its own prompts and the same number of full batches. A run resumed from a checkpoint
     taken mid-epoch continues with the prompts it had not seen: the training loader is resumable in Lightning's
     sense (:class:`~lightning_grpo.data.sampler.StreamLoader`), so Lightning saves its position with the loop state.
+    ``test_data`` and ``predict_data`` are read when ``trainer.test`` and ``trainer.predict`` ask for their batches
+    (docs/evaluation.md); their batches keep the data's order, as validation's do.
 
     Args:
         train_data: Training prompts: any source :func:`~lightning_grpo.data.load_records` accepts — a ``.jsonl`` or
@@ -52,9 +59,11 @@ class PromptDataModule(LightningDataModule):
         val_data: Validation prompts, same kinds; a Hugging Face source must name its split (``"hf:<name>@test"``).
         val_split: Fraction in ``[0, 1)`` of the training records held out (seeded) for validation when
             ``val_data`` is ``None``.
+        test_data: Test prompts (``trainer.test``, ``lightning-grpo test``), same kinds as ``val_data``.
+        predict_data: Prompts to sample completions for (``trainer.predict``, ``lightning-grpo predict``), same kinds.
         prompt_field: Column holding the prompt.
         batch_size: Prompts per training batch (per rank); each is sampled G times by the module.
-        val_batch_size: Prompts per validation batch; defaults to ``batch_size``.
+        val_batch_size: Prompts per validation, test and predict batch; defaults to ``batch_size``.
         max_prompt_length: Longest prompt kept, in tokens (without special tokens).
         tokenizer: A tokenizer or a name/path for ``AutoTokenizer.from_pretrained``; needed by ``chat_template``
             and ``max_prompt_length``.
@@ -85,6 +94,8 @@ class PromptDataModule(LightningDataModule):
         val_data: PromptSource | None = None,
         *,
         val_split: float = 0.0,
+        test_data: PromptSource | None = None,
+        predict_data: PromptSource | None = None,
         prompt_field: str = "prompt",
         batch_size: int = 8,
         val_batch_size: int | None = None,
@@ -100,6 +111,7 @@ class PromptDataModule(LightningDataModule):
     ) -> None:
         super().__init__()
         self.train_data, self.val_data, self.val_split = train_data, val_data, val_split
+        self.test_data, self.predict_data = test_data, predict_data
         self.prompt_field, self.prompt_template = prompt_field, prompt_template
         self.batch_size, self.val_batch_size = batch_size, val_batch_size
         self.max_prompt_length, self.tokenizer = max_prompt_length, tokenizer
@@ -109,18 +121,29 @@ class PromptDataModule(LightningDataModule):
         self.train_records: list[dict[str, Any]] | None = None
         self.tool_schemas: list[dict[str, Any]] | None = None
         self.val_records: list[dict[str, Any]] = []
+        self.held_records: dict[str, list[dict[str, Any]]] = {}  # test_data's and predict_data's, read when asked
         self._stream: tuple[StreamSampler, Any] | None = None  # the training sampler and its collate function
 
     def prepare_data(self) -> None:
         """Download Hugging Face dataset sources into the local cache (called on one process per node)."""
-        for source, split in ((self.train_data, "train"), (self.val_data, None)):
+        held = ((getattr(self, name), None) for name in _HELD)
+        for source, split in ((self.train_data, "train"), (self.val_data, None), *held):
             if isinstance(source, str) and source.startswith(_HF_PREFIX):
                 self._load(source, split)
 
     def setup(self, stage: str | None = None) -> None:
-        """Load, split, format and filter the prompts; runs once, later calls do nothing."""
-        if self.train_records is not None:
-            return
+        """Load, split, format and filter the prompts (once), and check their form against the attached module's.
+
+        Raises:
+            SettingError: The module has tools or an environment and a prompt is a string (the message names the
+                row and the fix: ``chat_template=True`` or conversational rows), before the first rollout.
+        """
+        if self.train_records is None:
+            self._load_and_format()
+        self._check_prompts_fit_the_agent()
+
+    def _load_and_format(self) -> None:
+        """Load, split, format and filter the prompts into ``train_records`` and ``val_records``."""
         self._resolve_from_module()
         if isinstance(self.tokenizer, str):
             from transformers import AutoTokenizer
@@ -192,8 +215,55 @@ class PromptDataModule(LightningDataModule):
         batch_size = self.val_batch_size or self.batch_size
         return DataLoader(self.val_records, **self._loader_options(self.val_records, batch_size, drop_last=False))
 
+    def test_dataloader(self) -> DataLoader:
+        """Batches of ``test_data`` in order (``val_batch_size`` prompts each): ``trainer.test``."""
+        return self._held_loader("test_data")
+
+    def predict_dataloader(self) -> DataLoader:
+        """Batches of ``predict_data`` in order (``val_batch_size`` prompts each): ``trainer.predict``."""
+        return self._held_loader("predict_data")
+
+    def _held_loader(self, name: str) -> DataLoader:
+        """In-order batches of the prompts of ``name`` (``test_data`` or ``predict_data``), read and formatted once.
+
+        Raises:
+            SettingError: ``name`` is ``None`` (the message says what to pass).
+        """
+        source = getattr(self, name)
+        if source is None:
+            raise SettingError(
+                f"{name} is None: trainer.{_HELD[name]} (lightning-grpo {_HELD[name]}) needs its prompts; pass "
+                f"PromptDataModule({name}=...) (YAML: data.init_args.{name}): a .jsonl or .json file, "
+                "'hf:<dataset>@<split>' or a list of dicts",
+                name,
+                None,
+            )
+        if self.train_records is None:
+            self.setup(_HELD[name])
+        if name not in self.held_records:
+            rows = [self._format(row, f"{name} row {i}", i) for i, row in enumerate(self._load(source, None))]
+            self.held_records[name] = self._without_long(rows, name)
+        records = self.held_records[name]
+        batch_size = self.val_batch_size or self.batch_size
+        return DataLoader(records, **self._loader_options(records, batch_size, drop_last=False))
+
+    def _without_long(self, rows: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+        """``rows`` less the prompts longer than ``max_prompt_length`` tokens, with one warning that counts them."""
+        kept = rows if self.max_prompt_length is None else self._short_only(rows)
+        if rows and not kept:
+            raise ValueError(
+                f"All {len(rows)} {name} prompts are longer than max_prompt_length={self.max_prompt_length} tokens; "
+                "raise max_prompt_length or shorten the prompts"
+            )
+        if len(kept) < len(rows):
+            rank_zero_warn(
+                f"PromptDataModule dropped {len(rows) - len(kept)} of {len(rows)} {name} prompts longer than "
+                f"max_prompt_length={self.max_prompt_length}"
+            )
+        return kept
+
     def _loader_options(self, records: list[dict[str, Any]], batch_size: int, *, drop_last: bool) -> dict[str, Any]:
-        """DataLoader arguments shared by the training and validation loaders."""
+        """DataLoader arguments shared by the loaders."""
         return {
             "batch_size": batch_size,
             "drop_last": drop_last,
@@ -225,6 +295,16 @@ class PromptDataModule(LightningDataModule):
         if self.max_prompt_length is None:
             self.max_prompt_length = getattr(module, "max_prompt_length", None)
         self.tool_schemas = getattr(getattr(module, "agent", None), "tool_schemas", None)  # counted in prompt lengths
+
+    def _check_prompts_fit_the_agent(self) -> None:
+        """Refuse string prompts when the attached module has tools or an environment (they need chat messages)."""
+        agent = getattr(getattr(self.trainer, "lightning_module", None), "agent", None)  # no trainer attached: None
+        if not getattr(agent, "multi_turn", False):
+            return
+        for name, rows in (("train_data", self.train_records or []), ("val_data", self.val_records)):
+            for position, row in enumerate(rows):
+                if isinstance(row["prompt"], str):
+                    raise string_prompts_refused(f"{name} row {getattr(row, 'index', position)}", row["prompt"])
 
     def _load(self, source: PromptSource, split: str | None) -> list[dict[str, Any]]:
         prompt_field = None if self.prompt_template is not None else self.prompt_field
@@ -287,8 +367,9 @@ def _check_arguments(dm: PromptDataModule) -> None:
             raise ValueError(f"`prompt_template` must be a str.format template or None, got {dm.prompt_template!r}")
         template_fields(dm.prompt_template)  # fails early on a malformed or positional template
     check_source_path(dm.train_data, "train_data")  # now, not after the model is built
-    if dm.val_data is not None:
-        check_source_path(dm.val_data, "val_data")
+    for name in ("val_data", *_HELD):
+        if getattr(dm, name) is not None:
+            check_source_path(getattr(dm, name), name)
     check_number("batch_size", dm.batch_size, integer=True, minimum=1)
     check_number("num_workers", dm.num_workers, integer=True, minimum=0)
     for name in ("val_batch_size", "max_prompt_length"):

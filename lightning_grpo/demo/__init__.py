@@ -11,15 +11,15 @@ reward of the first and the last tenth of the GRPO iterations. It works from an 
     python -m lightning_grpo demo          # the same; so is python -m lightning_grpo.demo
 
 It writes ``metrics.csv`` (CSVLogger) and, as every fit does (:class:`~lightning_grpo.callbacks.RewardCurve`, with
-matplotlib), ``reward_curve.png`` in the run directory, prints their paths, and ends with one line such as
-``demo: mean reward 0.35 -> 0.88 over 300 iterations (61 s)``.
+matplotlib), ``reward_curve.png`` in the run directory; each path is printed once (the fit's summary names
+``metrics.csv``, the reward curve its plot), and the demo ends with one line such as
+``demo: mean reward 0.35 -> 0.88 over 300 iterations (61 s)``. When other processes keep the CPU busy, a line on stderr
+says so first: the run then takes longer than the times above (:func:`announce_busy_cores`).
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
-import math
 import os
 import sys
 import time
@@ -29,36 +29,77 @@ from pathlib import Path
 from typing import Any
 
 from lightning_grpo.callbacks.reward_curve import curve_title  # the reward curve is drawn by that callback
+from lightning_grpo.cli.summary import read_rewards, reward_line, summarize
 
-__all__ = ["DEFAULT_CONFIG", "curve_title", "fit_and_report", "main", "read_rewards", "summarize"]
+__all__ = [
+    "DEFAULT_CONFIG",
+    "announce",
+    "announce_busy_cores",
+    "announce_warm_up",
+    "curve_title",
+    "fit_and_report",
+    "main",
+    "read_rewards",
+    "summarize",
+]
 
 #: The config the demo runs, shipped in the package as ``lightning_grpo/demo/tiny.yaml``.
 DEFAULT_CONFIG = Path(__file__).resolve().with_name("tiny.yaml")
-_REWARD_KEY = "train/reward_mean"
 
 
-def read_rewards(metrics_csv: str | Path) -> list[float]:
-    """The per-iteration mean rewards logged in a CSVLogger ``metrics.csv``, in the order of its ``step`` column."""
-    by_step: dict[int, float] = {}
-    with open(metrics_csv, newline="", encoding="utf-8") as handle:
-        for row in csv.DictReader(handle):
-            if row.get(_REWARD_KEY):
-                by_step[int(row["step"])] = float(row[_REWARD_KEY])
-    return [by_step[step] for step in sorted(by_step)]
+#: Cores' worth of CPU time other processes may take before :func:`announce_busy_cores` says the run will be slower.
+BUSY_CORES = 0.5
+#: Seconds of one supervised warm-up step of the examples' tiny policies (16 traces) on one idle CPU thread: 800
+#: steps take about 10 s (:data:`lightning_grpo.testing.calculator.WARMUP_STEPS`).
+WARM_UP_STEP_SECONDS = 10 / 800
 
 
-def summarize(rewards: Sequence[float], fraction: float = 0.1) -> tuple[float, float]:
-    """Mean of the first and of the last ``fraction`` of ``rewards`` (at least one value each).
+def announce(line: str) -> None:
+    """Print a status line on stderr at once: what a long step (a warm-up, a load) does and about how long it takes.
+
+    The demo and the examples say so before each step that takes more than a few seconds, so that no run is silent
+    for long (the tiny model's warm-up says so itself).
+    """
+    print(line, file=sys.stderr, flush=True)
+
+
+def announce_warm_up(name: str, traces: str, steps: int) -> None:
+    """Say that the example ``name`` warms its tiny policy up on ``traces`` now, and about how long that takes.
 
     Example::
 
-        >>> summarize([0.0] * 10 + [1.0] * 10)
-        (0.0, 1.0)
+        announce_warm_up("tool_calling", "tool-call traces", 800)
+        # stderr: "tool_calling: warming the tiny policy up on tool-call traces (800 supervised steps, about 10 s on
+        # an idle CPU core)"
     """
-    if not rewards:
-        raise ValueError("no rewards were logged; did the run complete any iteration?")
-    n = max(1, math.floor(len(rewards) * fraction))
-    return sum(rewards[:n]) / n, sum(rewards[-n:]) / n
+    seconds = max(1, round(steps * WARM_UP_STEP_SECONDS))
+    announce(
+        f"{name}: warming the tiny policy up on {traces} ({steps} supervised steps, about {seconds} s on an idle CPU "
+        "core)"
+    )
+
+
+def announce_busy_cores(name: str) -> float:
+    """Say on stderr when other processes keep the CPU busy, so that a slower run than documented has its reason.
+
+    Measures over a fifth of a second (:func:`~lightning_grpo.iteration.cpu_threads.cores_busy_elsewhere`).
+
+    Args:
+        name: The run's name, first on the line (``"demo"``, ``"tool_calling"``).
+
+    Returns:
+        The cores' worth of CPU time other processes took (0.0 where it cannot be read).
+    """
+    from lightning_grpo.iteration.cpu_threads import cores_busy_elsewhere  # imports torch: not before the first line
+
+    busy = cores_busy_elsewhere()
+    if busy >= BUSY_CORES:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        announce(
+            f"{name}: other processes keep {busy:.1f} of the {cores} CPU cores busy: this run will take longer than "
+            "the documented times (measured on idle cores)"
+        )
+    return busy
 
 
 def fit_and_report(name: str, build: Callable[[], tuple[Any, Any, Any]], seed: int = 0) -> tuple[float, float, int]:
@@ -71,6 +112,7 @@ def fit_and_report(name: str, build: Callable[[], tuple[Any, Any, Any]], seed: i
     import torch  # here, like the rest of the demo's heavy imports
 
     start = time.perf_counter()
+    announce_busy_cores(name)
     torch.set_num_threads(1)  # tiny models run fastest on one thread
     torch.manual_seed(seed)
     module, data, trainer = build()
@@ -78,7 +120,7 @@ def fit_and_report(name: str, build: Callable[[], tuple[Any, Any, Any]], seed: i
     rewards = read_rewards(Path(trainer.logger.log_dir) / "metrics.csv")
     first, last = summarize(rewards)
     seconds = time.perf_counter() - start
-    print(f"{name}: mean reward {first:.2f} -> {last:.2f} over {len(rewards)} iterations ({seconds:.0f} s)")
+    print(reward_line(name, rewards, seconds))
     return first, last, len(rewards)
 
 
@@ -145,6 +187,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "lightning-grpo demo") -
     print(f"demo: GRPO trains a tiny model on single-digit addition, on CPU, offline ({options.config})", flush=True)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the demo never needs the network
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    announce_busy_cores("demo")
     from lightning_grpo.cli import GRPOCLI  # after the environment is set
 
     with _only_these_arguments():
@@ -153,7 +196,6 @@ def main(argv: Sequence[str] | None = None, prog: str = "lightning-grpo demo") -
     seconds = time.perf_counter() - start
     log_dir = Path(cli.trainer.logger.log_dir)
     rewards = read_rewards(log_dir / "metrics.csv")
-    first, last = summarize(rewards)
-    print(f"metrics: {log_dir / 'metrics.csv'}")
-    print(f"demo: mean reward {first:.2f} -> {last:.2f} over {len(rewards)} iterations ({seconds:.0f} s)")
+    first, last = summarize(rewards)  # metrics.csv's path: in the fit's summary, printed by the command line
+    print(reward_line("demo", rewards, seconds))
     return first, last, len(rewards)

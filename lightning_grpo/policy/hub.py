@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-__all__ = ["ModelLoadError", "from_pretrained", "hub_endpoint", "hub_reachable"]
+__all__ = ["ModelLoadError", "announce_model_load", "from_pretrained", "hub_endpoint", "hub_reachable"]
 
 T = TypeVar("T")
 _OFFLINE_HINTS = ("outgoing traffic has been disabled", "couldn't connect", "offline mode", "connection")
@@ -28,13 +28,16 @@ class ModelLoadError(OSError):
     """A model or tokenizer that could not be loaded; the message names it and says why, in one line."""
 
 
-def from_pretrained(load: Callable[..., T], name: str | Path, what: str = "model", **kwargs: Any) -> T:
+def from_pretrained(
+    load: Callable[..., T], name: str | Path, what: str = "model", *, announce: bool = False, **kwargs: Any
+) -> T:
     """``load(name, **kwargs)`` (e.g. ``AutoModelForCausalLM.from_pretrained``), with a clear error on failure.
 
     Args:
         load: The loader.
         name: A Hugging Face hub id (``"org/name"``) or a local folder.
         what: What is loaded, for the message (``"model"``, ``"tokenizer"``).
+        announce: Say that it loads, and its size (:func:`announce_model_load`), once it is known to be there.
         **kwargs: Passed to ``load``.
 
     Raises:
@@ -43,6 +46,8 @@ def from_pretrained(load: Callable[..., T], name: str | Path, what: str = "model
             quoted).
     """
     kwargs = {**_unless_the_hub_answers(str(name), what), **kwargs}
+    if announce:
+        announce_model_load(str(name))
     try:
         return load(str(name), **kwargs)
     except (OSError, ValueError) as error:  # huggingface_hub's HFValidationError is a ValueError
@@ -66,6 +71,47 @@ def _unless_the_hub_answers(name: str, what: str, timeout: float = 2.0) -> dict[
         f"hf download {name} (into the cache; then copy ~/.cache/huggingface over and set HF_HUB_OFFLINE=1), or "
         f"hf download {name} --local-dir {folder} and give that folder as the model"
     )
+
+
+def announce_model_load(name: str) -> None:
+    """Say (on the process of global rank zero) that the model ``name`` loads now, with its size where it is on disk.
+
+    A local folder or a cached hub id: ``model: loading Qwen/Qwen2.5-0.5B-Instruct (0.99 GB of weights; typically
+    1-4 s per GB from a local disk)``. A hub id not cached: that it downloads first. A path that does not exist, or an
+    uncached id while offline, says nothing here: the error that follows says it.
+    """
+    from lightning.fabric.utilities.rank_zero import rank_zero_info
+
+    size = _weights_bytes(name)
+    if size:
+        rank_zero_info(
+            f"model: loading {name} ({size / 1e9:.2f} GB of weights; typically 1-4 s per GB from a local disk, more "
+            "on a busy one)"
+        )
+    elif not _is_offline() and not _looks_like_a_path(name) and not Path(name).expanduser().exists():
+        rank_zero_info(
+            f"model: downloading {name} from the Hugging Face hub, then loading it (once: the download is cached; "
+            "minutes for a model of several GB)"
+        )
+
+
+def _weights_bytes(name: str) -> int:
+    """Bytes of the weight files of the model ``name`` on disk (a folder, or a cached hub id); 0 where unknown."""
+    folder = Path(name).expanduser()
+    if not folder.is_dir():
+        if _looks_like_a_path(name):
+            return 0
+        from huggingface_hub import try_to_load_from_cache
+
+        try:
+            config = try_to_load_from_cache(name, "config.json")
+        except ValueError:  # not a valid hub id
+            return 0
+        if not isinstance(config, str):
+            return 0
+        folder = Path(config).parent
+    files = [path for path in folder.iterdir() if path.suffix in (".safetensors", ".bin", ".pt", ".pth")]
+    return sum(path.stat().st_size for path in files if path.exists())
 
 
 @functools.cache

@@ -19,7 +19,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from lightning_grpo.policy.finite import check_finite
-from lightning_grpo.policy.hub import from_pretrained
+from lightning_grpo.policy.hub import announce_model_load, from_pretrained
 from lightning_grpo.policy.quantization import (
     Quantization,
     bnb_config,
@@ -126,7 +126,7 @@ def _load_base(model: str | PreTrainedModel, config: PolicyConfig) -> PreTrained
     kwargs = {"dtype": config.torch_dtype(), "trust_remote_code": config.trust_remote_code}
     if config.attn_implementation is not None:
         kwargs["attn_implementation"] = config.attn_implementation
-    return from_pretrained(AutoModelForCausalLM.from_pretrained, model, "model", **kwargs)
+    return from_pretrained(AutoModelForCausalLM.from_pretrained, model, "model", announce=True, **kwargs)
 
 
 def _load_quantized_base(model: str | Path | PreTrainedModel, config: PolicyConfig) -> PreTrainedModel:
@@ -138,6 +138,8 @@ def _load_quantized_base(model: str | Path | PreTrainedModel, config: PolicyConf
     kwargs: dict[str, object] = {"trust_remote_code": config.trust_remote_code}
     if config.attn_implementation is not None:
         kwargs["attn_implementation"] = config.attn_implementation
+    if not isinstance(model, PreTrainedModel):
+        announce_model_load(str(model))
     model = model if isinstance(model, PreTrainedModel) else str(model)
     return load_quantized(model, quantization, dtype=config.torch_dtype(), **kwargs)
 

@@ -4,7 +4,7 @@ The final answer is taken from the last ``\\boxed{...}``, else a ``#### X`` line
 the last number in the text. Answers compare as numbers (commas, ``$`` and a trailing ``.`` ignored; ``3/4`` and
 ``\\frac{3}{4}`` allowed) with a relative tolerance of 1e-6. Answers that are not numbers compare as text and, when
 the optional ``math-verify`` package is installed, symbolically (the ``math`` extra:
-``pip install -e ".[math]"`` in a clone).
+``pip install ".[math]"`` in a clone).
 """
 
 from __future__ import annotations

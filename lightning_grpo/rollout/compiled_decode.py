@@ -267,6 +267,7 @@ class CompiledDecoder:
         rows, param = DecodeBuckets.rows(n), next(model.parameters())
         key = (rows, length, vocab, spec.sampler, param.dtype, param.device)
         if key not in self._buckets:
+            self._announce_compile(rows, length)
             self._buckets[key] = _allocate(model, rows, length, vocab, spec.sampler, eos)
         bucket = self._buckets[key]
         if bucket.eos.shape != eos.shape:  # another tokenizer's EOS list: a new input (one more graph)
@@ -282,6 +283,17 @@ class CompiledDecoder:
             b.noise[:n].exponential_(1)
         else:
             b.noise[:n].uniform_()
+
+    def _announce_compile(self, rows: int, length: int) -> None:
+        """Say (rank zero) that the next decode step compiles for a new bucket, and about how long that takes."""
+        if self.backend == "eager":  # tracing only (the tests' backend): seconds at most
+            return
+        from lightning.fabric.utilities.rank_zero import rank_zero_info
+
+        rank_zero_info(
+            f"compiled decode: torch.compile builds the decode step for a new shape ({rows} rows x {length} "
+            "positions), once per shape: about 10-60 s (docs/benchmarks.md: 10-17 s on a CPU), then it is reused"
+        )
 
     def _warn_once(self, message: str) -> None:
         if message not in self._warned:

@@ -14,6 +14,7 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from lightning_grpo.agents import validate_messages
+from lightning_grpo.agents.message_checks import string_prompts_refused
 from lightning_grpo.rollout.agent import AgentSettings
 from lightning_grpo.rollout.batch import Rollout
 from lightning_grpo.rollout.generation import generate_rollout
@@ -43,16 +44,14 @@ def sample_rollout(
     or ``None``: Hugging Face ``generate`` through :func:`~lightning_grpo.rollout.generation.sample_tokens`.
 
     Raises:
-        ValueError: Prompts mix strings and message lists, a message is malformed, or tools/an environment are set
-            with string prompts.
+        ValueError: Prompts mix strings and message lists, or a message is malformed.
+        SettingError: Tools or an environment are set with string prompts (one line naming the fix; a
+            :class:`~lightning_grpo.data.PromptDataModule` refuses them earlier, when it is set up).
     """
     prompts = list(prompts)
     if all(isinstance(p, str) for p in prompts):
         if agent.multi_turn:
-            raise ValueError(
-                "tools and environment_factory need conversational prompts (a list of chat messages per row, e.g. "
-                '[{"role": "user", "content": "..."}]); got string prompts'
-            )
+            raise string_prompts_refused("prompt 0", prompts[0] if prompts else "")
         return generate_rollout(
             model,
             tokenizer,

@@ -291,4 +291,4 @@ def test_the_package_imports_and_runs_python_tools_without_mcp():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=Path.cwd())
     assert out.stdout.splitlines()[0] == "3"
-    assert 'needs mcp, which is not installed: pip install -e ".[mcp]" in a clone' in out.stdout
+    assert 'needs mcp, which is not installed: pip install ".[mcp]" in a clone' in out.stdout

@@ -1,8 +1,12 @@
-"""default_callbacks, and all callbacks in one fit reaching a logger (docstring examples: tests/docs)."""
+"""default_callbacks, all callbacks in one fit reaching a logger, and what a module brings (docstring examples:
+tests/docs)."""
 
 from __future__ import annotations
 
-from lightning_grpo.callbacks import AdapterExport, SampleLogger, default_callbacks
+from lightning.pytorch import Trainer
+
+from lightning_grpo.callbacks import AdapterExport, PredictionWriter, SampleLogger, default_callbacks
+from lightning_grpo.callbacks.defaults import module_callbacks
 from tests.callbacks.helpers import ListLogger, fit
 
 
@@ -17,10 +21,15 @@ def test_defaults_log_every_metric_to_the_loggers(make_module, tmp_path):
     names = {name for metrics, step in logger.logged if step == 1 for name in metrics}
     assert not any(name.startswith(("train/clip/", "train/group/reward")) for name in names)  # one name each
     for name in (
-        "train/reward_mean", "train/group/adv_std", "train/reward/count_a", "train/clip_frac",
+        "train/reward_mean",
+        "train/group/adv_std",
+        "train/reward/count_a",
+        "train/clip_frac",
         "train/completion/eos_frac",
-        "train/throughput/generated_tokens_per_sec", "train/time/iteration", "train/memory/peak_mib",
-    ):  # fmt: skip
+        "train/throughput/generated_tokens_per_sec",
+        "train/time/iteration",
+        "train/memory/peak_mib",
+    ):
         assert name in names
     assert (tmp_path / "adapter" / "final" / "adapter_config.json").exists()
 
@@ -28,3 +37,22 @@ def test_defaults_log_every_metric_to_the_loggers(make_module, tmp_path):
 def test_no_adapter_export_unless_asked():
     assert not any(isinstance(cb, AdapterExport) for cb in default_callbacks())
     assert default_callbacks(sample_every_n_iterations=7)[-1].every_n_iterations == 7
+
+
+def test_the_module_brings_a_prediction_writer_only_to_predict_and_only_without_one(tmp_path):
+    def brought(trainer: Trainer) -> list[str]:
+        return [type(cb).__name__ for cb in module_callbacks(trainer, tool_servers=False, monitoring=False)]
+
+    trainer = Trainer(logger=False, enable_progress_bar=False)
+    assert "PredictionWriter" not in brought(trainer)  # fit, validate, test: nothing to write
+    trainer.predicting = True
+    assert "PredictionWriter" in brought(trainer)
+    mine = Trainer(logger=False, callbacks=[PredictionWriter(tmp_path / "mine.jsonl")])
+    mine.predicting = True
+    assert "PredictionWriter" not in brought(mine)  # the trainer's own writer wins
+
+
+def test_with_monitoring_lightning_s_summary_becomes_one_line_before_the_bar():
+    trainer = Trainer(logger=False)  # Lightning's own summary and bar
+    names = [type(cb).__name__ for cb in module_callbacks(trainer, tool_servers=False, monitoring=True)]
+    assert names[-2:] == ["PolicySummary", "GRPOProgressBar"]

@@ -33,8 +33,8 @@ def test_without_matplotlib_one_line_says_how_to_get_it(make_module, tmp_path, m
         trainer.fit(make_module(), prompt_loader(PROMPTS))
     lines = [line for line in info if "reward curve" in line]
     assert lines == [
-        'reward curve: off (matplotlib is not installed: pip install -e ".[plot]" in a clone of lightning-grpo (or '
-        'pip install "<the built wheel>[plot]"))'
+        'reward curve: off (matplotlib is not installed: pip install ".[plot]" in a clone of lightning-grpo (pip '
+        'install -e ".[plot]" for an editable install; from a built wheel: pip install "<the wheel file>[plot]"))'
     ]
     assert not list(tmp_path.rglob("*.png"))
 

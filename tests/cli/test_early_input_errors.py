@@ -7,6 +7,7 @@ import pytest
 
 from lightning_grpo.data import MissingDataError, PromptDataModule
 from lightning_grpo.rewards import RewardInputError
+from tests.cli.conftest import FIT_LOADING
 from tests.cli.run_process import REPO, run_cli
 from tests.conftest import make_trainer, prompt_records
 
@@ -31,7 +32,8 @@ def test_the_command_line_refuses_a_missing_file_before_the_model_loads(tmp_path
     )  # fmt: skip
     assert result.returncode == 1
     lines = [line for line in result.stdout.splitlines() if not line.startswith(("Failed to load CPU", "Seed set"))]
-    assert len(lines) < 5 and "prompt file 'missing.jsonl' not found" in lines[0], result.stdout
+    assert lines[0] == FIT_LOADING, result.stdout  # then the error
+    assert len(lines) < 6 and "prompt file 'missing.jsonl' not found" in lines[1], result.stdout
     assert not (tmp_path / "warm-ups").exists()  # the model was never built (it would have been warmed up there)
     assert not list(tmp_path.rglob("version_*"))
 

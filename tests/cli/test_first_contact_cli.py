@@ -1,4 +1,5 @@
-"""A new user's first commands: ``--help`` lists ``demo``; a mistake or a missing extra is named first."""
+"""A new user's first commands: ``--help`` lists ``demo``; a mistake or a missing extra is named first, right after
+the line that says what the command loads."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import re
 import subprocess
 import sys
 
-from tests.cli.conftest import REPO, TINY, quiet_run_args
+from tests.cli.conftest import FIT_LOADING, REPO, TINY, quiet_run_args
 from tests.cli.run_process import run_cli
 from tests.conftest import repo_pythonpath
 
@@ -29,7 +30,9 @@ def test_a_reward_returning_strings_is_named_on_the_first_lines(tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)  # fmt: skip
     assert result.returncode == 1, result.stdout[-3000:]
     lines = [line for line in result.stdout.decode().split("\n") if line.strip()]  # a terminal's lines: "\r" stays
-    assert "reward function 'string_reward' returned a non-numeric value '1.0' (str)" in "\n".join(lines[:2]), lines
+    assert lines[0] == FIT_LOADING, lines
+    # then the progress bar's line (the error comes in the first iteration), then the error
+    assert "reward function 'string_reward' returned a non-numeric value '1.0' (str)" in "\n".join(lines[1:3]), lines
 
 
 def test_an_agent_without_openai_is_one_line_with_the_install_command_before_any_run(tmp_path):
@@ -41,10 +44,12 @@ def test_an_agent_without_openai_is_one_line_with_the_install_command_before_any
     result = subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)  # fmt: skip
     assert result.returncode == 1, result.stdout[-3000:]
-    assert result.stdout.splitlines()[0] == (
-        "lightning-grpo fit: error: GRPOModule(agent=...) needs openai, which is not installed: pip install -e "
-        '".[openai]" in a clone of lightning-grpo (or pip install "<the built wheel>[openai]")'
-    ), result.stdout[-3000:]
+    assert result.stdout.splitlines()[:2] == [
+        "lightning-grpo fit: loading torch, Lightning, transformers and peft...",
+        "lightning-grpo fit: error: GRPOModule(agent=...) needs openai, which is not installed: pip install "
+        '".[openai]" in a clone of lightning-grpo (pip install -e ".[openai]" for an editable install; from a built '
+        'wheel: pip install "<the wheel file>[openai]")',
+    ], result.stdout[-3000:]
 
 
 def test_an_unknown_backend_setting_is_named_by_its_config_key(tmp_path):

@@ -1,10 +1,12 @@
 """What the command line says first and last: the subcommands with ``demo``, GRPO's settings
-before the Trainer's in ``fit --help``, no Lightning tips, and where a fit's files went."""
+before the Trainer's in ``fit --help``, no Lightning tips, where a fit's files went and the reward it gained."""
 
 from __future__ import annotations
 
+import csv
 import io
 import logging
+import re
 from pathlib import Path
 
 from lightning.pytorch import Trainer
@@ -47,17 +49,23 @@ def test_lightning_tips_are_dropped_and_other_info_stays(tmp_path):
     assert available  # "GPU available: False, used: False" says nothing: dropped (callbacks/_quiet_lightning.py)
 
 
-def test_a_fit_ends_saying_where_its_files_went(tmp_path, capsys):
+def test_a_fit_ends_saying_where_its_files_went_and_the_reward_it_gained(tmp_path, capsys):
     main(["fit", "--config", str(TINY), *quiet_run_args(tmp_path, max_steps=1)])
-    lines = capsys.readouterr().out.strip().splitlines()[-4:]
+    lines = capsys.readouterr().out.strip().splitlines()[-6:]
     run = tmp_path / "tiny" / "version_0"
-    assert lines == [
+    assert lines[:5] == [
         "fit ended after 1 steps. Its files:",
-        f"  metrics:    {run / 'metrics.csv'} (CSVLogger)",
-        f"  checkpoint: {run / 'checkpoints' / 'epoch=0-step=1.ckpt'}",
-        f"  adapter:    {run / 'adapter' / 'final'}",
+        f"  metrics:      {run / 'metrics.csv'} (CSVLogger)",
+        f"  checkpoint:   {run / 'checkpoints' / 'epoch=0-step=1.ckpt'}",
+        f"  adapter:      {run / 'adapter' / 'final'}",
+        f"  reward curve: {run / 'reward_curve.png'}",
     ]
     assert (run / "metrics.csv").exists() and (run / "adapter" / "final" / "adapter_config.json").exists()
+    assert (run / "reward_curve.png").exists()
+    with open(run / "metrics.csv", newline="") as handle:
+        (reward,) = [float(row["train/reward_mean"]) for row in csv.DictReader(handle) if row["train/reward_mean"]]
+    # the demo's line: the mean of the first and the last tenth (here the one iteration), then the seconds taken
+    assert re.fullmatch(rf"fit: mean reward {reward:.2f} -> {reward:.2f} over 1 iteration \(\d+ s\)", lines[5]), lines
 
 
 def test_the_reward_curve_is_titled_with_task_model_and_run():

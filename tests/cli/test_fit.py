@@ -24,6 +24,10 @@ def test_fit_with_the_tiny_config_from_the_command_line(tmp_path, warm_tiny_cach
     assert model["class_path"] == "lightning_grpo.testing.TinyModel" and model["init_args"]["task"] == "addition"
     assert saved["torch_num_threads"] == 1
     assert (run_dir / "adapter" / "final" / "adapter_config.json").exists()  # beside the run, never overwritten
+    assert result.stdout.splitlines()[-1].startswith("fit: mean reward "), result.stdout  # the demo's last line
+    printed = result.stdout + result.stderr
+    paths = ["metrics.csv", "checkpoints/epoch=0-step=2.ckpt", "adapter/final", "reward_curve.png"]
+    assert {path: printed.count(str(run_dir / path)) for path in paths} == dict.fromkeys(paths, 1), printed
 
 
 def test_console_script_entry_point_is_the_cli():

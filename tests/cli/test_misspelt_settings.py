@@ -5,13 +5,17 @@ from __future__ import annotations
 import pytest
 
 from lightning_grpo.cli import misspelt_setting
+from tests.cli.conftest import FIT_LOADING
 from tests.cli.run_process import REPO, run_cli
 
 TINY = str(REPO / "configs" / "debug" / "tiny.yaml")
 
 
 def _first_lines(result, n=5):
-    return "\n".join(line for line in result.stdout.splitlines() if "gemm_4bit" not in line).splitlines()[:n]
+    """The first ``n`` lines after the one saying what the command loads."""
+    lines = [line for line in result.stdout.splitlines() if "gemm_4bit" not in line]
+    assert lines[0] == FIT_LOADING, result.stdout[:2000]
+    return lines[1 : n + 1]
 
 
 @pytest.mark.parametrize(

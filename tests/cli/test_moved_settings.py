@@ -1,5 +1,6 @@
 """A flat setting's old name (before GRPOConfig's settings were grouped) in a config or a flag: one line on stderr
-naming its new place, exit status 2, before anything is parsed or built; no alias keeps the old name working."""
+naming its new place (after the one saying what the command loads), exit status 2, before anything is parsed or built;
+no alias keeps the old name working."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from lightning_grpo.cli import parse_config
 from lightning_grpo.cli.misspelt_settings import misspelt_setting
 from lightning_grpo.cli.moved_settings import moved_setting
 from lightning_grpo.config import MOVED_SETTINGS
-from tests.cli.conftest import TINY
+from tests.cli.conftest import FIT_LOADING, TINY
 from tests.conftest import repo_pythonpath
 
 ERROR = "python -m lightning_grpo fit: error: "
@@ -35,7 +36,9 @@ def test_an_old_key_in_a_yaml_config_is_one_line_naming_its_new_place(tmp_path):
     result = run(tmp_path, "--config", "old.yaml")
     assert result.returncode == 2
     assert result.stderr.splitlines() == [
-        f"{ERROR}old.yaml: model.init_args.grpo.temperature moved to model.init_args.grpo.sampling.temperature{GROUPED}"
+        FIT_LOADING,
+        f"{ERROR}old.yaml: model.init_args.grpo.temperature moved to model.init_args.grpo.sampling.temperature"
+        + GROUPED,
     ]
     assert result.stdout == "" and not list(tmp_path.rglob("version_*"))  # nothing seeded, built or written
 
@@ -44,7 +47,8 @@ def test_an_old_flag_is_one_line_naming_its_new_place(tmp_path):
     result = run(tmp_path, "--model.grpo.val_temperature=0.5")
     assert result.returncode == 2
     assert result.stderr.splitlines() == [
-        f"{ERROR}--model.grpo.val_temperature moved to --model.grpo.validation.temperature{GROUPED}"
+        FIT_LOADING,
+        f"{ERROR}--model.grpo.val_temperature moved to --model.grpo.validation.temperature{GROUPED}",
     ]
     assert result.stdout == "" and not list(tmp_path.rglob("version_*"))
 

@@ -1,7 +1,8 @@
 """A bad setting value gives its cause first: the real command line, one kind of error per test.
 
-The first line after Lightning's own info lines names the key as a config writes it, the value, why and the fix; the
-whole output is a few lines, with no traceback unless ``--debug`` (or ``LIGHTNING_GRPO_DEBUG=1``) asks for one.
+The first line after the one saying what the command loads and Lightning's own info lines names the key as a config
+writes it, the value, why and the fix; the whole output is a few lines, with no traceback unless ``--debug`` (or
+``LIGHTNING_GRPO_DEBUG=1``) asks for one.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 from lightning_grpo import GRPOConfig
 from lightning_grpo.cli.errors import explain_import, summarize_parse_error
 from lightning_grpo.config import ObjectiveConfig, SamplingConfig
-from tests.cli.conftest import TINY
+from tests.cli.conftest import FIT_LOADING, TINY
 from tests.conftest import repo_pythonpath
 
 #: Lines Lightning prints before any of ours (seeding, accelerators).
@@ -33,7 +34,8 @@ def words(completions, **kwargs):
 
 
 def run(tmp_path: Path, yaml: str, *args: str, debug: bool = False) -> tuple[int, list[str]]:
-    """``python -m lightning_grpo fit`` over the tiny config and ``yaml``, in ``tmp_path``: exit status, lines."""
+    """``python -m lightning_grpo fit`` over the tiny config and ``yaml``, in ``tmp_path``: exit status, lines after
+    the first, which says what the command loads."""
     (tmp_path / "my_rewards.py").write_text(REWARDS)
     (tmp_path / "bad.yaml").write_text(yaml)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": repo_pythonpath(), "PYTHONWARNINGS": "ignore"}
@@ -45,7 +47,9 @@ def run(tmp_path: Path, yaml: str, *args: str, debug: bool = False) -> tuple[int
     result = subprocess.run(
         command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300
     )
-    return result.returncode, result.stdout.splitlines()
+    lines = result.stdout.splitlines()
+    assert lines[0] == FIT_LOADING, result.stdout[-3000:]
+    return result.returncode, lines[1:]
 
 
 def first_line(lines: list[str]) -> str:

@@ -99,7 +99,7 @@ def test_hf_source_needs_a_name():
 
 def test_hf_source_without_datasets_says_how_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)  # makes `import datasets` raise ImportError
-    with pytest.raises(ImportError, match=r'pip install -e "\.\[data\]" in a clone'):
+    with pytest.raises(ImportError, match=r'pip install "\.\[data\]" in a clone'):
         load_records("hf:openai/gsm8k")
     with pytest.raises(ImportError, match=r'train_data: .hf:openai/gsm8k. needs datasets.*pip install -e "\.\[data\]"'):
         check_source_path("hf:openai/gsm8k", "train_data")  # when the data module is built

@@ -28,3 +28,32 @@ def test_subclass_step_prints_a_reward(warm_tiny_cache, capsys):
     load_example("subclass_step").main(["--max-steps", "2", "--num-generations", "4", "--batch-size", "4",
                                         "--no-progress-bar"])  # fmt: skip
     assert re.search(r"mean reward \d\.\d\d, mean completion length", capsys.readouterr().out)
+
+
+class _WarmedUp(Exception):
+    """Stops an example's ``build`` where its warm-up would start."""
+
+
+@pytest.mark.parametrize(
+    ("name", "warm_up", "traces"),
+    [
+        ("tool_calling", "warm_policy", "tool-call traces"),
+        ("mcp_tools", "warm_policy", "tool-call traces"),
+        ("openai_agent", "warm_policy", "tool-call traces"),
+        ("multi_turn_env", "warm_up_on_traces", "guessing games"),
+    ],
+)
+def test_the_warm_up_says_what_it_does_and_how_long_before_it_starts(name, warm_up, traces, capsys, monkeypatch):
+    example = load_example(name)
+    said: list[str] = []
+
+    def stop(*_, **__):
+        said.append(capsys.readouterr().err)  # what stderr showed when the warm-up began
+        raise _WarmedUp
+
+    monkeypatch.setattr(example, warm_up, stop)
+    with pytest.raises(_WarmedUp):
+        example.build(example.parse(["--warmup-steps", "1600"]))
+    assert said == [
+        f"{name}: warming the tiny policy up on {traces} (1600 supervised steps, about 20 s on an idle CPU core)\n"
+    ]

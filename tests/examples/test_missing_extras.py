@@ -37,8 +37,8 @@ def run_without(example: str, blocked: str, *args: str) -> tuple[subprocess.Comp
     ("example", "blocked", "args", "line"),
     [
         ("examples.openai_agent", "openai", (), 'openai_agent needs openai, which is not installed: pip install'),
-        ("examples.openai_agent", "openai", ("--transport", "in_process"), 'pip install -e ".[openai]" in a clone'),
-        ("examples.mcp_tools", "mcp", (), 'mcp_tools needs mcp, which is not installed: pip install -e ".[mcp]"'),
+        ("examples.openai_agent", "openai", ("--transport", "in_process"), 'pip install ".[openai]" in a clone'),
+        ("examples.mcp_tools", "mcp", (), 'mcp_tools needs mcp, which is not installed: pip install ".[mcp]"'),
         ("examples.gsm8k_lora", "datasets", (), 'gsm8k_lora needs datasets, which is not installed: pip install -e'),
     ],
 )  # fmt: skip

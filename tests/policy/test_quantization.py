@@ -217,7 +217,7 @@ def test_missing_bitsandbytes_names_the_extra(tokenizer, monkeypatch):
         return real(name, *args)
 
     monkeypatch.setattr(quantization_module.importlib, "import_module", without_bitsandbytes)
-    with pytest.raises(ImportError, match=r'needs bitsandbytes.*pip install -e "\.\[quant\]" in a clone'):
+    with pytest.raises(ImportError, match=r'needs bitsandbytes.*pip install "\.\[quant\]" in a clone'):
         load_policy(build_tiny_model(tokenizer), _policy("nf4"))
 
 

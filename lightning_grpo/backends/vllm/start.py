@@ -150,6 +150,7 @@ def build_llm(kwargs: dict[str, Any], config: VLLMConfig) -> Any:
     Raises:
         RuntimeError: vLLM failed (see :func:`_start_failure`).
     """
+    _announce_start(kwargs)
     level = os.environ.get("VLLM_LOGGING_LEVEL", config.log_level).upper()
     _scalar_kernels_under_default_capability()
     try:
@@ -159,6 +160,17 @@ def build_llm(kwargs: dict[str, Any], config: VLLMConfig) -> Any:
             return LLM(**kwargs, **_logging_arguments(level))
     except Exception as error:
         raise _start_failure(error, config, kwargs["max_model_len"]) from error
+
+
+def _announce_start(kwargs: dict[str, Any]) -> None:
+    """Say (rank zero) that the engine starts, what it does meanwhile and about how long it takes."""
+    from lightning.fabric.utilities.rank_zero import rank_zero_info
+
+    graphs = "" if kwargs.get("enforce_eager") else ", compiles and captures CUDA graphs (slower the first time)"
+    rank_zero_info(
+        f"vLLM engine: starting in this process (it loads the weights, sizes its KV cache{graphs}): a few seconds "
+        "for a tiny model on a CPU, 30 s to a few minutes for a real model on a GPU"
+    )
 
 
 _MEMORY_SIGNS = ("out of memory", "memory", "kv cache", "cache blocks")

@@ -1,0 +1,116 @@
+"""What the command line answers before it loads torch, Lightning, transformers and peft (seconds of imports).
+
+``--help``, ``-h``, no arguments and a subcommand without any config are answered from the texts here, in a fraction
+of a second; any other command first says on stderr what it loads (stdout stays clean: ``--print_config > file``),
+so that its first error is the line after that one. The help lists LightningCLI's subcommands and ``demo``
+(:data:`~lightning_grpo.cli.argument_checks.SUBCOMMANDS`; a test compares them with ``LightningCLI.subcommands()``).
+"""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from collections.abc import Sequence
+from pathlib import Path
+
+from lightning_grpo.cli.argument_checks import PACKAGED_CONFIG, SUBCOMMANDS, refuse_missing_config
+
+__all__ = [
+    "DESCRIPTION",
+    "SUBCOMMAND_HELP",
+    "announce_loading",
+    "answer_without_libraries",
+    "help_text",
+    "no_subcommand_message",
+    "program_name",
+    "usage",
+]
+
+#: The command's description: the first paragraph of ``--help``.
+DESCRIPTION = (
+    "GRPO fine-tuning with LoRA, as a PyTorch Lightning module. First run 'lightning-grpo demo': a tiny model learns "
+    "addition on CPU, offline, in about a minute. Subcommands: demo, fit, validate, test, predict. Start a run from a "
+    f"config, e.g. the demo's: 'lightning-grpo fit --config {PACKAGED_CONFIG}'. The module's settings: "
+    "'lightning-grpo fit --model.help lightning_grpo.GRPOModule' (add --model.grpo.help or --model.policy.help "
+    "for GRPOConfig's or PolicyConfig's fields)."
+)
+#: Each subcommand's line in ``--help``: ``demo`` (run before the parser), then LightningCLI's (the Trainer's words).
+SUBCOMMAND_HELP = {
+    "demo": "Trains a tiny model on CPU, offline, in about a minute ('demo --help').",
+    "fit": "Runs the full optimization routine.",
+    "validate": "Perform one evaluation epoch over the validation set.",
+    "test": "Perform one evaluation epoch over the test set.",
+    "predict": "Run inference on your data.",
+}
+_OPTIONS = """options:
+  -h, --help            Show this help message and exit.
+  -c CONFIG, --config CONFIG
+                        Path to a configuration file in json or yaml format.
+  --print_config[=flags]
+                        Print the configuration after applying all other
+                        arguments and exit. The optional flags customizes the
+                        output and are one or more keywords separated by
+                        comma. The supported flags are: skip_default,
+                        skip_unset."""
+_LIBRARIES = "torch, Lightning, transformers and peft"
+
+
+def program_name() -> str:
+    """``python -m lightning_grpo`` when run that way, else ``lightning-grpo`` (the console script)."""
+    return "python -m lightning_grpo" if Path(sys.argv[0]).name == "__main__.py" else "lightning-grpo"
+
+
+def usage(prog: str) -> str:
+    """The usage line, as LightningCLI's parser writes it with ``demo`` among the subcommands."""
+    return f"usage: {prog} [-c CONFIG] {{{','.join(SUBCOMMAND_HELP)}}} ..."
+
+
+def no_subcommand_message() -> str:
+    """The error for a missing or unknown subcommand (after ``<prog>: error: ``), naming ``demo`` too."""
+    return (
+        f"no subcommand given: choose one of {', '.join(SUBCOMMAND_HELP)} ('demo' trains a tiny model on CPU in "
+        "about a minute; 'fit --config my.yaml' runs a config; --help says more)"
+    )
+
+
+def help_text(prog: str) -> str:
+    """``--help``: usage, description, the top-level options and one line per subcommand.
+
+    Example::
+
+        >>> print(help_text("lightning-grpo").splitlines()[0])
+        usage: lightning-grpo [-c CONFIG] {demo,fit,validate,test,predict} ...
+    """
+    wrapped = textwrap.fill(DESCRIPTION, width=79, break_long_words=False, break_on_hyphens=False)
+    listed = "\n".join(f"    {name:<20}{line}" for name, line in SUBCOMMAND_HELP.items())
+    return (
+        f"{usage(prog)}\n\n{wrapped}\n\n{_OPTIONS}\n\nsubcommands:\n  For more details of each subcommand, add it as "
+        f"an argument followed by\n  --help.\n\n  Available subcommands:\n{listed}\n"
+    )
+
+
+def answer_without_libraries(argv: Sequence[str], prog: str) -> None:
+    """Answer ``--help``, ``-h``, no arguments and a subcommand without a config, then exit; else return.
+
+    Args:
+        argv: The arguments, ``--debug`` taken out (:func:`~lightning_grpo.cli.argument_checks.without_debug_flag`).
+        prog: The command's name (:func:`program_name`).
+
+    Raises:
+        SystemExit: Status 0 after the help; 2 (a usage error, as the parser's) after the usage and its error.
+    """
+    if argv[:1] and argv[0] in ("-h", "--help"):
+        sys.stdout.write(help_text(prog))
+        sys.exit(0)
+    if not argv:
+        sys.stderr.write(f"{usage(prog)}\n{prog}: error: {no_subcommand_message()}\n")
+        sys.exit(2)
+    refuse_missing_config(argv)
+
+
+def announce_loading(argv: Sequence[str], prog: str) -> None:
+    """Say on stderr what the command loads, before it loads it (nothing when all is loaded already, in-process)."""
+    if all(name in sys.modules for name in ("torch", "lightning", "transformers", "peft")):
+        return
+    subcommand = f" {argv[0]}" if argv[:1] and argv[0] in ("demo", *SUBCOMMANDS) else ""
+    print(f"{prog}{subcommand}: loading {_LIBRARIES}...", file=sys.stderr, flush=True)
