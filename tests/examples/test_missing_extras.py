@@ -39,7 +39,8 @@ def run_without(example: str, blocked: str, *args: str) -> tuple[subprocess.Comp
         ("examples.openai_agent", "openai", (), 'openai_agent needs openai, which is not installed: pip install'),
         ("examples.openai_agent", "openai", ("--transport", "in_process"), 'pip install ".[openai]" in a clone'),
         ("examples.mcp_tools", "mcp", (), 'mcp_tools needs mcp, which is not installed: pip install ".[mcp]"'),
-        ("examples.gsm8k_lora", "datasets", (), 'gsm8k_lora needs datasets, which is not installed: pip install -e'),
+        ("examples.gsm8k_lora", "datasets", (),
+         'gsm8k_lora needs datasets, which is not installed: pip install ".[data]"'),
     ],
 )  # fmt: skip
 def test_an_example_without_its_extra_names_the_install_line_first(example, blocked, args, line):

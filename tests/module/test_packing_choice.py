@@ -8,8 +8,8 @@ from dataclasses import replace
 import pytest
 
 from lightning_grpo import GRPOModule
-from lightning_grpo import module as module_file
 from lightning_grpo.config import ObjectiveConfig, UpdateConfig
+from lightning_grpo.iteration import policy_logprobs
 from lightning_grpo.rollout import packing
 from tests.conftest import make_trainer, prompt_loader
 
@@ -23,13 +23,13 @@ class FixedLength(GRPOModule):
 
 def _packings_of_one_step(make_module, monkeypatch, packing="auto", **settings) -> list:
     seen = []
-    real = module_file.completion_logprobs
+    real = policy_logprobs.completion_logprobs
 
     def recording(model, rollout, **kwargs):
         seen.append(kwargs["packing"])
         return real(model, rollout, **kwargs)
 
-    monkeypatch.setattr(module_file, "completion_logprobs", recording)
+    monkeypatch.setattr(policy_logprobs, "completion_logprobs", recording)
     module = make_module(
         **settings, objective=ObjectiveConfig(kl_coef=0.1), update=UpdateConfig(ppo_epochs=2, packing=packing)
     )  # old, reference and current log-probs
