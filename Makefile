@@ -42,9 +42,10 @@ docs: install
 	NO_MKDOCS_2_WARNING=1 $(PYTHON) -m mkdocs build --strict --site-dir build/site
 
 # Tests run on every core (pytest-xdist; `make test PYTEST_JOBS=0` runs them in one process). Most fits of the tiny
-# model take one CPU thread (iteration/cpu_threads.py), so two workers nearly halve the suite on two cores.
+# model take one CPU thread (iteration/cpu_threads.py), so two workers nearly halve the suite on two cores. Tests marked
+# xdist_group run on one worker (--dist loadgroup): a module fixture that launches processes then runs once.
 PYTEST_JOBS ?= auto
-PYTEST := $(PYTHON) -m pytest -n $(PYTEST_JOBS)
+PYTEST := $(PYTHON) -m pytest -n $(PYTEST_JOBS) --dist loadgroup
 
 # The learning tests run twice: natively, then with torch's portable kernels (ATEN_CPU_CAPABILITY=default) and a fresh
 # warm-up cache, as a machine with another CPU would run them (docs/benchmarks.md, "Learning").

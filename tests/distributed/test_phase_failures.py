@@ -10,7 +10,7 @@ import pytest
 
 from tests.distributed.launch import free_port, run_ranks
 
-pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600), pytest.mark.xdist_group("phase-failures")]
 WORKER = "tests.distributed.phase_failures_worker"
 WITHIN_S = 60.0
 #: Scenario -> (failing rank, its cause, where it failed).
