@@ -62,6 +62,20 @@ def _demo_vllm(seed: int, out: Path) -> dict[str, float]:
     return _rise(first, last)
 
 
+def _own_environment(seed: int, out: Path) -> dict[str, float]:
+    """``lightning-grpo fit --config examples/own_environment/fit.yaml``, every seed of the run set to ``seed``."""
+    from lightning_grpo.cli import GRPOCLI
+    from lightning_grpo.cli.summary import read_rewards, summarize
+
+    folder = Path(__file__).resolve().parents[1] / "examples" / "own_environment"
+    seeds = ["--seed_everything", "--model.init_args.model.init_args.seed", "--model.init_args.seed"]
+    args = ["fit", "--config", str(folder / "fit.yaml"), *(f"{key}={seed}" for key in seeds)]
+    args += [f"--data.init_args.seed={seed}", f"--data.init_args.train_data={folder / 'sums.jsonl'}"]
+    args += [f"--trainer.default_root_dir={out}", f"--trainer.logger.init_args.save_dir={out}"]
+    cli = GRPOCLI(args=[*args, "--trainer.enable_progress_bar=false"])
+    return _rise(*summarize(read_rewards(Path(cli.trainer.logger.log_dir) / "metrics.csv")))
+
+
 #: The demo sampled apart from the trainer (``benchmarks.async_rollout``): a server, or the frozen-copy test backend.
 _APART = {
     "frozen": ["--model.init_args.grpo.backend.rollout_backend=lightning_grpo.testing.apart_backend.FrozenCopyBackend"],
@@ -223,6 +237,11 @@ CASES: dict[str, Case] = {
         _example("tool_calling"),
         {"last": 0.7, "rise": 0.2},
         "examples/tool_calling.py, docs/agents.md, tests/module/test_multi_turn.py (seed 7)",
+    ),
+    # own_environment (issue 67): a TRL-style class of the user's, named in YAML, trained from the CLI on
+    # TinyToolModel (tool_calling's warmed policy as a class). Claim written before its matrix: a rise of 0.2.
+    "own_environment": Case(
+        _own_environment, {"rise": 0.2}, "examples/own_environment/fit.yaml, docs/agents.md, tests/examples (seed 0)"
     ),
     "multi_turn_env": Case(
         _example("multi_turn_env"), {"rise": 0.2}, "examples/multi_turn_env.py, docs/agents.md, tests/examples (seed 0)"

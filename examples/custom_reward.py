@@ -13,6 +13,10 @@ The same functions work from a YAML config: ``reward_funcs: [my_rewards.sum_from
 
 from __future__ import annotations
 
+from lightning_grpo.cli.before_loading import announce_libraries
+
+announce_libraries("examples/custom_reward.py")  # the imports below take seconds: never silent
+
 import argparse
 import re
 from collections.abc import Sequence

@@ -18,6 +18,10 @@ weights with an fp32 adapter (so the trainer's precision stays ``32-true``).
 
 from __future__ import annotations
 
+from lightning_grpo.cli.before_loading import announce_libraries
+
+announce_libraries("examples/gsm8k_lora.py")  # the imports below take seconds: never silent
+
 import argparse
 import os
 import sys

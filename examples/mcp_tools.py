@@ -51,17 +51,21 @@ if __name__ == "__main__" and sys.argv[1:] == ["--serve"]:  # the server subproc
     serve()
     sys.exit(0)
 
-import torch  # noqa: E402
-from lightning import Trainer  # noqa: E402
-from lightning.pytorch.loggers import CSVLogger  # noqa: E402
+from lightning_grpo.cli.before_loading import announce_libraries
 
-from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig, PromptDataModule  # noqa: E402
-from lightning_grpo.callbacks import AgentStats, GroupRewardStats  # noqa: E402
-from lightning_grpo.config import AgentConfig  # noqa: E402
-from lightning_grpo.demo import announce_warm_up, fit_and_report  # noqa: E402
-from lightning_grpo.extras import exit_unless_installed  # noqa: E402
-from lightning_grpo.testing.agents import called_add_right  # noqa: E402
-from lightning_grpo.testing.calculator import add_task_flags, grpo_settings, warm_policy  # noqa: E402
+announce_libraries("examples/mcp_tools.py")  # the imports below take seconds: never silent
+
+import torch
+from lightning import Trainer
+from lightning.pytorch.loggers import CSVLogger
+
+from lightning_grpo import GRPOConfig, GRPOModule, PolicyConfig, PromptDataModule
+from lightning_grpo.callbacks import AgentStats, GroupRewardStats
+from lightning_grpo.config import AgentConfig
+from lightning_grpo.demo import announce_warm_up, fit_and_report
+from lightning_grpo.extras import exit_unless_installed
+from lightning_grpo.testing.agents import called_add_right
+from lightning_grpo.testing.calculator import add_task_flags, grpo_settings, warm_policy
 
 
 def build(options: argparse.Namespace) -> tuple[GRPOModule, PromptDataModule, Trainer]:

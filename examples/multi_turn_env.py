@@ -45,6 +45,10 @@ last tenth of the iterations.
 
 from __future__ import annotations
 
+from lightning_grpo.cli.before_loading import announce_libraries
+
+announce_libraries("examples/multi_turn_env.py")  # the imports below take seconds: never silent
+
 import argparse
 import random
 from collections.abc import Sequence

@@ -31,6 +31,10 @@ last tenth of the iterations. **The claim, on every seed and CPU kernel level: B
 
 from __future__ import annotations
 
+from lightning_grpo.cli.before_loading import announce_libraries
+
+announce_libraries("examples/openai_agent.py")  # the imports below take seconds: never silent
+
 import argparse
 import json
 from collections.abc import Sequence

@@ -21,6 +21,10 @@ From a YAML config (run from the repository root, so that ``examples`` is import
 
 from __future__ import annotations
 
+from lightning_grpo.cli.before_loading import announce_libraries
+
+announce_libraries("examples/subclass_step.py")  # the imports below take seconds: never silent
+
 import argparse
 from collections.abc import Sequence
 from typing import Any

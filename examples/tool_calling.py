@@ -33,6 +33,10 @@ With a real model, :func:`calc` (any arithmetic expression) works from a YAML co
 
 from __future__ import annotations
 
+from lightning_grpo.cli.before_loading import announce_libraries
+
+announce_libraries("examples/tool_calling.py")  # the imports below take seconds: never silent
+
 import argparse
 import ast
 import operator

@@ -38,7 +38,7 @@ from lightning_grpo.iteration.policy_logprobs import policy_logprobs
 from lightning_grpo.iteration.process_supervision import advantage_inputs
 from lightning_grpo.iteration.report import iteration_report
 from lightning_grpo.iteration.rollout_advantages import rollout_advantages
-from lightning_grpo.iteration.rollout_sampling import sample_with_backend
+from lightning_grpo.iteration.rollout_sampling import sample_with_backend, start_sampling
 from lightning_grpo.iteration.scoring import score_rollout
 from lightning_grpo.iteration.seeding import iteration_seed, seeded
 from lightning_grpo.iteration.strategy_setup import set_up_strategy
@@ -338,14 +338,16 @@ class GRPOModule(LightningModule):
         check_fit_inputs(
             self.config, self.rewards, self.trainer.datamodule, environment=environment, rollout_columns=extra
         )
-        self._start_sampling()  # the first training_step sends the policy's weights
+        start_sampling(self.rollout_backend, self.rewards, self.policy, device=self.device, seed=self.seed)
 
-    def on_test_start(self) -> None:
-        """Ready the sampling as fit does, then send the backend the policy's weights (no training_step will)."""
-        self._start_sampling()
-        self.rollout_backend.sync(self.policy, self.global_step)
+    def on_validation_start(self) -> None:
+        """A validate, test or predict of its own readies the sampling as fit does and sends the backend the policy's
+        weights (no training_step will); the validation inside a fit finds it ready (:meth:`on_fit_start`)."""
+        if self.trainer.state.fn != "fit":  # CloseRolloutBackend closes the backend at the end of the run
+            backend, step = self.rollout_backend, self.global_step
+            start_sampling(backend, self.rewards, self.policy, device=self.device, seed=self.seed, version=step)
 
-    on_predict_start = on_test_start  # predict starts as test does
+    on_test_start = on_predict_start = on_validation_start  # test and predict start as validate does
 
     def on_train_start(self) -> None:
         """Check the batch sizes against the data's before the first rollout is sampled."""
@@ -369,11 +371,6 @@ class GRPOModule(LightningModule):
         if self.export_adapter_all_ranks:
             return distributed.export_sharded_adapter(self.policy, path, is_global_zero=self.global_rank == 0)
         return export_adapter(self.policy, path)
-
-    def _start_sampling(self) -> None:
-        """Reward models to the module's device (they are not in the policy); the rollout backend started."""
-        self.rewards.to(self.device, getattr(self.policy, "dtype", None))
-        self.rollout_backend.start(self.policy, self.seed, sharded=distributed.is_sharded(self.policy))
 
     def _build_optimizer(self) -> tuple[torch.optim.Optimizer, Any]:
         """A new optimizer over the adapter's parameters and its scheduler (``None`` without ``lr_scheduler``)."""

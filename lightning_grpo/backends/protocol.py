@@ -98,7 +98,8 @@ class RolloutBackend(Protocol):
     supported_settings: ClassVar[frozenset[str]]
 
     def start(self, policy: PeftModel, seed: int, *, sharded: bool) -> None:
-        """Build what sampling needs (an engine, a connection); called at fit start, on every rank; idempotent."""
+        """Build what sampling needs (an engine, a connection); called at fit start (and at the start of a validate,
+        test or predict of its own), on every rank; idempotent."""
         ...
 
     def sync(self, policy: PeftModel, version: int) -> None:
@@ -115,7 +116,8 @@ class RolloutBackend(Protocol):
         ...
 
     def close(self) -> None:
-        """Shut down (no process or file left); called at the end of fit and on an exception; safe to call twice."""
+        """Shut down (no process or file left); called at the end of fit (and of a validate, test or predict of its
+        own) and on an exception; safe to call twice."""
         ...
 
 

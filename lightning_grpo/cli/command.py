@@ -52,7 +52,7 @@ from lightning_grpo.cli.argument_checks import (
 )
 from lightning_grpo.cli.argument_parser import SuggestingParser
 from lightning_grpo.cli.before_loading import DESCRIPTION, answer_without_libraries, program_name
-from lightning_grpo.cli.config_checks import check_optimizers, check_prompt_files
+from lightning_grpo.cli.config_checks import check_conversational_prompts, check_optimizers, check_prompt_files
 from lightning_grpo.cli.errors import DEBUG_HINT, debug_enabled, setting_key
 from lightning_grpo.cli.resume import ReplayMetrics, continue_in_checkpoint_folder, earlier_rows
 from lightning_grpo.cli.summary import curve_path_left_to_summary, fit_summary
@@ -104,8 +104,9 @@ class GRPOCLI(LightningCLI):
         cli.trainer.fit(cli.model, cli.datamodule)
     """
 
-    def __init__(self, args: Any = None, run: bool = True, **kwargs: Any) -> None:
-        self._started = time.perf_counter()  # the fit's last line counts from here, as the demo's does
+    def __init__(self, args: Any = None, run: bool = True, *, run_name: str = "fit", **kwargs: Any) -> None:
+        self._started = time.perf_counter()  # the fit's last line counts from here
+        self.run_name = run_name  # the fit's last line starts with it: "fit: mean reward ..." ("demo" for the demo)
         options: dict[str, Any] = {
             "model_class": GRPOModule,
             "datamodule_class": LightningDataModule,  # any data module; PromptDataModule is the usual one
@@ -189,7 +190,7 @@ class GRPOCLI(LightningCLI):
         """Say where the run's metrics, checkpoint, adapter and reward curve went, then the mean reward at its start
         and end (LightningCLI calls it after ``fit``)."""
         if self.trainer.is_global_zero:
-            print(fit_summary(self.trainer, seconds=time.perf_counter() - self._started), flush=True)
+            print(fit_summary(self.trainer, time.perf_counter() - self._started, self.run_name), flush=True)
 
     def before_instantiate_classes(self) -> None:
         """Apply ``torch_num_threads``, check the optimizers' settings and a PromptDataModule's files before the model
@@ -205,6 +206,7 @@ class GRPOCLI(LightningCLI):
         if config.get("torch_num_threads"):
             set_cpu_threads(config.torch_num_threads)
         check_prompt_files(config)
+        check_conversational_prompts(config)  # tools or an environment with string prompts: refused before loading
 
 
 class _Parsed(Exception):

@@ -11,12 +11,13 @@ from typing import Any
 import torch
 from jsonargparse import Namespace
 
+from lightning_grpo.agents.message_checks import string_prompts_refused
 from lightning_grpo.cli.import_paths import imported
 from lightning_grpo.data import PromptDataModule
-from lightning_grpo.data.sources import check_source_path
+from lightning_grpo.data.sources import check_source_path, load_records
 from lightning_grpo.settings_checks import SettingError
 
-__all__ = ["check_optimizers", "check_prompt_files"]
+__all__ = ["check_conversational_prompts", "check_optimizers", "check_prompt_files"]
 
 
 def check_optimizers(config: Namespace) -> None:
@@ -83,3 +84,28 @@ def _is_prompt_datamodule(path: Any) -> bool:
     """Whether the import ``path`` names :class:`~lightning_grpo.data.PromptDataModule` or a subclass of it."""
     cls = imported(str(path))
     return isinstance(cls, type) and issubclass(cls, PromptDataModule)
+
+
+def check_conversational_prompts(config: Namespace) -> None:
+    """Refuse string prompts for a module with tools or an environment before the model loads (seconds, not minutes).
+
+    Reads the first row of a local ``train_data`` file of a PromptDataModule without ``chat_template``; the data
+    module checks every row again at setup (and covers sources read only then: lists, Hugging Face datasets).
+
+    Raises:
+        SettingError: Its prompt is a string, or ``prompt_template`` makes it one (the message names the fix).
+    """
+    data, module = config.get("data"), config.get("model")
+    if not (isinstance(data, Namespace) and isinstance(module, Namespace)):
+        return
+    needs_messages = module.get("init_args.tools") or module.get("init_args.environment_factory")
+    source = data.get("init_args.train_data")
+    if not needs_messages or data.get("init_args.chat_template") or not _is_prompt_datamodule(data.get("class_path")):
+        return
+    if not isinstance(source, str) or source.startswith("hf:"):
+        return
+    template, field = data.get("init_args.prompt_template"), data.get("init_args.prompt_field") or "prompt"
+    row = load_records(source, prompt_field=None if template else field, split=None)[0]
+    prompt = template.format(**row) if template else row[field]
+    if isinstance(prompt, str):
+        raise string_prompts_refused(f"data.init_args.train_data={source!r} row 0", prompt)

@@ -72,13 +72,14 @@ def reward_line(name: str, rewards: Sequence[float], seconds: float | None = Non
     return f"{name}: mean reward {first:.2f} -> {last:.2f} over {iterations}{duration}"
 
 
-def fit_summary(trainer: Trainer, seconds: float | None = None) -> str:
+def fit_summary(trainer: Trainer, seconds: float | None = None, name: str = "fit") -> str:
     """Where a fit wrote its metrics, checkpoint, adapter and reward curve, one line each (what was not written says
     so), then its :func:`reward_line`.
 
     Args:
         trainer: The trainer after ``fit``.
         seconds: The run's duration, for the last line.
+        name: The last line's first word (``"demo"`` for the demo).
 
     Example::
 
@@ -96,7 +97,7 @@ def fit_summary(trainer: Trainer, seconds: float | None = None) -> str:
     lines.append(f"  checkpoint:   {_checkpoint(trainer)}")
     lines.append(f"  adapter:      {_adapter(trainer)}")
     lines.append(f"  reward curve: {_curve(trainer)}")
-    lines.append(reward_line("fit", _rewards(trainer), seconds))
+    lines.append(reward_line(name, _rewards(trainer), seconds))
     return "\n".join(lines)
 
 

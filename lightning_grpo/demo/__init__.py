@@ -180,7 +180,6 @@ def main(argv: Sequence[str] | None = None, prog: str = "lightning-grpo demo") -
     Returns:
         The mean reward of the first and last tenth of the iterations, and the number of iterations.
     """
-    start = time.perf_counter()
     options = _parse(argv, prog)
     if not options.config.exists():
         raise SystemExit(f"demo: config {options.config} not found; pass an existing YAML file with --config")
@@ -192,10 +191,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "lightning-grpo demo") -
 
     with _only_these_arguments():
         args = _cli_args(options.config, options.max_steps, options.output_dir, options.seed, options.rollout_backend)
-        cli = GRPOCLI(args=args)
-    seconds = time.perf_counter() - start
-    log_dir = Path(cli.trainer.logger.log_dir)
-    rewards = read_rewards(log_dir / "metrics.csv")
-    first, last = summarize(rewards)  # metrics.csv's path: in the fit's summary, printed by the command line
-    print(reward_line("demo", rewards, seconds))
+        cli = GRPOCLI(args=args, run_name="demo")  # its last line: "demo: mean reward A -> B over N iterations (S s)"
+    rewards = read_rewards(Path(cli.trainer.logger.log_dir) / "metrics.csv")
+    first, last = summarize(rewards)
     return first, last, len(rewards)

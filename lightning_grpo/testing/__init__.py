@@ -2,7 +2,8 @@
 
 Nothing here is needed to train real models, and no module of the package imports it. Use it in tests and examples,
 or in YAML configs by ``class_path`` (``lightning_grpo.testing.TinyModel``, ``lightning_grpo.testing.TinyTokenizer``,
-``lightning_grpo.testing.TinyTaskDataModule``), as the demo's config does (``lightning_grpo/demo/tiny.yaml``; the
+``lightning_grpo.testing.TinyTaskDataModule``; ``TinyToolModel`` and ``TinyToolTokenizer``: a tiny policy that
+calls a tool), as the demo's config does (``lightning_grpo/demo/tiny.yaml``; the
 demo itself is :mod:`lightning_grpo.demo`).
 
 Example::
@@ -28,7 +29,8 @@ from lightning_grpo.testing.tiny_model import (
     tiny_config,
     warm_up,
 )
-from lightning_grpo.testing.tokenizer import ALPHABET, TinyTokenizer, build_tiny_tokenizer
+from lightning_grpo.testing.tokenizer import ALPHABET, TinyTokenizer, TinyToolTokenizer, build_tiny_tokenizer
+from lightning_grpo.testing.tool_model import TinyToolModel
 
 __all__ = [
     "ALPHABET",
@@ -37,6 +39,8 @@ __all__ = [
     "TinyModel",
     "TinyTaskDataModule",
     "TinyTokenizer",
+    "TinyToolModel",
+    "TinyToolTokenizer",
     "WarmupSettings",
     "addition",
     "build_tiny_model",

@@ -23,9 +23,8 @@ from transformers import PreTrainedTokenizerBase, Qwen2ForCausalLM
 
 from lightning_grpo.agents import EnvStep, HermesToolCallParser, ToolSet, assistant_message
 from lightning_grpo.rollout.chat import continuation_ids, render_messages
-from lightning_grpo.testing.chat_template import TINY_CHAT_TEMPLATE
 from lightning_grpo.testing.tiny_model import build_tiny_model
-from lightning_grpo.testing.tokenizer import TinyTokenizer, build_tiny_tokenizer
+from lightning_grpo.testing.tokenizer import TinyToolTokenizer
 
 __all__ = [
     "CountdownEnv",
@@ -87,20 +86,10 @@ def add(a: int, b: int) -> int:
     return a + b
 
 
-def tool_name_tokenizer() -> TinyTokenizer:
-    """The tiny tokenizer with a chat template that lists tools by name only (short prompts for learning tests).
-
-    Otherwise the tiny template (:data:`~lightning_grpo.testing.chat_template.TINY_CHAT_TEMPLATE`): a full JSON schema
-    would make the tiny model's prompts four times longer.
-    """
-    tokenizer = build_tiny_tokenizer()
-    full = (
-        "{{ dict(name=fn.name, description=fn.description, parameters=fn.parameters) | tojson(separators=[',', ':']) }}"
-    )
-    if full not in TINY_CHAT_TEMPLATE:
-        raise RuntimeError("the tiny chat template no longer renders tool schemas as expected; update this helper")
-    tokenizer.chat_template = TINY_CHAT_TEMPLATE.replace(full, "{{ fn.name }}")
-    return tokenizer
+def tool_name_tokenizer() -> TinyToolTokenizer:
+    """The tiny tokenizer with a chat template that lists tools by name only (short prompts for learning tests):
+    a :class:`~lightning_grpo.testing.tokenizer.TinyToolTokenizer`."""
+    return TinyToolTokenizer()
 
 
 def add_records(num: int, *, seed: int = 0) -> list[dict[str, Any]]:

@@ -29,7 +29,7 @@ import random
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -47,6 +47,7 @@ __all__ = [
     "TinyModel",
     "WarmupSettings",
     "build_tiny_model",
+    "load_or_warm",
     "load_tiny_model",
     "tiny_cache_dir",
     "tiny_config",
@@ -257,17 +258,30 @@ def _warm_or_load(
         return model.train()
     records = make_task(task)  # raises on an unknown task, naming the valid ones
     path = Path(cache_dir or tiny_cache_dir()) / f"tiny-{task}-{settings.fingerprint(task)}"
+    announcement = f"tiny model: warming up on {task} ({settings.steps} supervised steps; about a minute on 2 cores"
+    return load_or_warm(model, path, announcement, lambda: warm_up(model, build_tiny_tokenizer(), records, settings))
+
+
+def load_or_warm(
+    model: Qwen2ForCausalLM, path: Path, announcement: str, warm: Callable[[], object]
+) -> Qwen2ForCausalLM:
+    """Load ``model``'s weights from the cached ``path``, or run ``warm()`` (which trains ``model`` in place) and save.
+
+    Args:
+        model: The freshly built model.
+        path: The cached copy's folder (written atomically: concurrent warm-ups never leave half a model).
+        announcement: What the warm-up does and about how long it takes, printed to stderr before it starts.
+        warm: Trains ``model`` in place.
+
+    Returns:
+        ``model``, in train mode.
+    """
     if (path / "config.json").exists():
         with _quiet_progress_bars():
             model.load_state_dict(Qwen2ForCausalLM.from_pretrained(str(path)).state_dict())
         return model.train()
-    print(
-        f"tiny model: warming up on {task} ({settings.steps} supervised steps; about a minute on 2 cores, once: cached "
-        f"in {path.parent})",
-        file=sys.stderr,
-        flush=True,
-    )  # the silence that follows has a reason
-    warm_up(model, build_tiny_tokenizer(), records, settings)
+    print(f"{announcement}, once: cached in {path.parent})", file=sys.stderr, flush=True)  # the silence has a reason
+    warm()
     _save_atomically(model, path)
     return model.train()
 

@@ -44,6 +44,12 @@ def _chat_template() -> str | None:
     return TINY_CHAT_TEMPLATE
 
 
+#: How the tiny chat template renders one tool; TinyToolTokenizer renders its name instead.
+_TOOL_SCHEMA = (
+    "{{ dict(name=fn.name, description=fn.description, parameters=fn.parameters) | tojson(separators=[',', ':']) }}"
+)
+
+
 class TinyTokenizer(PreTrainedTokenizerFast):
     """A character-level fast tokenizer: one token per character of :data:`ALPHABET`, plus special tokens.
 
@@ -82,6 +88,29 @@ class TinyTokenizer(PreTrainedTokenizerFast):
             config["tokenizer_class"] = "PreTrainedTokenizerFast"
             config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         return files
+
+
+class TinyToolTokenizer(TinyTokenizer):
+    """:class:`TinyTokenizer` with a chat template that lists tools by name only: the tokenizer of
+    :class:`~lightning_grpo.testing.TinyToolModel` (a full JSON schema would make tiny prompts four times longer).
+
+    In a YAML config: ``tokenizer: {class_path: lightning_grpo.testing.TinyToolTokenizer}``.
+
+    Args:
+        **kwargs: As :class:`TinyTokenizer`'s.
+
+    Raises:
+        RuntimeError: The tiny chat template no longer renders tool schemas as this expects.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        template = _chat_template()
+        if template is None or _TOOL_SCHEMA not in template:
+            raise RuntimeError(
+                "the tiny chat template no longer renders tool schemas as expected; update TinyToolTokenizer"
+            )
+        self.chat_template = template.replace(_TOOL_SCHEMA, "{{ fn.name }}")
 
 
 def build_tiny_tokenizer(*, with_pad: bool = True) -> TinyTokenizer:

@@ -12,7 +12,7 @@ import torch
 
 from lightning_grpo import GRPOConfig, GRPOModule, RolloutBackend
 from lightning_grpo.backends import HFBackend, RolloutSession
-from lightning_grpo.config import BackendConfig, CorrectionConfig
+from lightning_grpo.config import BackendConfig, CorrectionConfig, ValidationConfig
 from lightning_grpo.rollout import AgentSettings, SamplingSettings, sample_rollout
 from lightning_grpo.rollout.generation import sample_tokens
 from lightning_grpo.rollout.sampling_settings import Sampled, SampleRequest
@@ -111,6 +111,28 @@ def test_the_backend_is_closed_when_the_fit_fails(make_module):
     with pytest.raises(RuntimeError, match="reward service down"):
         make_trainer(max_steps=2).fit(module, prompt_loader(PROMPTS))
     assert module.rollout_backend.events[-1] == ("close",) and ("close session",) in module.rollout_backend.events
+
+
+def test_validate_test_and_predict_on_their_own_start_the_backend_and_close_it_at_their_end(make_module, tmp_path):
+    module = make_module(backend=BackendConfig(rollout_backend=PATH), validation=ValidationConfig(num_generations=2))
+    backend, loader = module.rollout_backend, prompt_loader(PROMPTS)
+    (validated,) = make_trainer().validate(module, loader)
+    (tested,) = make_trainer().test(module, loader)
+    (predicted,) = make_trainer(default_root_dir=tmp_path).predict(module, loader)  # predictions.jsonl goes there
+    assert set(validated) == {"val/reward_mean", "val/accuracy", "val/pass@2"}
+    assert set(tested) == {"test/reward_mean", "test/accuracy", "test/pass@2"}
+    assert [row["prompt"] for row in predicted] == PROMPTS and all(len(row["completions"]) == 2 for row in predicted)
+    rollout = [("sync", 0), ("session",), ("sample", list(range(4))), ("close session",)]
+    assert backend.events == [("start", 0, False), ("sync", 0), *rollout, ("close",)] * 3  # started, then closed
+
+
+def test_the_validation_inside_a_fit_samples_with_the_backend_the_fit_started(make_module):
+    module = make_module(backend=BackendConfig(rollout_backend=PATH), validation=ValidationConfig(num_generations=2))
+    trainer = make_trainer(max_steps=2, num_sanity_val_steps=1, val_check_interval=1, limit_val_batches=1)
+    trainer.fit(module, prompt_loader(PROMPTS, repeat=2), prompt_loader(PROMPTS))
+    names = [event[0] for event in module.rollout_backend.events]
+    assert names.count("session") == 5  # a sanity check, 2 iterations, a validation after each
+    assert names.count("start") == names.count("close") == 1 and names[0] == "start" and names[-1] == "close"
 
 
 def test_a_backend_sampling_like_hugging_face_gives_the_same_rollout(make_module):

@@ -23,6 +23,7 @@ from tests.backends.vllm_helpers import (
     Probe,
     check_group_layout,
     fit,
+    loader,
     logprob_diff_to_training,
     needs_vllm,
     tiny_policy,
@@ -185,6 +186,23 @@ def test_the_engine_is_shut_down_at_the_end_of_fit_and_on_an_exception():
     with pytest.raises(RuntimeError, match="reward exploded"):
         fit(failing, steps=1, callbacks=[on_start])
     assert failing.rollout_backend.engine is None and not started[0].exists()
+    assert psutil.Process().children(recursive=True) == []
+
+
+def test_validate_and_predict_on_their_own_start_the_engine_and_shut_it_down_at_their_end(tmp_path):
+    module, work_dirs = vllm_module(validation={"num_generations": 2}), []
+    seen = L.pytorch.callbacks.LambdaCallback(  # after a batch: the engine is running
+        on_validation_batch_end=lambda t, m, *_: work_dirs.append(m.rollout_backend.engine.work_dir),
+        on_predict_batch_end=lambda t, m, *_: work_dirs.append(m.rollout_backend.engine.work_dir),
+    )
+    options = {"accelerator": "cpu", "devices": 1, "logger": False, "enable_progress_bar": False,
+               "enable_model_summary": False, "default_root_dir": tmp_path, "callbacks": [seen]}  # fmt: skip
+    (metrics,) = L.Trainer(**options).validate(module, loader(repeat=1))
+    assert set(metrics) == {"val/reward_mean", "val/accuracy", "val/pass@2"} and 0 <= metrics["val/reward_mean"] <= 1
+    assert module.rollout_backend.engine is None and not work_dirs[0].exists()  # shut down at the end of validate
+    (rows,) = L.Trainer(**options).predict(module, loader(repeat=1))
+    assert [row["prompt"] for row in rows] == PROMPTS and all(len(row["completions"]) == 2 for row in rows)
+    assert module.rollout_backend.engine is None and not work_dirs[-1].exists() and work_dirs[-1] != work_dirs[0]
     assert psutil.Process().children(recursive=True) == []
 
 

@@ -70,3 +70,19 @@ def test_the_command_line_says_it_in_one_line_after_the_loading_line(tmp_path, w
     ), lines
     assert FIX in error, error
     assert "Traceback" not in result.stdout
+
+
+def test_a_prompt_file_of_strings_is_refused_before_the_model_is_built(tmp_path):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"prompt": "3+4?", "a": 3, "b": 4}\n')
+    result = run_cli(
+        "fit", "--config", "examples/own_environment/fit.yaml", f"--data.init_args.train_data={rows}",
+        f"--model.init_args.model.init_args.cache_dir={tmp_path / 'cache'}", *quiet_run_args(tmp_path, max_steps=1),
+    )  # fmt: skip
+    assert result.returncode == 1, result.stdout[-3000:]
+    (error,) = [line for line in result.stdout.splitlines() if " fit: error: " in line]
+    assert error.split(" fit: error: ")[1].startswith(
+        f"data.init_args.train_data='{rows}' row 0: tools and environment_factory need conversational prompts"
+    ), error
+    assert FIX in error, error
+    assert "warming up" not in result.stdout and not (tmp_path / "cache").exists()  # refused before the model

@@ -40,6 +40,7 @@ def test_a_short_demo_prints_its_line_and_writes_metrics_and_plot(tmp_path, warm
     output = result.stdout + result.stderr
     assert output.count(str(metrics)) == 1 and output.count(str(plot)) == 1, output  # each path printed once
     assert str(metrics) in result.stdout  # in the fit's summary
+    assert [line for line in lines if "mean reward" in line] == [lines[-1]]  # one reward line: the demo's, not fit's
 
 
 def test_a_busy_machine_is_named_as_the_reason_for_a_slow_run(monkeypatch, capsys):

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import ast
 import re
+import subprocess
+import sys
 
 import pytest
 
+from tests.cli.conftest import REPO
 from tests.examples.test_examples import load_example
 
 EXAMPLES = ["custom_reward", "subclass_step", "gsm8k_lora", "tool_calling", "multi_turn_env"]
@@ -16,6 +20,41 @@ def test_help_shows_the_defaults(name, capsys):
     with pytest.raises(SystemExit):
         load_example(name).parse(["--help"])
     assert "(default: " in capsys.readouterr().out
+
+
+_LIBRARIES = {"torch", "lightning", "transformers", "peft", "lightning_grpo"}
+
+
+def _imports_a_library(node: ast.stmt) -> bool:
+    """Whether ``node`` imports torch, Lightning, transformers, peft or the package (the announcement's own import
+    of ``lightning_grpo.cli.before_loading`` aside: it loads none of them)."""
+    if isinstance(node, ast.Import):
+        names = [alias.name for alias in node.names]
+    elif isinstance(node, ast.ImportFrom) and node.module != "lightning_grpo.cli.before_loading":
+        names = [node.module or ""]
+    else:
+        return False
+    return any(name.split(".")[0] in _LIBRARIES for name in names)
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "examples").glob("*.py")), ids=lambda path: path.stem)
+def test_each_example_says_what_it_loads_before_it_imports_a_library(path):
+    body = ast.parse(path.read_text()).body
+    announced = next(i for i, node in enumerate(body) if "announce_libraries(" in ast.unparse(node))
+    first_import = next(i for i, node in enumerate(body) if _imports_a_library(node))
+    assert announced < first_import, path.name
+    assert f"announce_libraries('examples/{path.name}')" in ast.unparse(body[announced])
+
+
+def test_an_example_run_as_a_script_prints_its_loading_line_first():
+    done = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "custom_reward.py"), "--help"], capture_output=True, text=True,
+        cwd=REPO, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stderr.splitlines()[0] == (
+        "examples/custom_reward.py: loading torch, Lightning, transformers and peft (about 10 s on 2 cores)..."
+    )
 
 
 def test_custom_reward_prints_the_first_and_last_rewards(tmp_path, warm_tiny_cache, capsys):

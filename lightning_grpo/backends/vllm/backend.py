@@ -124,5 +124,5 @@ class VLLMBackend:
 
     def _running(self) -> Any:
         if self.engine is None:
-            raise RuntimeError("the vLLM engine is not running: it starts at fit start (GRPOModule.on_fit_start)")
+            raise RuntimeError("the vLLM engine is not running: fit, validate, test and predict start it (GRPOModule)")
         return self.engine

@@ -304,7 +304,7 @@ class VLLMServerBackend:
             ServerError: The server refused the adapter (vLLM's message) or is unreachable; raised on every rank.
         """
         if not self._started:
-            raise RuntimeError("the vLLM server backend is not started: it starts at fit start (on_fit_start)")
+            raise RuntimeError("the vLLM server backend is not started: fit, validate, test and predict start it")
         if version == self.synced_version:
             return
         state = full_adapter_state_dict(policy) if is_sharded(policy) else None
