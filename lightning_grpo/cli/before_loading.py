@@ -53,7 +53,7 @@ _OPTIONS = """options:
                         output and are one or more keywords separated by
                         comma. The supported flags are: skip_default,
                         skip_unset."""
-_LIBRARIES = "torch, Lightning, transformers and peft (about 10 s on 2 cores)"
+_LIBRARIES = "torch, Lightning, transformers and peft (10-20 s on 2 cores)"
 
 
 def program_name() -> str:

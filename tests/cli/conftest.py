@@ -12,7 +12,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "configs" / "debug" / "tiny.yaml"
 #: The first line (stderr) of ``python -m lightning_grpo fit ...``, before the libraries load; the first error follows.
-FIT_LOADING = "python -m lightning_grpo fit: loading torch, Lightning, transformers and peft (about 10 s on 2 cores)..."
+FIT_LOADING = "python -m lightning_grpo fit: loading torch, Lightning, transformers and peft (10-20 s on 2 cores)..."
 
 
 def quiet_run_args(root: Path, max_steps: int = 2) -> list[str]:

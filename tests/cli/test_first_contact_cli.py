@@ -45,7 +45,7 @@ def test_an_agent_without_openai_is_one_line_with_the_install_command_before_any
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)  # fmt: skip
     assert result.returncode == 1, result.stdout[-3000:]
     assert result.stdout.splitlines()[:2] == [
-        "lightning-grpo fit: loading torch, Lightning, transformers and peft (about 10 s on 2 cores)...",
+        "lightning-grpo fit: loading torch, Lightning, transformers and peft (10-20 s on 2 cores)...",
         "lightning-grpo fit: error: GRPOModule(agent=...) needs openai, which is not installed: pip install "
         '".[openai]" in a clone of lightning-grpo (pip install -e ".[openai]" for an editable install; from a built '
         'wheel: pip install "<the wheel file>[openai]")',

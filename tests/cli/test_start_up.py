@@ -99,8 +99,8 @@ def test_the_loading_line_goes_to_stderr_only_while_a_library_is_missing(capsys,
     printed = capsys.readouterr()
     assert printed.out == ""
     assert printed.err.splitlines() == [
-        "lightning-grpo fit: loading torch, Lightning, transformers and peft (about 10 s on 2 cores)...",
-        "lightning-grpo: loading torch, Lightning, transformers and peft (about 10 s on 2 cores)...",
+        "lightning-grpo fit: loading torch, Lightning, transformers and peft (10-20 s on 2 cores)...",
+        "lightning-grpo: loading torch, Lightning, transformers and peft (10-20 s on 2 cores)...",
     ]
 
 

@@ -53,7 +53,7 @@ def test_an_example_run_as_a_script_prints_its_loading_line_first():
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stderr.splitlines()[0] == (
-        "examples/custom_reward.py: loading torch, Lightning, transformers and peft (about 10 s on 2 cores)..."
+        "examples/custom_reward.py: loading torch, Lightning, transformers and peft (10-20 s on 2 cores)..."
     )
 
 
