@@ -43,6 +43,7 @@ class Timed:
     total: float
     status: int
     text: str
+    after_silence: str = ""
 
     def row(self, name: str) -> str:
         """One markdown table row."""
@@ -71,7 +72,10 @@ def timed(command: list[str], env: dict[str, str], interrupt_after: float | None
     status = process.wait()
     total = time.perf_counter() - start
     gaps = [b - a for a, b in zip([0.0, *stamps], [*stamps, total], strict=True)]
-    return Timed(stamps[0] if stamps else total, max(gaps), total, status, b"".join(chunks).decode(errors="replace"))
+    longest = max(range(len(gaps)), key=gaps.__getitem__)
+    after = chunks[longest].decode(errors="replace")[:120] if longest < len(chunks) else "(the end)"
+    text = b"".join(chunks).decode(errors="replace")
+    return Timed(stamps[0] if stamps else total, gaps[longest], total, status, text, after)
 
 
 def steps(out: Path) -> dict[str, list[str]]:
@@ -103,11 +107,12 @@ def main(argv: list[str] | None = None) -> None:
             if options.steps and name not in options.steps:
                 continue
             result = timed(command, env, interrupt_after=25.0 if name == "ctrl_c" else None)
-            print(result.text[-1500:], file=sys.stderr)
+            print(result.text[-1500:], f"\nlongest silence ended by: {result.after_silence!r}", file=sys.stderr)
             rows.append(result.row(name))
             print(rows[-1], flush=True)
             if name == "ctrl_c" and (resume := _RESUME.search(result.text)):
                 again = timed([*command, *resume.group().split()], env)
+                print(f"longest silence ended by: {again.after_silence!r}", file=sys.stderr)
                 rows.append(again.row("resume"))
                 print(rows[-1], flush=True)
         print("\n".join(rows))

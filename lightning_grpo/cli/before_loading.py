@@ -8,8 +8,11 @@ so that its first error is the line after that one. The help lists LightningCLI'
 
 from __future__ import annotations
 
+import os
 import sys
 import textwrap
+import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -116,9 +119,30 @@ def announce_loading(argv: Sequence[str], prog: str) -> None:
 
 
 def announce_libraries(who: str) -> None:
-    """Print ``<who>: loading torch, Lightning, transformers and peft...`` on stderr unless they are all loaded.
+    """Print ``<who>: loading torch, Lightning, transformers and peft...`` on stderr unless they are all loaded, then
+    ``<who>: still loading (N s)`` every 8 s (``$LIGHTNING_GRPO_LOADING_TICK`` seconds; ``0``: never) until
+    :class:`~lightning_grpo.GRPOModule` exists (at most a minute).
 
-    The examples call it before their imports (seconds on a busy machine), so that they are never silent.
+    The command line and the examples call it before their imports (10-20 s on a busy machine): never silent.
     """
-    if not all(name in sys.modules for name in ("torch", "lightning", "transformers", "peft")):
-        print(f"{who}: loading {_LIBRARIES}...", file=sys.stderr, flush=True)
+    if all(name in sys.modules for name in ("torch", "lightning", "transformers", "peft")):
+        return
+    print(f"{who}: loading {_LIBRARIES}...", file=sys.stderr, flush=True)
+    every = float(os.environ.get("LIGHTNING_GRPO_LOADING_TICK") or 8.0)
+    if every > 0:
+        threading.Thread(target=_tick_while_loading, args=(who, every), name="loading-ticker", daemon=True).start()
+
+
+def _tick_while_loading(who: str, every: float, limit: float = 60.0) -> None:
+    """Say ``still loading`` every ``every`` seconds until the module class is defined or ``limit`` has passed."""
+    start = next_line = time.monotonic()
+    while time.monotonic() - start < limit and not _module_defined():
+        if time.monotonic() >= next_line + every:
+            next_line = time.monotonic()
+            print(f"{who}: still loading ({next_line - start:.0f} s)", file=sys.stderr, flush=True)
+        time.sleep(0.05)
+
+
+def _module_defined() -> bool:
+    """Whether :class:`~lightning_grpo.GRPOModule` is defined: the libraries are loaded."""
+    return getattr(sys.modules.get("lightning_grpo.module"), "GRPOModule", None) is not None

@@ -23,6 +23,7 @@ from transformers import PreTrainedTokenizerBase, Qwen2ForCausalLM
 
 from lightning_grpo.agents import EnvStep, HermesToolCallParser, ToolSet, assistant_message
 from lightning_grpo.rollout.chat import continuation_ids, render_messages
+from lightning_grpo.testing.progress import StepProgress
 from lightning_grpo.testing.tiny_model import build_tiny_model
 from lightning_grpo.testing.tokenizer import TinyToolTokenizer
 
@@ -175,7 +176,9 @@ def warm_up_on_traces(
     model.train()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        for _ in range(steps):
+        progress = StepProgress("warm-up", steps)
+        for step in range(steps):
+            progress.step(step)
             traces = [trace() for _ in range(batch_size)]
             width = max(len(ids) for ids, _ in traces)
             input_ids = torch.full((batch_size, width), tokenizer.pad_token_id)

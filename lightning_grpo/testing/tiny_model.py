@@ -39,6 +39,7 @@ import torch
 from transformers import PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM
 from transformers.utils import logging as hf_logging
 
+from lightning_grpo.testing.progress import StepProgress
 from lightning_grpo.testing.tasks import make_task
 from lightning_grpo.testing.tokenizer import build_tiny_tokenizer
 
@@ -310,7 +311,9 @@ def warm_up(
     model.train()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(settings.seed)
-        for _ in range(settings.steps):
+        progress = StepProgress("tiny model: warm-up", settings.steps)
+        for step in range(settings.steps):
+            progress.step(step)
             rows = [rng.choice(records) for _ in range(settings.batch_size)]
             shown = [row["answer"] if rng.random() < settings.label_accuracy else rng.choice(answers) for row in rows]
             batch = _answer_batch(tokenizer, [row["prompt"] for row in rows], shown)

@@ -120,3 +120,18 @@ def test_the_lazy_names_are_the_modules_own():
 
     assert GRPOModule is defined and __version__ == "0.1.0"
     assert lightning_grpo.__getattr__("testing").__name__ == "lightning_grpo.testing"  # a subpackage, when named
+
+
+def test_a_slow_import_says_it_is_still_loading_until_the_module_is_defined():
+    script = (
+        "import sys, time\nfrom lightning_grpo.cli.before_loading import announce_libraries\n"
+        "announce_libraries('x')\ntime.sleep(1.0)\nimport lightning_grpo.module\n"
+        "print('loaded', file=sys.stderr, flush=True)\ntime.sleep(1.0)\n"
+    )
+    env = {**os.environ, "LIGHTNING_GRPO_LOADING_TICK": "0.3"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    lines = done.stderr.splitlines()
+    assert lines[0] == "x: loading torch, Lightning, transformers and peft (10-20 s on 2 cores)...", lines
+    ticks = [line for line in lines[1 : lines.index("loaded")] if line.startswith("x: still loading (")]
+    assert len(ticks) >= 2, lines  # every 0.3 s while loading
+    assert lines[lines.index("loaded") + 1 :] == []  # and never after GRPOModule is defined
