@@ -13,7 +13,7 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from lightning_grpo.cli.argument_checks import PACKAGED_CONFIG, SUBCOMMANDS, refuse_missing_config
@@ -24,6 +24,7 @@ __all__ = [
     "announce_libraries",
     "announce_loading",
     "answer_without_libraries",
+    "building_started",
     "help_text",
     "no_subcommand_message",
     "program_name",
@@ -56,6 +57,7 @@ _OPTIONS = """options:
                         output and are one or more keywords separated by
                         comma. The supported flags are: skip_default,
                         skip_unset."""
+_BUILDING = threading.Event()  # set when the command line starts building what its config names
 _LIBRARIES = "torch, Lightning, transformers and peft (10-20 s on 2 cores)"
 
 
@@ -115,13 +117,19 @@ def answer_without_libraries(argv: Sequence[str], prog: str) -> None:
 def announce_loading(argv: Sequence[str], prog: str) -> None:
     """Say on stderr what the command loads, before it loads it (nothing when all is loaded already, in-process)."""
     subcommand = f" {argv[0]}" if argv[:1] and argv[0] in ("demo", *SUBCOMMANDS) else ""
-    announce_libraries(f"{prog}{subcommand}")
+    announce_libraries(f"{prog}{subcommand}", until=_BUILDING.is_set)  # parsing the config takes seconds too
 
 
-def announce_libraries(who: str) -> None:
+def building_started() -> None:
+    """End the command line's ``still loading`` lines: it now builds what the config names (which says what it
+    does: a model load, a warm-up). Called by :meth:`~lightning_grpo.cli.GRPOCLI.before_instantiate_classes`."""
+    _BUILDING.set()
+
+
+def announce_libraries(who: str, until: Callable[[], bool] | None = None) -> None:
     """Print ``<who>: loading torch, Lightning, transformers and peft...`` on stderr unless they are all loaded, then
     ``<who>: still loading (N s)`` every 8 s (``$LIGHTNING_GRPO_LOADING_TICK`` seconds; ``0``: never) until
-    :class:`~lightning_grpo.GRPOModule` exists (at most a minute).
+    :class:`~lightning_grpo.GRPOModule` exists, or until ``until()`` is true when given (at most a minute).
 
     The command line and the examples call it before their imports (10-20 s on a busy machine): never silent.
     """
@@ -130,13 +138,14 @@ def announce_libraries(who: str) -> None:
     print(f"{who}: loading {_LIBRARIES}...", file=sys.stderr, flush=True)
     every = float(os.environ.get("LIGHTNING_GRPO_LOADING_TICK") or 8.0)
     if every > 0:
-        threading.Thread(target=_tick_while_loading, args=(who, every), name="loading-ticker", daemon=True).start()
+        ticker = threading.Thread(target=_tick_while_loading, args=(who, every, until or _module_defined), daemon=True)
+        ticker.start()
 
 
-def _tick_while_loading(who: str, every: float, limit: float = 60.0) -> None:
-    """Say ``still loading`` every ``every`` seconds until the module class is defined or ``limit`` has passed."""
+def _tick_while_loading(who: str, every: float, done: Callable[[], bool], limit: float = 60.0) -> None:
+    """Say ``still loading`` every ``every`` seconds until ``done()`` or ``limit`` seconds have passed."""
     start = next_line = time.monotonic()
-    while time.monotonic() - start < limit and not _module_defined():
+    while time.monotonic() - start < limit and not done():
         if time.monotonic() >= next_line + every:
             next_line = time.monotonic()
             print(f"{who}: still loading ({next_line - start:.0f} s)", file=sys.stderr, flush=True)

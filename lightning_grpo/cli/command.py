@@ -51,7 +51,7 @@ from lightning_grpo.cli.argument_checks import (
     without_debug_flag,
 )
 from lightning_grpo.cli.argument_parser import SuggestingParser
-from lightning_grpo.cli.before_loading import DESCRIPTION, answer_without_libraries, program_name
+from lightning_grpo.cli.before_loading import DESCRIPTION, answer_without_libraries, building_started, program_name
 from lightning_grpo.cli.config_checks import check_conversational_prompts, check_optimizers, check_prompt_files
 from lightning_grpo.cli.errors import DEBUG_HINT, debug_enabled, setting_key
 from lightning_grpo.cli.resume import ReplayMetrics, continue_in_checkpoint_folder, earlier_rows
@@ -195,6 +195,7 @@ class GRPOCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         """Apply ``torch_num_threads``, check the optimizers' settings and a PromptDataModule's files before the model
         is built."""
+        building_started()  # the "still loading" lines end here: what is built next says what it does
         config = self.config[self.subcommand] if self.subcommand else self.config
         # a resumed fit writes on in its version_N folder; test, predict and validate never reuse one (their logger
         # would delete the fit's metrics.csv and overwrite its config.yaml)

@@ -135,3 +135,18 @@ def test_a_slow_import_says_it_is_still_loading_until_the_module_is_defined():
     ticks = [line for line in lines[1 : lines.index("loaded")] if line.startswith("x: still loading (")]
     assert len(ticks) >= 2, lines  # every 0.3 s while loading
     assert lines[lines.index("loaded") + 1 :] == []  # and never after GRPOModule is defined
+
+
+def test_the_command_line_says_it_is_still_loading_until_it_builds_what_the_config_names():
+    script = (
+        "import sys, time\nfrom lightning_grpo.cli.before_loading import announce_loading, building_started\n"
+        "announce_loading(['fit'], 'p')\nimport lightning_grpo.module\ntime.sleep(1.0)\n"
+        "print('defined', file=sys.stderr, flush=True)\nbuilding_started()\n"
+        "print('building', file=sys.stderr, flush=True)\ntime.sleep(1.0)\n"
+    )
+    env = {**os.environ, "LIGHTNING_GRPO_LOADING_TICK": "0.3"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    lines = done.stderr.splitlines()
+    parsing = lines[lines.index("defined") - 3 : lines.index("defined")]
+    assert len(parsing) == 3 and all(line.startswith("p fit: still loading (") for line in parsing), lines
+    assert lines[lines.index("building") + 1 :] == []  # the build says what it does from here
