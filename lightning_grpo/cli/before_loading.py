@@ -146,7 +146,7 @@ def _tick_while_loading(who: str, every: float, done: Callable[[], bool], limit:
     """Say ``still loading`` every ``every`` seconds until ``done()`` or ``limit`` seconds have passed."""
     start = next_line = time.monotonic()
     while time.monotonic() - start < limit and not done():
-        if time.monotonic() >= next_line + every:
+        if time.monotonic() >= next_line + every and not done():  # checked again right before the line
             next_line = time.monotonic()
             print(f"{who}: still loading ({next_line - start:.0f} s)", file=sys.stderr, flush=True)
         time.sleep(0.05)
