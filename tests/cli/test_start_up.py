@@ -122,15 +122,20 @@ def test_the_lazy_names_are_the_modules_own():
     assert lightning_grpo.__getattr__("testing").__name__ == "lightning_grpo.testing"  # a subpackage, when named
 
 
+def _stderr_lines_ticking(script: str) -> list[str]:
+    """The stderr lines of ``python -c script`` with a "still loading" line every 0.3 s."""
+    env = {**os.environ, "LIGHTNING_GRPO_LOADING_TICK": "0.3"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    return done.stderr.splitlines()
+
+
 def test_a_slow_import_says_it_is_still_loading_until_the_module_is_defined():
     script = (
         "import sys, time\nfrom lightning_grpo.cli.before_loading import announce_libraries\n"
         "announce_libraries('x')\ntime.sleep(1.0)\nimport lightning_grpo.module\n"
         "print('loaded', file=sys.stderr, flush=True)\ntime.sleep(1.0)\n"
     )
-    env = {**os.environ, "LIGHTNING_GRPO_LOADING_TICK": "0.3"}
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
-    lines = done.stderr.splitlines()
+    lines = _stderr_lines_ticking(script)
     assert lines[0] == "x: loading torch, Lightning, transformers and peft (10-20 s on 2 cores)...", lines
     ticks = [line for line in lines[1 : lines.index("loaded")] if line.startswith("x: still loading (")]
     assert len(ticks) >= 2, lines  # every 0.3 s while loading
@@ -144,9 +149,7 @@ def test_the_command_line_says_it_is_still_loading_until_it_builds_what_the_conf
         "print('defined', file=sys.stderr, flush=True)\nbuilding_started()\n"
         "print('building', file=sys.stderr, flush=True)\ntime.sleep(1.0)\n"
     )
-    env = {**os.environ, "LIGHTNING_GRPO_LOADING_TICK": "0.3"}
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
-    lines = done.stderr.splitlines()
+    lines = _stderr_lines_ticking(script)
     parsing = lines[lines.index("defined") - 3 : lines.index("defined")]
     assert len(parsing) == 3 and all(line.startswith("p fit: still loading (") for line in parsing), lines
     assert lines[lines.index("building") + 1 :] == []  # the build says what it does from here
